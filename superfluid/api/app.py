@@ -1,0 +1,186 @@
+"""The HTTP server: FastAPI routes for the OpenAI-compatible API, health and tokenizing.
+
+Bodies are read raw and validated by api.schema (so a wrong type is a 400 naming the field,
+not FastAPI's 422); every SuperfluidError becomes an OpenAI-style error body."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from .. import __version__
+from ..errors import BadRequest, ModelNotFound, PayloadTooLarge, SuperfluidError
+from ..ids import new_id
+from ..request import Qos
+from . import openai as oa
+from .schema import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, parse
+from .streams import chat_events, collect, completion_events, raise_first_error, sse, submit_all
+
+log = logging.getLogger("superfluid.api")
+
+
+def _json(obj, status: int = 200) -> Response:
+    return Response(orjson.dumps(obj), status_code=status, media_type="application/json")
+
+
+def _error(e: SuperfluidError) -> Response:
+    return _json(e.body(), e.status)
+
+
+class BodyLimit:
+    """ASGI middleware: a body over the limit is a 413 before any of it is parsed."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        for k, v in scope.get("headers", []):
+            if k == b"content-length" and v.isdigit() and int(v) > self.limit:
+                return await _send_413(send, self.limit)
+        seen = 0
+
+        async def limited():
+            nonlocal seen
+            msg = await receive()
+            if msg["type"] == "http.request":
+                seen += len(msg.get("body", b""))
+                if seen > self.limit:
+                    raise _TooLarge()
+            return msg
+
+        try:
+            await self.app(scope, limited, send)
+        except _TooLarge:
+            await _send_413(send, self.limit)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+async def _send_413(send, limit: int) -> None:
+    body = orjson.dumps(PayloadTooLarge(f"the request body is over the {limit}-byte limit").body())
+    await send({"type": "http.response.start", "status": 413,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def parse_qos(request: Request) -> Qos:
+    raw = request.headers.get("x-superfluid-qos")
+    if raw is None:
+        return Qos.AGENT
+    raw = raw.strip().lower()
+    try:
+        return Qos(int(raw)) if raw.isdigit() else Qos[raw.upper()]
+    except (KeyError, ValueError):
+        raise BadRequest(f"unknown x-superfluid-qos '{raw}': use interactive, completion, "
+                         f"agent or background (0-3)", param="x-superfluid-qos") from None
+
+
+def create_app(engines: dict, *, max_body: int = 16 * 1024 * 1024) -> FastAPI:
+    app = FastAPI(title="superfluid", version=__version__)
+    started = int(time.time())
+
+    @app.exception_handler(SuperfluidError)
+    async def _on_error(request: Request, e: SuperfluidError):
+        return _error(e)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _on_http(request: Request, e: StarletteHTTPException):
+        kind = "not_found" if e.status_code == 404 else "invalid_request_error"
+        return _json({"error": {"message": f"{request.method} {request.url.path}: {e.detail}",
+                                "type": kind, "param": None, "code": None}}, e.status_code)
+
+    def engine_for(model: str | None):
+        if model is None:
+            return next(iter(engines.values()))
+        for mid, eng in engines.items():
+            if model == mid or model.lower() == mid.lower():
+                return eng
+        raise ModelNotFound(f"The model '{model}' does not exist; this server has: "
+                            f"{', '.join(engines)}", param="model")
+
+    def model_card(eng) -> dict:
+        return {"id": eng.model_id, "object": "model", "created": started, "owned_by": "superfluid",
+                "meta": {"n_ctx": eng.n_ctx, "n_ctx_train": eng.info.n_ctx_train if eng.info else None,
+                         "n_vocab": eng.tokenizer.n_vocab, "lanes": eng.cfg.max_batch}}
+
+    @app.get("/health")
+    async def health():
+        ready = all(e.ready for e in engines.values())
+        return _json({"status": "ok" if ready else "unavailable",
+                      "models": {mid: e.status() for mid, e in engines.items()}},
+                     200 if ready else 503)
+
+    @app.get("/v1/models")
+    async def models():
+        return _json({"object": "list", "data": [model_card(e) for e in engines.values()]})
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str):
+        return _json(model_card(engine_for(model_id)))
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        body = parse(TokenizeRequest, await request.body())
+        eng = engine_for(body.model)
+        tok = eng.tokenizer
+        ids = tok.encode_prompt(body.content) if body.add_special else tok.encode(body.content, parse_special=True)
+        out: dict = {"tokens": ids, "count": len(ids), "max_context": eng.n_ctx}
+        if body.with_pieces:
+            out["pieces"] = [tok.token_text(t).decode("utf-8", "replace") for t in ids]
+        return _json(out)
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        body = parse(DetokenizeRequest, await request.body())
+        tok = engine_for(body.model).tokenizer
+        bad = [t for t in body.tokens if not tok.valid(t)]
+        if bad:
+            raise BadRequest(f"token ids outside the vocabulary: {bad[:5]}", param="tokens")
+        return _json({"content": tok.decode(body.tokens)})
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        body = parse(ChatCompletionRequest, await request.body())
+        eng = engine_for(body.model)
+        prompt = oa.chat_prompt(eng, body)
+        top = (body.top_logprobs or 0) if body.logprobs else -1
+        rid = new_id("chatcmpl")
+        reqs = oa.gen_requests(body, prompt, base_id=rid, n_ctx=eng.n_ctx, seed=eng.new_seed(),
+                               default_max=None, top_logprobs=top, qos=parse_qos(request),
+                               max_tokens=body.max_completion_tokens)
+        streams = submit_all(eng, reqs)
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            return sse(chat_events(rid, eng.model_id, streams, body.logprobs, include_usage))
+        choices = await collect(request, streams)
+        raise_first_error(choices)
+        return _json(oa.chat_response(rid, eng.model_id, choices, body.logprobs))
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        body = parse(CompletionRequest, await request.body())
+        eng = engine_for(body.model)
+        prompt = oa.completion_prompt(eng, body)
+        top = body.logprobs if body.logprobs is not None else -1
+        rid = new_id("cmpl")
+        reqs = oa.gen_requests(body, prompt, base_id=rid, n_ctx=eng.n_ctx, seed=eng.new_seed(),
+                               default_max=16, top_logprobs=top, qos=parse_qos(request))
+        streams = submit_all(eng, reqs)
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            return sse(completion_events(rid, eng.model_id, streams, top >= 0, include_usage))
+        choices = await collect(request, streams)
+        raise_first_error(choices)
+        return _json(oa.completion_response(rid, eng.model_id, choices, top >= 0))
+
+    return BodyLimit(app, max_body)  # type: ignore[return-value]

@@ -1,0 +1,161 @@
+"""OpenAI chat completions and completions: translate bodies onto GenRequests, and Chunks
+back into OpenAI objects (whole responses and stream chunks)."""
+
+from __future__ import annotations
+
+import time
+
+from ..errors import BadRequest, ContextLengthExceeded
+from ..request import Chunk, FinishReason, GenRequest, Qos, SamplingParams, TokenLogprob
+from .schema import ChatCompletionRequest, CompletionRequest, Message, Sampling
+
+MAX_STOP_LEN = 256
+
+
+def render_messages(messages: list[Message]) -> list[dict]:
+    out = []
+    for i, m in enumerate(messages):
+        if isinstance(m.content, list):
+            texts = []
+            for part in m.content:
+                if part.type != "text":
+                    raise BadRequest(f"content parts of type '{part.type}' are not supported: "
+                                     f"this model takes text only", param=f"messages.{i}.content")
+                texts.append(part.text)  # type: ignore[union-attr]
+            content = "".join(texts)
+        else:
+            content = m.content or ""
+        role = "system" if m.role == "developer" else m.role
+        out.append({"role": role, "content": content})
+    return out
+
+
+def chat_prompt(engine, body: ChatCompletionRequest) -> list[int]:
+    text = engine.template.render(render_messages(body.messages), add_generation_prompt=True)
+    return engine.encode_prompt(text)
+
+
+def completion_prompt(engine, body: CompletionRequest) -> list[int]:
+    p = body.prompt
+    if isinstance(p, list):
+        if len(p) != 1 and (not p or not isinstance(p[0], int)):
+            raise BadRequest("one prompt per request is supported", param="prompt")
+        if isinstance(p[0], int):
+            return list(p)  # type: ignore[arg-type]
+        p = p[0]
+        if isinstance(p, list):
+            return list(p)
+    return engine.encode_prompt(p)  # type: ignore[arg-type]
+
+
+def gen_requests(body: Sampling, prompt: list[int], *, base_id: str, n_ctx: int, seed: int,
+                 default_max: int | None, top_logprobs: int, qos: Qos,
+                 max_tokens: int | None = None) -> list[GenRequest]:
+    stops = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+    if any(len(s) > MAX_STOP_LEN for s in stops):
+        raise BadRequest(f"stop strings are limited to {MAX_STOP_LEN} characters", param="stop")
+    room = n_ctx - len(prompt)
+    if room < 1:
+        raise ContextLengthExceeded(
+            f"This model's maximum context length is {n_ctx} tokens; the prompt has "
+            f"{len(prompt)}.", param="messages")
+    mt = max_tokens or body.max_tokens or (min(default_max, room) if default_max else room)
+    base_seed = body.seed if body.seed is not None else seed
+    reqs = []
+    for i in range(body.n):
+        sp = SamplingParams(
+            temperature=1.0 if body.temperature is None else body.temperature,
+            top_p=1.0 if body.top_p is None else body.top_p,
+            top_k=body.top_k or 0, min_p=body.min_p or 0.0, seed=(base_seed + i) % (1 << 63),
+            presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
+            repeat_penalty=body.repeat_penalty, top_logprobs=top_logprobs,
+            ignore_eos=body.ignore_eos)
+        reqs.append(GenRequest(f"{base_id}-{i}", prompt, sp, mt, stops, qos))
+    return reqs
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def _bytes(b: bytes) -> list[int]:
+    return list(b)
+
+
+def chat_logprobs(lps: list[TokenLogprob]) -> dict:
+    return {"content": [
+        {"token": lp.text.decode("utf-8", "replace"), "logprob": lp.logprob, "bytes": _bytes(lp.text),
+         "top_logprobs": [{"token": t.decode("utf-8", "replace"), "logprob": v, "bytes": _bytes(t)}
+                          for _, t, v in lp.top]} for lp in lps]}
+
+
+def completion_logprobs(lps: list[TokenLogprob], offset: int) -> dict:
+    tokens, values, tops, offsets = [], [], [], []
+    for lp in lps:
+        s = lp.text.decode("utf-8", "replace")
+        tokens.append(s)
+        values.append(lp.logprob)
+        tops.append({t.decode("utf-8", "replace"): v for _, t, v in lp.top})
+        offsets.append(offset)
+        offset += len(s)
+    return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops,
+            "text_offset": offsets}
+
+
+class Choice:
+    """Accumulates one choice's chunks for a non-streaming response."""
+
+    def __init__(self) -> None:
+        self.text: list[str] = []
+        self.logprobs: list[TokenLogprob] = []
+        self.finish: FinishReason | None = None
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.error: Exception | None = None
+
+    def add(self, c: Chunk) -> None:
+        self.text.append(c.text)
+        self.logprobs.extend(c.logprobs)
+        if c.finish is not None:
+            self.finish = c.finish
+            self.prompt_tokens, self.completion_tokens = c.prompt_tokens, c.completion_tokens
+            self.error = c.error
+
+
+def chat_response(rid: str, model: str, choices: list[Choice], want_logprobs: bool) -> dict:
+    return {
+        "id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
+        "choices": [{"index": i, "message": {"role": "assistant", "content": "".join(c.text)},
+                     "logprobs": chat_logprobs(c.logprobs) if want_logprobs else None,
+                     "finish_reason": c.finish.openai if c.finish else None}
+                    for i, c in enumerate(choices)],
+        "usage": usage(choices[0].prompt_tokens, sum(c.completion_tokens for c in choices)),
+        "system_fingerprint": "superfluid",
+    }
+
+
+def completion_response(rid: str, model: str, choices: list[Choice], want_logprobs: bool) -> dict:
+    return {
+        "id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
+        "choices": [{"index": i, "text": "".join(c.text),
+                     "logprobs": completion_logprobs(c.logprobs, 0) if want_logprobs else None,
+                     "finish_reason": c.finish.openai if c.finish else None}
+                    for i, c in enumerate(choices)],
+        "usage": usage(choices[0].prompt_tokens, sum(c.completion_tokens for c in choices)),
+    }
+
+
+def chat_chunk(rid: str, model: str, created: int, index: int, delta: dict,
+               finish: str | None = None, logprobs: dict | None = None) -> dict:
+    return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+            "system_fingerprint": "superfluid",
+            "choices": [{"index": index, "delta": delta, "logprobs": logprobs,
+                         "finish_reason": finish}]}
+
+
+def completion_chunk(rid: str, model: str, created: int, index: int, text: str,
+                     finish: str | None = None, logprobs: dict | None = None) -> dict:
+    return {"id": rid, "object": "text_completion", "created": created, "model": model,
+            "choices": [{"index": index, "text": text, "logprobs": logprobs,
+                         "finish_reason": finish}]}

@@ -1,0 +1,97 @@
+"""Request bodies of the OpenAI-compatible endpoints, validated strictly: a wrong type is a
+400 naming the field, unknown fields are ignored (clients send many)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ..errors import BadRequest
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+
+class TextPart(_Body):
+    type: Literal["text"]
+    text: str
+
+
+class OtherPart(_Body):
+    type: str
+
+
+class Message(_Body):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart | OtherPart] | None = None
+    name: str | None = None
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+Stop = Union[str, Annotated[list[str], Field(max_length=16)], None]
+
+
+class Sampling(_Body):
+    model: str
+    stream: bool = False
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0)
+    min_p: float | None = Field(None, ge=0, le=1)
+    seed: int | None = None
+    stop: Stop = None
+    n: int = Field(1, ge=1, le=16)
+    presence_penalty: float = Field(0.0, ge=-2, le=2)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    repeat_penalty: float = Field(1.0, gt=0)
+    ignore_eos: bool = False
+    stream_options: StreamOptions | None = None
+
+
+class ChatCompletionRequest(Sampling):
+    messages: Annotated[list[Message], Field(min_length=1)]
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+
+
+class CompletionRequest(Sampling):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    logprobs: int | None = Field(None, ge=0, le=20)
+    echo: bool = False
+
+
+class TokenizeRequest(_Body):
+    model: str | None = None
+    content: str
+    add_special: bool = False
+    with_pieces: bool = False
+
+
+class DetokenizeRequest(_Body):
+    model: str | None = None
+    tokens: list[int]
+
+
+def parse(cls: type[_Body], raw: bytes) -> _Body:
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise BadRequest(f"the request body is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise BadRequest("the request body must be a JSON object")
+    try:
+        return cls.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        param = ".".join(str(p) for p in err["loc"]) or None
+        if err["type"] == "missing":
+            raise BadRequest(f"missing required parameter: '{param}'", param=param) from None
+        raise BadRequest(f"invalid value for '{param}': {err['msg']}", param=param) from None

@@ -1,0 +1,141 @@
+"""Running a request's generations: submit all choices, collect them for a whole response
+or merge them into an SSE stream; a client that goes away cancels its generations."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+
+from ..errors import SuperfluidError, WorkerCrashed
+from ..request import Chunk, GenRequest
+from . import openai as oa
+from .sse import DONE, event
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def submit_all(engine, reqs: list[GenRequest]) -> list[AsyncIterator[Chunk]]:
+    streams: list = []
+    try:
+        for r in reqs:
+            streams.append(engine.submit(r))
+    except Exception:
+        for r in reqs[:len(streams)]:
+            engine.cancel(r.id)
+        raise
+    return streams
+
+
+async def collect(request: Request, streams: list[AsyncIterator[Chunk]]) -> list[oa.Choice]:
+    choices = [oa.Choice() for _ in streams]
+
+    async def one(i: int, it: AsyncIterator[Chunk]) -> None:
+        async for c in it:
+            choices[i].add(c)
+
+    task = asyncio.ensure_future(asyncio.gather(*(one(i, it) for i, it in enumerate(streams))))
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=0.25)
+            if done:
+                task.result()
+                return choices
+            if await request.is_disconnected():
+                raise asyncio.CancelledError("client disconnected")
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
+def raise_first_error(choices: list[oa.Choice]) -> None:
+    for c in choices:
+        if c.error is not None:
+            if isinstance(c.error, SuperfluidError):
+                raise c.error
+            raise WorkerCrashed(str(c.error))
+
+
+async def merge(streams: list[AsyncIterator[Chunk]]) -> AsyncIterator[tuple[int, Chunk]]:
+    if len(streams) == 1:
+        async for c in streams[0]:
+            yield 0, c
+        return
+    q: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, it: AsyncIterator[Chunk]) -> None:
+        async for c in it:
+            await q.put((i, c))
+
+    tasks = [asyncio.create_task(pump(i, it)) for i, it in enumerate(streams)]
+    try:
+        left = len(streams)
+        while left:
+            i, c = await q.get()
+            if c.finish is not None:
+                left -= 1
+            yield i, c
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def sse(gen: AsyncIterator[bytes]) -> StreamingResponse:
+    return StreamingResponse(gen, media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+def _error_event(c: Chunk) -> bytes:
+    err = c.error if isinstance(c.error, SuperfluidError) else WorkerCrashed(str(c.error))
+    return event(err.body())
+
+
+async def chat_events(rid: str, model: str, streams, want_logprobs: bool,
+                      include_usage: bool) -> AsyncIterator[bytes]:
+    created = int(time.time())
+    for i in range(len(streams)):
+        yield event(oa.chat_chunk(rid, model, created, i, {"role": "assistant", "content": ""}))
+    prompt_tokens, completion = 0, [0] * len(streams)
+    async for i, c in merge(streams):
+        if c.text or (want_logprobs and c.logprobs):
+            lp = oa.chat_logprobs(c.logprobs) if want_logprobs else None
+            yield event(oa.chat_chunk(rid, model, created, i, {"content": c.text}, logprobs=lp))
+        if c.finish is not None:
+            prompt_tokens, completion[i] = c.prompt_tokens, c.completion_tokens
+            if c.error is not None:
+                yield _error_event(c)
+            final = oa.chat_chunk(rid, model, created, i, {}, c.finish.openai)
+            final["usage"] = oa.usage(c.prompt_tokens, c.completion_tokens)
+            yield event(final)
+    if include_usage:
+        yield event({"id": rid, "object": "chat.completion.chunk", "created": created,
+                     "model": model, "choices": [],
+                     "usage": oa.usage(prompt_tokens, sum(completion))})
+    yield DONE
+
+
+async def completion_events(rid: str, model: str, streams, want_logprobs: bool,
+                            include_usage: bool) -> AsyncIterator[bytes]:
+    created = int(time.time())
+    prompt_tokens, completion = 0, [0] * len(streams)
+    offsets = [0] * len(streams)
+    async for i, c in merge(streams):
+        if c.text or (want_logprobs and c.logprobs):
+            lp = oa.completion_logprobs(c.logprobs, offsets[i]) if want_logprobs else None
+            offsets[i] += len(c.text)
+            yield event(oa.completion_chunk(rid, model, created, i, c.text, logprobs=lp))
+        if c.finish is not None:
+            prompt_tokens, completion[i] = c.prompt_tokens, c.completion_tokens
+            if c.error is not None:
+                yield _error_event(c)
+            final = oa.completion_chunk(rid, model, created, i, "", c.finish.openai)
+            final["usage"] = oa.usage(c.prompt_tokens, c.completion_tokens)
+            yield event(final)
+    if include_usage:
+        yield event({"id": rid, "object": "text_completion", "created": created, "model": model,
+                     "choices": [], "usage": oa.usage(prompt_tokens, sum(completion))})
+    yield DONE

@@ -1,0 +1,82 @@
+"""`superfluid` command line. User mistakes end with one clear line and a non-zero exit."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from . import __version__
+from .config import DEFAULT_HOST, DEFAULT_PORT, EngineConfig, ServeConfig, default_threads
+from .errors import ModelLoadError
+
+
+def _positive(s: str) -> int:
+    v = int(s)
+    if v < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return v
+
+
+def _hostport(s: str) -> tuple[str, int]:
+    host, sep, port = s.rpartition(":")
+    if not sep or not port.isdigit():
+        raise argparse.ArgumentTypeError("expected HOST:PORT")
+    return host.strip("[]") or DEFAULT_HOST, int(port)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="superfluid", description="One serving daemon for local LLMs.")
+    p.add_argument("--version", action="version", version=f"superfluid {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("serve", help="serve a model over HTTP (default: the embedded SmolLM2-135M-Instruct)")
+    s.add_argument("model", nargs="?", help="path to a .gguf file (default: the embedded model)")
+    s.add_argument("--host", default=DEFAULT_HOST, help=f"listen address (default {DEFAULT_HOST})")
+    s.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"listen port (default {DEFAULT_PORT})")
+    s.add_argument("--http", type=_hostport, metavar="HOST:PORT", help="listen address and port in one")
+    s.add_argument("--max-batch", type=_positive, default=8, help="lanes: sequences decoded together (default 8)")
+    s.add_argument("--max-context", type=_positive, help="tokens per lane (default: the model's trained window, capped to fit memory)")
+    s.add_argument("--threads", type=_positive, default=default_threads(), help="llama.cpp threads (default: cores - 1)")
+    s.add_argument("--step-tokens", type=_positive, default=256, help="token budget of one step: decodes plus prefill chunks (default 256)")
+    s.add_argument("--max-body", type=_positive, default=16 * 1024 * 1024, help="largest request body in bytes (default 16 MiB)")
+    return p
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from .daemon import listen_socket, run
+    from .runtime.registry import resolve
+
+    try:
+        src = resolve(args.model)
+    except ModelLoadError as e:
+        print(f"superfluid: {e.message}", file=sys.stderr)
+        return 2
+    host, port = args.http if args.http else (args.host, args.port)
+    step_tokens = max(args.step_tokens, args.max_batch)
+    ec = EngineConfig(model_path=src.path, model_id=src.id, max_batch=args.max_batch,
+                      max_context=args.max_context, threads=args.threads, step_tokens=step_tokens)
+    try:
+        sock = listen_socket(host, port)
+    except OSError as e:
+        print(f"superfluid: cannot listen on {host}:{port}: {e.strerror}", file=sys.stderr)
+        return 1
+    try:
+        run(ServeConfig(ec, host, port, args.max_body), sock)
+    except ModelLoadError as e:
+        print(f"superfluid: {e.message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="superfluid: %(message)s")
+    args = parser().parse_args(argv)
+    if args.command == "serve":
+        return _serve(args)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Text <-> tokens: tokenizer, chat template, incremental detokenizing, stop strings."""

@@ -1,0 +1,65 @@
+"""The daemon: wires tokenizer, engine, HTTP server and signals together."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+
+import uvicorn
+
+from . import __version__
+from .api.app import create_app
+from .codec.tokenizer import Tokenizer
+from .config import ServeConfig
+from .engine import Engine
+from .runtime.registry import available_memory, fit_context
+
+log = logging.getLogger("superfluid")
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(False)
+    return sock
+
+
+def build_engine(cfg: ServeConfig) -> Engine:
+    ec = cfg.engine
+    tok = Tokenizer(ec.model_path)
+    n_ctx = fit_context(requested=ec.max_context, n_ctx_train=tok.shape.n_ctx_train,
+                        lanes=ec.max_batch, kv_bytes_per_token=tok.shape.kv_bytes_per_token,
+                        model_bytes=os.path.getsize(ec.model_path), mem_bytes=available_memory())
+    return Engine(ec, tok, n_ctx)
+
+
+async def serve(cfg: ServeConfig, sock: socket.socket) -> None:
+    engine = build_engine(cfg)
+    await engine.start()
+    app = create_app({engine.model_id: engine}, max_body=cfg.max_body_bytes)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False,
+                                           timeout_graceful_shutdown=3, lifespan="off"))
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    print(f"superfluid {__version__}: serving {engine.model_id} on http://{shown}:{port} "
+          f"({cfg.engine.max_batch} lanes x {engine.n_ctx} tokens, "
+          f"{cfg.engine.threads} thread{'s' if cfg.engine.threads != 1 else ''})", flush=True)
+    try:
+        await server.serve(sockets=[sock])
+    finally:
+        await engine.close()
+        log.info("stopped")
+
+
+def run(cfg: ServeConfig, sock: socket.socket) -> None:
+    try:
+        import uvloop
+        uvloop.install()
+    except ImportError:
+        pass
+    asyncio.run(serve(cfg, sock))

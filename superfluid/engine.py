@@ -1,0 +1,227 @@
+"""One model: scheduler + worker process. The API layer talks to it only through
+`submit()` (an async iterator of Chunks), `cancel()` and read calls.
+
+The loop is three calls: plan = scheduler.schedule(); result = await worker.step(plan);
+events = scheduler.update(plan, result). Around them: respawn a dead worker (failing the
+lanes it held with a typed error), and route each token event to its request's stream."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from .codec.detok import TextStream
+from .codec.template import ChatTemplate
+from .codec.tokenizer import Tokenizer
+from .config import EngineConfig
+from .errors import BadRequest, ContextLengthExceeded, SuperfluidError, WorkerCrashed, WorkerUnavailable
+from .request import Chunk, FinishReason, GenRequest, TokenLogprob
+from .runtime.base import ModelInfo
+from .sched.scheduler import Job, Scheduler, TokenEvent
+from .worker.supervisor import WorkerProcess, WorkerSpec
+
+log = logging.getLogger("superfluid.engine")
+
+
+@dataclass(eq=False)
+class _Stream:
+    req: GenRequest
+    text: TextStream
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    n_out: int = 0
+    done: bool = False
+
+
+class Engine:
+    def __init__(self, cfg: EngineConfig, tokenizer: Tokenizer, n_ctx: int):
+        self.cfg = cfg
+        self.model_id = cfg.model_id
+        self.tokenizer = tokenizer
+        tt = tokenizer.token_text
+        self.template = ChatTemplate(tokenizer.chat_template,
+                                     bos=tt(tokenizer.bos).decode() if tokenizer.bos >= 0 else "",
+                                     eos=tt(tokenizer.eos).decode() if tokenizer.eos >= 0 else "")
+        self.spec = WorkerSpec(cfg.model_path, cfg.max_batch, n_ctx, cfg.threads, cfg.step_tokens)
+        self.worker: WorkerProcess | None = None
+        self.info: ModelInfo | None = None
+        self.sched = Scheduler(lanes=cfg.max_batch, n_ctx=n_ctx, step_tokens=cfg.step_tokens,
+                               eog=tokenizer.eog)
+        self._streams: dict[str, _Stream] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self._failures = 0
+        self._gave_up = False
+        self.steps = 0
+
+    @property
+    def n_ctx(self) -> int:
+        return self.sched.n_ctx
+
+    @property
+    def ready(self) -> bool:
+        return self.worker is not None and self.worker.alive
+
+    async def start(self) -> None:
+        self.worker = WorkerProcess(self.spec)
+        self.info = await self.worker.start()
+        self._task = asyncio.create_task(self._loop(), name="engine-loop")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+        for st in list(self._streams.values()):
+            self._end(st, Chunk(st.req.id, finish=FinishReason.CANCELLED))
+        if self.worker is not None:
+            await self.worker.stop()
+
+    # -- the API's view ------------------------------------------------------------------
+    def encode_prompt(self, text: str) -> list[int]:
+        return self.tokenizer.encode_prompt(text)
+
+    def submit(self, req: GenRequest) -> AsyncIterator[Chunk]:
+        """Queue a generation; raises a typed error at once if it can never run."""
+        if not req.prompt:
+            raise BadRequest("the prompt is empty", param="messages")
+        if any(not self.tokenizer.valid(t) for t in req.prompt):
+            raise BadRequest("the prompt has token ids outside the vocabulary", param="prompt")
+        if req.max_tokens < 1:
+            raise BadRequest("max_tokens must be at least 1", param="max_tokens")
+        if len(req.prompt) + req.max_tokens > self.n_ctx:
+            raise ContextLengthExceeded(
+                f"This model's maximum context length is {self.n_ctx} tokens. However, you "
+                f"requested {len(req.prompt) + req.max_tokens} tokens ({len(req.prompt)} in the "
+                f"prompt, {req.max_tokens} for the completion).", param="messages")
+        if req.id in self._streams:
+            raise BadRequest(f"request id {req.id} is already running")
+        st = _Stream(req, TextStream(self.tokenizer.pieces, self.tokenizer.eog, req.stop))
+        self._streams[req.id] = st
+        self.sched.add(Job(req.id, list(req.prompt), req.sampling, req.max_tokens, req.qos))
+        if self._gave_up:  # a new request is the cue to try the worker again
+            self._gave_up, self._failures = False, 0
+        self._wake.set()
+        return self._iterate(st)
+
+    async def _iterate(self, st: _Stream) -> AsyncIterator[Chunk]:
+        try:
+            while True:
+                chunk = await st.queue.get()
+                yield chunk
+                if chunk.finish is not None:
+                    return
+        finally:
+            if not st.done:
+                self.cancel(st.req.id)
+
+    def cancel(self, request_id: str) -> bool:
+        st = self._streams.pop(request_id, None)
+        if st is None:
+            return False
+        st.done = True
+        self.sched.finish(request_id, FinishReason.CANCELLED)
+        self._wake.set()
+        return True
+
+    def status(self) -> dict:
+        return {"running": len(self.sched.running), "waiting": len(self.sched.waiting),
+                "lanes": self.cfg.max_batch, "steps": self.steps,
+                "worker_pid": self.worker.pid if self.worker else None, "ready": self.ready}
+
+    @staticmethod
+    def new_seed() -> int:
+        return secrets.randbits(63)
+
+    # -- the loop ------------------------------------------------------------------------
+    async def _loop(self) -> None:
+        while True:
+            if not self.sched.has_work:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            if not self.ready and not await self._respawn():
+                continue
+            plan = self.sched.schedule()
+            assert self.worker is not None
+            try:
+                result = await self.worker.step(plan)
+            except WorkerCrashed as e:
+                log.error("worker %s crashed: %s", self.worker.pid, e.message)
+                self._lose_lanes(e)
+                continue
+            self._failures = 0
+            self.steps += 1
+            for ev in self.sched.update(plan, result):
+                self._route(ev)
+
+    async def _respawn(self) -> bool:
+        """Replace a dead worker. Gives up after max_respawns failures in a row (until the
+        next request) and fails every waiting request with WorkerUnavailable."""
+        if self.worker is not None:
+            self._lose_lanes(WorkerCrashed("the worker process died"))
+            await self.worker.stop(timeout=1.0)
+            self.worker = None
+        while not self._gave_up:
+            if self._failures >= self.cfg.max_respawns:
+                log.error("worker failed %d times in a row without completing a step; not "
+                          "restarting it until the next request", self._failures)
+                self._gave_up = True
+                break
+            self._failures += 1
+            worker = WorkerProcess(self.spec)
+            try:
+                self.info = await worker.start()
+                self.worker = worker
+                log.warning("worker respawned (pid %s)", worker.pid)
+                return True
+            except WorkerCrashed as e:
+                log.error("worker failed to start: %s", e.message)
+                await worker.stop(timeout=1.0)
+        err = WorkerUnavailable("the model's worker process is down; retry the request")
+        for job in list(self.sched.waiting):
+            st = self._streams.get(job.id)
+            self.sched.finish(job.id, FinishReason.ERROR)
+            if st is not None:
+                self._end(st, Chunk(job.id, finish=FinishReason.ERROR, error=err))
+        return False
+
+    def _lose_lanes(self, err: SuperfluidError) -> None:
+        for job in self.sched.reset():
+            st = self._streams.get(job.id)
+            if st is not None:
+                self._end(st, Chunk(job.id, finish=FinishReason.ERROR, error=err,
+                                    prompt_tokens=len(st.req.prompt),
+                                    completion_tokens=st.n_out))
+
+    def _end(self, st: _Stream, chunk: Chunk) -> None:
+        st.done = True
+        self._streams.pop(st.req.id, None)
+        st.queue.put_nowait(chunk)
+
+    def _route(self, ev: TokenEvent) -> None:
+        st = self._streams.get(ev.job_id)
+        if st is None:
+            return
+        st.n_out += 1
+        text = st.text.push(ev.token)
+        finish = ev.finish
+        if st.text.stopped_by is not None:
+            finish = FinishReason.STOP_SEQUENCE
+            self.sched.finish(ev.job_id, finish)
+        elif finish is not None:
+            text += st.text.finish()
+        chunk = Chunk(ev.job_id, text=text, tokens=[ev.token], finish=finish,
+                      prompt_tokens=len(st.req.prompt), completion_tokens=st.n_out)
+        if ev.logprob is not None and ev.token not in self.tokenizer.eog:
+            tt = self.tokenizer.token_text
+            chunk.logprobs.append(TokenLogprob(ev.token, tt(ev.token), ev.logprob,
+                                               tuple((t, tt(t), lp) for t, lp in ev.top)))
+        if finish is not None:
+            self._end(st, chunk)
+        else:
+            st.queue.put_nowait(chunk)

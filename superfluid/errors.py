@@ -1,0 +1,63 @@
+"""The one exception tree. Every error a user can cause is a subclass of SuperfluidError
+with an HTTP status and an OpenAI-style type/code; foreign errors are mapped at the boundary."""
+
+from __future__ import annotations
+
+
+class SuperfluidError(Exception):
+    status = 500
+    type = "server_error"
+    code: str | None = None
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type,
+                          "param": self.param, "code": self.code}}
+
+
+class BadRequest(SuperfluidError):
+    status = 400
+    type = "invalid_request_error"
+
+
+class ContextLengthExceeded(BadRequest):
+    code = "context_length_exceeded"
+
+
+class ModelNotFound(SuperfluidError):
+    status = 404
+    type = "invalid_request_error"
+    code = "model_not_found"
+
+
+class PayloadTooLarge(SuperfluidError):
+    status = 413
+    type = "invalid_request_error"
+    code = "request_too_large"
+
+
+class WorkerCrashed(SuperfluidError):
+    """The worker process died while the request was in flight."""
+    code = "worker_crashed"
+
+
+class WorkerUnavailable(SuperfluidError):
+    """The worker could not be (re)started; the next request retries."""
+    status = 503
+    code = "worker_unavailable"
+
+
+class ProtocolError(SuperfluidError):
+    """A peer sent bytes that are not a valid frame or message (fatal for that link)."""
+    code = "protocol_error"
+
+
+class ModelLoadError(SuperfluidError):
+    """A model file is missing or not something we can serve."""
+    code = "model_load_error"

@@ -1,0 +1,1 @@
+"""Wire protocols, sans-I/O: bytes in, events out. No sockets here."""

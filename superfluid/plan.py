@@ -1,0 +1,78 @@
+"""StepPlan / StepResult: the whole contract between the scheduler and a runtime.
+
+A plan says, for one step: which lanes (KV sequences) to open with which sampling params,
+which token runs to feed at which positions (and whether to sample after the run), and
+which lanes to close. The result carries one sampled token per run that asked for one.
+Both travel over Link W as plain msgpack lists."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .request import SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class LaneOpen:
+    seq: int
+    sampling: SamplingParams
+    history: tuple[int, ...] = ()  # tokens already generated (penalties on a resumed lane)
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    seq: int
+    pos: int  # position of tokens[0] in the lane
+    tokens: tuple[int, ...]
+    sample: bool  # sample a token after the last one (its position is pos + len(tokens))
+
+
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    step: int
+    opens: tuple[LaneOpen, ...] = ()
+    runs: tuple[Run, ...] = ()
+    closes: tuple[int, ...] = ()
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(len(r.tokens) for r in self.runs)
+
+    def to_wire(self) -> list:
+        return [self.step,
+                [[o.seq, o.sampling.to_wire(), list(o.history)] for o in self.opens],
+                [[r.seq, r.pos, list(r.tokens), r.sample] for r in self.runs],
+                list(self.closes)]
+
+    @classmethod
+    def from_wire(cls, w: list) -> StepPlan:
+        step, opens, runs, closes = w
+        return cls(step,
+                   tuple(LaneOpen(s, SamplingParams.from_wire(p), tuple(h)) for s, p, h in opens),
+                   tuple(Run(s, p, tuple(t), bool(x)) for s, p, t, x in runs),
+                   tuple(closes))
+
+
+@dataclass(frozen=True, slots=True)
+class Sampled:
+    seq: int
+    token: int
+    logprob: float | None = None
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    step: int
+    sampled: tuple[Sampled, ...]
+    elapsed_s: float = 0.0
+
+    def to_wire(self) -> list:
+        return [self.step, [[s.seq, s.token, s.logprob, [list(t) for t in s.top]]
+                            for s in self.sampled], self.elapsed_s]
+
+    @classmethod
+    def from_wire(cls, w: list) -> StepResult:
+        step, sampled, elapsed = w
+        return cls(step, tuple(Sampled(q, t, lp, tuple((a, b) for a, b in top))
+                               for q, t, lp, top in sampled), elapsed)

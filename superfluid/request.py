@@ -1,0 +1,82 @@
+"""The canonical request and its output chunks: every API translates onto GenRequest and
+from Chunk, so every capability works the same on every API."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class Qos(enum.IntEnum):
+    INTERACTIVE = 0
+    COMPLETION = 1
+    AGENT = 2
+    BACKGROUND = 3
+
+
+class FinishReason(enum.IntEnum):
+    END_OF_TURN = 1
+    LENGTH = 2
+    GRAMMAR = 3
+    CANCELLED = 4
+    ERROR = 5
+    STOP_SEQUENCE = 6  # a caller's stop string matched (OpenAI "stop", Anthropic "stop_sequence")
+
+    @property
+    def openai(self) -> str:
+        return {FinishReason.LENGTH: "length", FinishReason.ERROR: "error"}.get(self, "stop")
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """What the worker needs to draw a token. temperature 0 is greedy."""
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    min_p: float = 0.0
+    seed: int = 0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repeat_penalty: float = 1.0
+    top_logprobs: int = -1  # -1: no logprobs; 0: the chosen token's; n: plus the n best
+    ignore_eos: bool = False
+
+    def to_wire(self) -> list:
+        return [self.temperature, self.top_p, self.top_k, self.min_p, self.seed,
+                self.presence_penalty, self.frequency_penalty, self.repeat_penalty,
+                self.top_logprobs, self.ignore_eos]
+
+    @classmethod
+    def from_wire(cls, w: list) -> SamplingParams:
+        return cls(*w)
+
+
+@dataclass(slots=True)
+class GenRequest:
+    id: str
+    prompt: list[int]
+    sampling: SamplingParams
+    max_tokens: int
+    stop: tuple[str, ...] = ()
+    qos: Qos = Qos.AGENT
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    token: int
+    text: bytes
+    logprob: float
+    top: tuple[tuple[int, bytes, float], ...] = ()
+
+
+@dataclass(slots=True)
+class Chunk:
+    """One piece of a generation's output, in order. The last chunk has finish set."""
+    request_id: str
+    text: str = ""
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish: FinishReason | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    error: Exception | None = None

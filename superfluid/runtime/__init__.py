@@ -1,0 +1,1 @@
+"""Runtimes: each executes StepPlans over KV lanes and samples. Only `step` is public."""

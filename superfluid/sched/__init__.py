@@ -1,0 +1,1 @@
+"""Pure scheduling: no I/O, no clock reads, no model. Tested with plain data."""

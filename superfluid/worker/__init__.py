@@ -1,0 +1,1 @@
+"""The worker process (one per model) and its supervisor in the daemon."""

@@ -1,0 +1,100 @@
+"""The worker process: owns one runtime, answers Link W on an inherited socket.
+
+Started by the supervisor as `python -m superfluid.worker --fd N --model PATH ...`. It dies
+with its parent (PR_SET_PDEATHSIG) and exits on EOF, so a daemon that is killed leaves no
+orphan behind."""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import signal
+import socket
+import sys
+import traceback
+
+from ..errors import ProtocolError
+from ..link.frame import FrameDecoder
+from ..plan import StepPlan
+from .protocol import SUPPORTED, VERSION, Msg, decode, encode
+
+
+def _die_with_parent() -> None:
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _load(args: argparse.Namespace):
+    if args.runtime == "llamacpp":
+        from ..runtime.llamacpp import LlamaCppRuntime
+        return LlamaCppRuntime(args.model, lanes=args.lanes, n_ctx=args.ctx,
+                               threads=args.threads, batch_tokens=args.batch_tokens)
+    raise SystemExit(f"unknown runtime {args.runtime}")
+
+
+def serve(sock: socket.socket, args: argparse.Namespace) -> int:
+    dec = FrameDecoder()
+    runtime = None
+    try:
+        while True:
+            data = sock.recv(1 << 20)
+            if not data:
+                return 0  # the daemon is gone
+            for frame in dec.feed(data):
+                msg, body = decode(frame)
+                if msg == Msg.HELLO:
+                    common = [v for v in body.get("versions", []) if v in SUPPORTED]
+                    if not common:
+                        sock.sendall(encode(Msg.ERROR, {"message": "no common Link W version"}))
+                        return 2
+                    try:
+                        runtime = _load(args)
+                    except Exception as e:
+                        sock.sendall(encode(Msg.ERROR, {"message": str(e)}))
+                        return 3
+                    sock.sendall(encode(Msg.HELLO_ACK, {"version": VERSION,
+                                                        "info": runtime.info.to_wire()}))
+                elif msg == Msg.STEP:
+                    if runtime is None:
+                        raise ProtocolError("STEP before HELLO")
+                    plan = StepPlan.from_wire(body)
+                    result = runtime.step(plan)
+                    sock.sendall(encode(Msg.STEP_RESULT, result.to_wire(), correlation=plan.step))
+                elif msg == Msg.SHUTDOWN:
+                    return 0
+    except Exception as e:
+        traceback.print_exc()
+        try:
+            sock.sendall(encode(Msg.ERROR, {"message": f"{type(e).__name__}: {e}"}))
+        except OSError:
+            pass
+        return 1
+    finally:
+        if runtime is not None:
+            runtime.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="superfluid.worker")
+    p.add_argument("--fd", type=int, required=True)
+    p.add_argument("--model", required=True)
+    p.add_argument("--runtime", default="llamacpp")
+    p.add_argument("--lanes", type=int, default=8)
+    p.add_argument("--ctx", type=int, default=2048)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--batch-tokens", type=int, default=256)
+    args = p.parse_args(argv)
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the daemon decides when we stop
+    sock = socket.socket(fileno=args.fd)
+    try:
+        return serve(sock, args)
+    finally:
+        sock.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
