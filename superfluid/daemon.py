@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import signal
 import socket
 
 import uvicorn
@@ -29,6 +31,27 @@ def listen_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+class _Server(uvicorn.Server):
+    """uvicorn re-raises SIGINT/SIGTERM after its shutdown, which would skip stopping the
+    worker; we take the signals ourselves and exit 0 after a clean stop."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self._on_signal)
+        try:
+            yield
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+
+    def _on_signal(self) -> None:
+        if self.should_exit:
+            self.force_exit = True  # a second Ctrl-C: stop waiting for open streams
+        self.should_exit = True
+
+
 def build_engine(cfg: ServeConfig) -> Engine:
     ec = cfg.engine
     tok = Tokenizer(ec.model_path)
@@ -42,7 +65,7 @@ async def serve(cfg: ServeConfig, sock: socket.socket) -> None:
     engine = build_engine(cfg)
     await engine.start()
     app = create_app({engine.model_id: engine}, max_body=cfg.max_body_bytes)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False,
+    server = _Server(uvicorn.Config(app, log_level="warning", access_log=False,
                                            timeout_graceful_shutdown=3, lifespan="off"))
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host

@@ -153,6 +153,7 @@ class Engine:
             except WorkerCrashed as e:
                 log.error("worker %s crashed: %s", self.worker.pid, e.message)
                 self._lose_lanes(e)
+                await self._respawn()  # now, not at the next request: /health comes back
                 continue
             self._failures = 0
             self.steps += 1

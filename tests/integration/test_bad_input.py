@@ -1,0 +1,108 @@
+"""Bad input gets a clear OpenAI-style error and never hurts the daemon."""
+
+import httpx
+import pytest
+
+from .conftest import MODEL
+
+OK_MSGS = [{"role": "user", "content": "hi"}]
+
+
+def post(daemon, path, **kw):
+    return httpx.post(daemon.url + path, timeout=60, **kw)
+
+
+def error_of(r):
+    body = r.json()
+    assert set(body["error"]) >= {"message", "type", "param", "code"}
+    return body["error"]
+
+
+def test_malformed_json(daemon):
+    r = post(daemon, "/v1/chat/completions", content=b'{"model": "x", "messages": [',
+             headers={"content-type": "application/json"})
+    assert r.status_code == 400
+    assert "JSON" in error_of(r)["message"]
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"model": MODEL, "messages": "hello"}, "messages"),
+    ({"model": MODEL, "messages": OK_MSGS, "max_tokens": "ten"}, "max_tokens"),
+    ({"model": MODEL, "messages": OK_MSGS, "temperature": "hot"}, "temperature"),
+    ({"model": MODEL, "messages": OK_MSGS, "stream": "yes"}, "stream"),
+    ({"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
+    ({"model": MODEL, "messages": []}, "messages"),
+    ({"model": MODEL, "messages": OK_MSGS, "n": 0}, "n"),
+    ({"model": 5, "messages": OK_MSGS}, "model"),
+])
+def test_wrong_types(daemon, body, param):
+    r = post(daemon, "/v1/chat/completions", json=body)
+    assert r.status_code == 400, r.text
+    err = error_of(r)
+    assert err["type"] == "invalid_request_error"
+    assert err["param"] == param
+
+
+def test_body_not_an_object(daemon):
+    r = post(daemon, "/v1/chat/completions", json=[1, 2])
+    assert r.status_code == 400
+
+
+def test_missing_model(daemon):
+    r = post(daemon, "/v1/chat/completions", json={"messages": OK_MSGS})
+    assert r.status_code == 400
+    assert error_of(r)["param"] == "model"
+
+
+def test_unknown_model(daemon):
+    r = post(daemon, "/v1/chat/completions", json={"model": "gpt-17", "messages": OK_MSGS})
+    assert r.status_code == 404
+    assert error_of(r)["code"] == "model_not_found"
+    assert httpx.get(daemon.url + "/v1/models/gpt-17").status_code == 404
+
+
+def test_context_length_exceeded(daemon):
+    long = "word " * 1200  # over the test daemon's 1024-token window
+    r = post(daemon, "/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": long}]})
+    assert r.status_code == 400
+    assert error_of(r)["code"] == "context_length_exceeded"
+    r = post(daemon, "/v1/chat/completions", json={"model": MODEL, "messages": OK_MSGS, "max_tokens": 5000})
+    assert r.status_code == 400
+    assert error_of(r)["code"] == "context_length_exceeded"
+    r = post(daemon, "/v1/completions", json={"model": MODEL, "prompt": long, "max_tokens": 4})
+    assert error_of(r)["code"] == "context_length_exceeded"
+
+
+def test_body_too_large(daemon):
+    big = b'{"model": "%s", "messages": [{"role": "user", "content": "' % MODEL.encode() + b"a" * (17 << 20) + b'"}]}'
+    r = post(daemon, "/v1/chat/completions", content=big, headers={"content-type": "application/json"})
+    assert r.status_code == 413
+    assert error_of(r)["code"] == "request_too_large"
+
+
+def test_images_refused(daemon):
+    msgs = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}]}]
+    r = post(daemon, "/v1/chat/completions", json={"model": MODEL, "messages": msgs})
+    assert r.status_code == 400
+    assert "text only" in error_of(r)["message"]
+
+
+def test_bad_qos_header(daemon):
+    r = post(daemon, "/v1/chat/completions", json={"model": MODEL, "messages": OK_MSGS, "max_tokens": 2},
+             headers={"x-superfluid-qos": "vip"})
+    assert r.status_code == 400
+
+
+def test_unknown_route_and_bad_tokens(daemon):
+    r = httpx.get(daemon.url + "/v1/nothing")
+    assert r.status_code == 404 and "error" in r.json()
+    r = post(daemon, "/detokenize", json={"tokens": [10 ** 9]})
+    assert r.status_code == 400
+    r = post(daemon, "/v1/completions", json={"model": MODEL, "prompt": [10 ** 9], "max_tokens": 2})
+    assert r.status_code == 400
+
+
+def test_still_serving_after_bad_input(daemon):
+    r = post(daemon, "/v1/chat/completions", json={"model": MODEL, "messages": OK_MSGS, "max_tokens": 3})
+    assert r.status_code == 200
+    assert r.json()["usage"]["completion_tokens"] >= 1

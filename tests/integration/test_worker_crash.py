@@ -1,0 +1,87 @@
+"""kill -9 of the worker: in-flight requests get a typed error, the worker comes back, the
+next request is served. Uses its own daemon: it breaks things on purpose."""
+
+import json
+import os
+import signal
+import time
+
+import httpx
+import pytest
+
+from .conftest import MODEL
+from .daemon import Daemon, pid_alive
+
+LONG = {"model": MODEL, "max_tokens": 800, "ignore_eos": True,
+        "messages": [{"role": "user", "content": "Write a very long essay about rivers."}]}
+
+
+@pytest.fixture(scope="module")
+def d():
+    daemon = Daemon()
+    yield daemon
+    daemon.stop()
+
+
+def _wait_new_worker(d, old_pid, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        h = d.health()
+        pid = next(iter(h["models"].values()))["worker_pid"]
+        if pid and pid != old_pid and h["status"] == "ok":
+            return pid
+        time.sleep(0.2)
+    raise AssertionError("no new worker")
+
+
+def test_streaming_request_gets_error_event_then_done(d):
+    pid = d.worker_pid()
+    with httpx.stream("POST", d.url + "/v1/chat/completions", json={**LONG, "stream": True}, timeout=60) as r:
+        lines = r.iter_lines()
+        got = 0
+        while got < 3:
+            got += next(lines).startswith("data: ")
+        os.kill(pid, signal.SIGKILL)
+        rest = [ln for ln in lines if ln.startswith("data: ")]
+    assert rest[-1] == "data: [DONE]"
+    errors = [json.loads(ln[6:]) for ln in rest[:-1] if '"error"' in ln]
+    assert errors and errors[0]["error"]["code"] == "worker_crashed"
+    new = _wait_new_worker(d, pid)
+    assert not pid_alive(pid) and pid_alive(new)
+    r = httpx.post(d.url + "/v1/chat/completions", timeout=60,
+                   json={"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
+
+
+def test_non_streaming_request_gets_500_then_served(d):
+    import threading
+    pid = d.worker_pid()
+    out = {}
+
+    def call():
+        out["r"] = httpx.post(d.url + "/v1/chat/completions", json=LONG, timeout=60)
+
+    t = threading.Thread(target=call)
+    t.start()
+    deadline = time.monotonic() + 30
+    while next(iter(d.health()["models"].values()))["running"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)
+    os.kill(pid, signal.SIGKILL)
+    t.join(60)
+    r = out["r"]
+    assert r.status_code == 500
+    assert r.json()["error"]["code"] == "worker_crashed"
+    r = httpx.post(d.url + "/v1/chat/completions", timeout=60,
+                   json={"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 200
+
+
+def test_worker_killed_while_idle_is_replaced_transparently(d):
+    pid = d.worker_pid()
+    os.kill(pid, signal.SIGKILL)
+    time.sleep(0.5)
+    r = httpx.post(d.url + "/v1/chat/completions", timeout=60,
+                   json={"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 200
+    assert d.worker_pid() != pid
