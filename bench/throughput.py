@@ -1,0 +1,168 @@
+"""Aggregate completion tokens/s through the daemon vs a raw llama-cpp-python batched
+decode loop (the physical limit for this runtime), at 1, 2, 4 and 8 concurrent requests.
+
+    python bench/throughput.py [--model PATH] [--max-tokens 64] [--rounds 3] [--stream]
+
+Both sides: the same GGUF, the same thread count, the same context layout (lanes x ctx,
+one KV stream per lane), distinct prompts, greedy, run to length (EOS ignored); the time
+counts prefill and decode, from the first request sent to the last token received. Prints
+the median of the rounds and the ratio daemon / raw."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import llama_cpp as ll
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from superfluid.codec.template import ChatTemplate  # noqa: E402
+from superfluid.codec.tokenizer import Tokenizer, quiet_llama_logs  # noqa: E402
+from superfluid.runtime.registry import resolve  # noqa: E402
+from tests.integration.daemon import Daemon  # noqa: E402
+
+TOPICS = ["the sea", "a mountain", "a robot", "a city at night", "an old library", "a desert",
+          "a violin", "the moon", "a garden", "a train journey", "winter", "a lighthouse"]
+
+
+def prompts(n: int, offset: int) -> list[str]:
+    return [f"Write a long story about {TOPICS[(offset + i) % len(TOPICS)]}." for i in range(n)]
+
+
+class RawLoop:
+    """The same work with no daemon: one process, one context, one llama_decode per step."""
+
+    def __init__(self, path: str, lanes: int, n_ctx: int, threads: int, batch: int):
+        quiet_llama_logs()
+        ll.llama_backend_init()
+        self.model = ll.llama_model_load_from_file(path.encode(), ll.llama_model_default_params())
+        cp = ll.llama_context_default_params()
+        cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = lanes * n_ctx, batch, min(batch, 512), lanes
+        cp.n_threads = cp.n_threads_batch = threads
+        cp.kv_unified, cp.no_perf = False, True
+        self.ctx = ll.llama_init_from_model(self.model, cp)
+        self.mem = ll.llama_get_memory(self.ctx)
+        self.batch = ll.llama_batch_init(batch, 0, 1)
+        self.n_vocab = ll.llama_vocab_n_tokens(ll.llama_model_get_vocab(self.model))
+        self.cap = batch
+
+    def _decode(self, items: list[tuple[int, int, int, bool]]) -> None:
+        b = self.batch
+        for i, (tok, pos, seq, logits) in enumerate(items):
+            b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = tok, pos, 1, logits
+            b.seq_id[i][0] = seq
+        b.n_tokens = len(items)
+        if ll.llama_decode(self.ctx, b) != 0:
+            raise RuntimeError("llama_decode failed")
+
+    def _argmax(self, i: int) -> int:
+        return int(np.argmax(np.ctypeslib.as_array(ll.llama_get_logits_ith(self.ctx, i), shape=(self.n_vocab,))))
+
+    def run(self, toks: list[list[int]], max_tokens: int) -> int:
+        for s in range(len(toks)):
+            ll.llama_memory_seq_rm(self.mem, s, -1, -1)
+        # prefill, chunked to the batch size like the daemon's step budget
+        last: dict[int, int] = {}
+        items: list[tuple[int, int, int, bool]] = []
+        owners: list[tuple[int, int]] = []
+
+        def flush():
+            self._decode(items)
+            for s, idx in owners:
+                last[s] = self._argmax(idx)
+            items.clear()
+            owners.clear()
+
+        for s, t in enumerate(toks):
+            for p, tok in enumerate(t):
+                end = p == len(t) - 1
+                items.append((tok, p, s, end))
+                if end:
+                    owners.append((s, len(items) - 1))
+                if len(items) == self.cap:
+                    flush()
+        if items:
+            flush()
+        produced = len(toks)
+        pos = [len(t) for t in toks]
+        for _ in range(max_tokens - 1):
+            order = list(range(len(toks)))
+            self._decode([(last[s], pos[s], s, True) for s in order])
+            for i, s in enumerate(order):
+                last[s] = self._argmax(i)
+                pos[s] += 1
+            produced += len(toks)
+        return produced
+
+
+async def daemon_round(url: str, model: str, texts: list[str], max_tokens: int, stream: bool) -> tuple[int, float]:
+    async with httpx.AsyncClient(base_url=url, timeout=600) as c:
+        async def one(text: str) -> int:
+            body = {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens,
+                    "temperature": 0, "ignore_eos": True, "stream": stream}
+            if not stream:
+                r = await c.post("/v1/chat/completions", json=body)
+                return r.json()["usage"]["completion_tokens"]
+            n = 0
+            async with c.stream("POST", "/v1/chat/completions", json=body) as r:
+                async for line in r.aiter_lines():
+                    if '"usage"' in line:
+                        import json
+                        n = json.loads(line[6:])["usage"]["completion_tokens"]
+            return n
+
+        t0 = time.perf_counter()
+        counts = await asyncio.gather(*(one(t) for t in texts))
+        return sum(counts), time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--levels", default="1,2,4,8")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--ctx", type=int, default=1024)
+    ap.add_argument("--stream", action="store_true")
+    a = ap.parse_args()
+    src = resolve(a.model)
+    levels = [int(x) for x in a.levels.split(",")]
+    lanes = max(levels)
+    tok = Tokenizer(src.path)
+    tpl = ChatTemplate(tok.chat_template)
+    extra = [src.path] if a.model else []
+    d = Daemon(*extra, max_context=a.ctx, max_batch=lanes)
+    d_id = src.id
+    raw = RawLoop(src.path, lanes, a.ctx, a.threads, 256)
+    results: dict[int, tuple[list[float], list[float]]] = {n: ([], []) for n in levels}
+    try:
+        asyncio.run(daemon_round(d.url, d_id, prompts(1, 0), 8, a.stream))  # warm up both
+        raw.run([tok.encode_prompt(tpl.render([{"role": "user", "content": "hi"}]))], 8)
+        for r in range(a.rounds):
+            for n in levels:
+                texts = prompts(n, r * 3)
+                produced, dt = asyncio.run(daemon_round(d.url, d_id, texts, a.max_tokens, a.stream))
+                results[n][0].append(produced / dt)
+                toks = [tok.encode_prompt(tpl.render([{"role": "user", "content": t}])) for t in texts]
+                t0 = time.perf_counter()
+                produced = raw.run(toks, a.max_tokens)
+                results[n][1].append(produced / (time.perf_counter() - t0))
+    finally:
+        d.stop()
+    print(f"model {d_id}, threads {a.threads}, {a.max_tokens} tokens per request, "
+          f"{'streaming' if a.stream else 'non-streaming'}, median of {a.rounds} rounds")
+    print(f"{'concurrent':>10} {'daemon tok/s':>13} {'raw tok/s':>10} {'ratio':>6}")
+    for n in levels:
+        dm, rm = statistics.median(results[n][0]), statistics.median(results[n][1])
+        print(f"{n:>10} {dm:>13.1f} {rm:>10.1f} {dm / rm:>6.3f}")
+
+
+if __name__ == "__main__":
+    main()
