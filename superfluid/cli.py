@@ -8,7 +8,7 @@ import sys
 
 from . import __version__
 from .config import DEFAULT_HOST, DEFAULT_PORT, EngineConfig, ServeConfig, default_threads
-from .errors import ModelLoadError
+from .errors import ModelLoadError, SuperfluidError
 
 
 def _positive(s: str) -> int:
@@ -65,6 +65,9 @@ def _serve(args: argparse.Namespace) -> int:
     except ModelLoadError as e:
         print(f"superfluid: {e.message}", file=sys.stderr)
         return 2
+    except SuperfluidError as e:  # e.g. the worker could not load the model or its KV cache
+        print(f"superfluid: {e.message}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         pass
     return 0

@@ -67,6 +67,8 @@ class Engine:
     async def start(self) -> None:
         self.worker = WorkerProcess(self.spec)
         self.info = await self.worker.start()
+        # llama.cpp may round the per-lane window; never promise more than it holds
+        self.sched.n_ctx = min(self.sched.n_ctx, self.info.n_ctx)
         self._task = asyncio.create_task(self._loop(), name="engine-loop")
 
     async def close(self) -> None:

@@ -91,7 +91,29 @@ def parse(cls: type[_Body], raw: bytes) -> _Body:
         return cls.model_validate(data)
     except ValidationError as e:
         err = e.errors()[0]
-        param = ".".join(str(p) for p in err["loc"]) or None
+        param = _param(err["loc"])
         if err["type"] == "missing":
             raise BadRequest(f"missing required parameter: '{param}'", param=param) from None
         raise BadRequest(f"invalid value for '{param}': {err['msg']}", param=param) from None
+
+
+def _field_names() -> frozenset[str]:
+    return frozenset(name for m in (Message, TextPart, OtherPart, StreamOptions, ChatCompletionRequest,
+                                    CompletionRequest, TokenizeRequest, DetokenizeRequest)
+                     for name in m.model_fields)
+
+
+_FIELDS = _field_names()
+
+
+def _param(loc: tuple) -> str | None:
+    """The field path of a validation error. pydantic adds the union member it tried
+    ('stop.str', 'messages.0.content.list[...]'); a user needs the field, so stop at the
+    first part that is neither a field name nor a list index."""
+    parts: list[str] = []
+    for p in loc:
+        if isinstance(p, int) or p in _FIELDS:
+            parts.append(str(p))
+        else:
+            break
+    return ".".join(parts) or None

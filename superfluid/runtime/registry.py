@@ -66,9 +66,14 @@ def fit_context(*, requested: int | None, n_ctx_train: int, lanes: int,
                 kv_bytes_per_token: int, model_bytes: int, mem_bytes: int) -> int:
     """The per-lane context: what was asked, else the trained window capped so that every
     lane's KV cache fits in half the memory left after the weights."""
+    free = max(0, mem_bytes - model_bytes)
     if requested is not None:
+        need = requested * lanes * kv_bytes_per_token
+        if need > free:
+            raise ModelLoadError(
+                f"{lanes} lanes x {requested} tokens need {need / 2**30:.1f} GiB of KV cache; "
+                f"{free / 2**30:.1f} GiB is available: lower --max-context or --max-batch")
         return requested
-    budget = max(0, mem_bytes - model_bytes) // 2
-    cap = budget // max(1, lanes * kv_bytes_per_token)
+    cap = free // 2 // max(1, lanes * kv_bytes_per_token)
     ctx = min(n_ctx_train or 4096, cap)
-    return max(256, ctx // 256 * 256)
+    return max(min(256, n_ctx_train or 256), ctx // 256 * 256)

@@ -65,12 +65,14 @@ class WorkerProcess:
         self._send(Msg.HELLO, {"versions": list(SUPPORTED)})
         try:
             msg, body = await asyncio.wait_for(self._recv(), self.spec.load_timeout_s)
+            if msg != Msg.HELLO_ACK:
+                raise WorkerCrashed(f"the worker answered {msg} to HELLO")
         except TimeoutError:
             await self.stop()
             raise WorkerCrashed("the worker did not finish loading the model in time") from None
-        if msg != Msg.HELLO_ACK:
+        except WorkerCrashed:
             await self.stop()
-            raise WorkerCrashed(f"the worker failed to start: {body}")
+            raise
         self.info = ModelInfo(**body["info"])
         return self.info
 
@@ -86,8 +88,8 @@ class WorkerProcess:
             except (ConnectionError, OSError) as e:
                 raise WorkerCrashed(f"lost the worker: {e}") from e
             if not data:
-                code = self.proc.wait() if self.proc else None
-                raise WorkerCrashed(f"the worker exited (code {code})")
+                code = self.proc.poll() if self.proc else None
+                raise WorkerCrashed("the worker exited" + (f" (code {code})" if code is not None else ""))
             try:
                 self._frames.extend(self._dec.feed(data))
             except ProtocolError as e:

@@ -66,3 +66,10 @@ def test_serve_a_gguf_path_with_http_flag():
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
     assert proc.returncode == 0
+
+
+def test_context_beyond_memory_exits_2_with_one_line():
+    r = serve("--max-context", "100000000")
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "lower --max-context" in lines[0]
