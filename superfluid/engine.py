@@ -141,26 +141,41 @@ class Engine:
 
     # -- the loop ------------------------------------------------------------------------
     async def _loop(self) -> None:
+        """schedule -> worker.step -> update, pipelined by one step: the next plan goes to
+        the worker before this step's tokens are routed to their requests, so the worker
+        never waits for detokenizing and streaming. A job that ends while routing (stop
+        string, cancel) just has its token in the in-flight step dropped by update()."""
+        plan = None
         while True:
-            if not self.sched.has_work:
-                self._wake.clear()
-                await self._wake.wait()
-                continue
-            if not self.ready and not await self._respawn():
-                continue
-            plan = self.sched.schedule()
+            if plan is None:
+                if not self.sched.has_work:
+                    self._wake.clear()
+                    await self._wake.wait()
+                    continue
+                if not self.ready and not await self._respawn():
+                    continue
+                plan = self._send_next()
             assert self.worker is not None
             try:
-                result = await self.worker.step(plan)
+                result = await self.worker.recv_step()
             except WorkerCrashed as e:
                 log.error("worker %s crashed: %s", self.worker.pid, e.message)
+                plan = None
                 self._lose_lanes(e)
                 await self._respawn()  # now, not at the next request: /health comes back
                 continue
             self._failures = 0
             self.steps += 1
-            for ev in self.sched.update(plan, result):
+            events = self.sched.update(plan, result)
+            plan = self._send_next() if self.sched.has_work and self.ready else None
+            for ev in events:
                 self._route(ev)
+
+    def _send_next(self):
+        assert self.worker is not None
+        plan = self.sched.schedule()
+        self.worker.send_step(plan)
+        return plan
 
     async def _respawn(self) -> bool:
         """Replace a dead worker. Gives up after max_respawns failures in a row (until the

@@ -99,15 +99,26 @@ class WorkerProcess:
             raise WorkerCrashed(f"the worker failed: {body.get('message')}")
         return msg, body
 
-    async def step(self, plan: StepPlan) -> StepResult:
+    def send_step(self, plan: StepPlan) -> None:
+        """Queue a plan to the worker; its result comes from `recv_step`. Splitting the two
+        lets the engine hand out the last step's tokens while the worker runs the next."""
         try:
             self._send(Msg.STEP, plan.to_wire(), correlation=plan.step)
+        except (ConnectionError, OSError, RuntimeError):
+            pass  # a dead link surfaces in recv_step
+
+    async def recv_step(self) -> StepResult:
+        try:
             msg, body = await self._recv()
         except (ConnectionError, OSError) as e:
             raise WorkerCrashed(f"lost the worker: {e}") from e
         if msg != Msg.STEP_RESULT:
             raise WorkerCrashed(f"unexpected {msg} from the worker")
         return StepResult.from_wire(body)
+
+    async def step(self, plan: StepPlan) -> StepResult:
+        self.send_step(plan)
+        return await self.recv_step()
 
     async def stop(self, timeout: float = 5.0) -> None:
         if self._writer is not None:
