@@ -1,7 +1,7 @@
 """Aggregate completion tokens/s through the daemon vs a raw llama-cpp-python batched
 decode loop (the physical limit for this runtime), at 1, 2, 4 and 8 concurrent requests.
 
-    python bench/throughput.py [--model PATH] [--max-tokens 64] [--rounds 3] [--stream]
+    python bench/throughput.py [--model PATH] [--max-tokens 128] [--rounds 5] [--stream]
 
 Both sides: the same GGUF, the same thread count, the same context layout (lanes x ctx,
 one KV stream per lane), distinct prompts, greedy, run to length (EOS ignored); the time
@@ -125,8 +125,8 @@ async def daemon_round(url: str, model: str, texts: list[str], max_tokens: int, 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model")
-    ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--levels", default="1,2,4,8")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--ctx", type=int, default=1024)
@@ -148,12 +148,16 @@ def main() -> None:
         for r in range(a.rounds):
             for n in levels:
                 texts = prompts(n, r * 3)
-                produced, dt = asyncio.run(daemon_round(d.url, d_id, texts, a.max_tokens, a.stream))
-                results[n][0].append(produced / dt)
                 toks = [tok.encode_prompt(tpl.render([{"role": "user", "content": t}])) for t in texts]
-                t0 = time.perf_counter()
-                produced = raw.run(toks, a.max_tokens)
-                results[n][1].append(produced / (time.perf_counter() - t0))
+                # alternate who goes first, so drift on a shared machine hits both sides alike
+                for side in ((0, 1) if r % 2 == 0 else (1, 0)):
+                    if side == 0:
+                        produced, dt = asyncio.run(daemon_round(d.url, d_id, texts, a.max_tokens, a.stream))
+                    else:
+                        t0 = time.perf_counter()
+                        produced = raw.run(toks, a.max_tokens)
+                        dt = time.perf_counter() - t0
+                    results[n][side].append(produced / dt)
     finally:
         d.stop()
     print(f"model {d_id}, threads {a.threads}, {a.max_tokens} tokens per request, "

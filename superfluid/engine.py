@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -18,12 +19,15 @@ from .codec.template import ChatTemplate
 from .codec.tokenizer import Tokenizer
 from .config import EngineConfig
 from .errors import BadRequest, ContextLengthExceeded, SuperfluidError, WorkerCrashed, WorkerUnavailable
+from .plan import StepPlan
 from .request import Chunk, FinishReason, GenRequest, TokenLogprob
 from .runtime.base import ModelInfo
 from .sched.scheduler import Job, Scheduler, TokenEvent
 from .worker.supervisor import WorkerProcess, WorkerSpec
 
 log = logging.getLogger("superfluid.engine")
+
+PIPELINE_DEPTH = 2  # plans in flight to the worker
 
 
 @dataclass(eq=False)
@@ -141,41 +145,49 @@ class Engine:
 
     # -- the loop ------------------------------------------------------------------------
     async def _loop(self) -> None:
-        """schedule -> worker.step -> update, pipelined by one step: the next plan goes to
-        the worker before this step's tokens are routed to their requests, so the worker
-        never waits for detokenizing and streaming. A job that ends while routing (stop
-        string, cancel) just has its token in the in-flight step dropped by update()."""
-        plan = None
+        """schedule -> worker.step -> update, with PIPELINE_DEPTH plans in flight: the worker
+        finds its next plan waiting when it finishes a step (decodes of tokens it has not
+        returned yet carry PLACEHOLDER), so neither the Link W round trip nor detokenizing
+        and streaming ever leave it idle."""
+        inflight: deque[StepPlan] = deque()
         while True:
-            if plan is None:
+            if not inflight:
                 if not self.sched.has_work:
                     self._wake.clear()
                     await self._wake.wait()
                     continue
                 if not self.ready and not await self._respawn():
                     continue
-                plan = self._send_next()
+                self._fill(inflight)
+                if not inflight:
+                    self._wake.clear()
+                    await self._wake.wait()
+                    continue
             assert self.worker is not None
             try:
                 result = await self.worker.recv_step()
-            except WorkerCrashed as e:
-                log.error("worker %s crashed: %s", self.worker.pid, e.message)
-                plan = None
-                self._lose_lanes(e)
+                events = self.sched.update(inflight.popleft(), result)
+            except (WorkerCrashed, ValueError) as e:
+                err = e if isinstance(e, WorkerCrashed) else WorkerCrashed(f"Link W out of step: {e}")
+                log.error("worker %s crashed: %s", self.worker.pid, err.message)
+                inflight.clear()
+                self._lose_lanes(err)
                 await self._respawn()  # now, not at the next request: /health comes back
                 continue
             self._failures = 0
             self.steps += 1
-            events = self.sched.update(plan, result)
-            plan = self._send_next() if self.sched.has_work and self.ready else None
+            self._fill(inflight)
             for ev in events:
                 self._route(ev)
 
-    def _send_next(self):
-        assert self.worker is not None
-        plan = self.sched.schedule()
-        self.worker.send_step(plan)
-        return plan
+    def _fill(self, inflight: deque[StepPlan]) -> None:
+        while len(inflight) < PIPELINE_DEPTH and self.ready:
+            plan = self.sched.schedule()
+            if plan is None:
+                return
+            assert self.worker is not None
+            self.worker.send_step(plan)
+            inflight.append(plan)
 
     async def _respawn(self) -> bool:
         """Replace a dead worker. Gives up after max_respawns failures in a row (until the

@@ -11,6 +11,10 @@ from dataclasses import dataclass
 
 from .request import SamplingParams
 
+# A run's token that is "the token this lane sampled last": lets the scheduler plan a decode
+# before the step that samples its input has come back. The runtime resolves it.
+PLACEHOLDER = -1
+
 
 @dataclass(frozen=True, slots=True)
 class LaneOpen:
@@ -23,7 +27,7 @@ class LaneOpen:
 class Run:
     seq: int
     pos: int  # position of tokens[0] in the lane
-    tokens: tuple[int, ...]
+    tokens: tuple[int, ...]  # may hold PLACEHOLDER
     sample: bool  # sample a token after the last one (its position is pos + len(tokens))
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..plan import Run, Sampled, StepPlan, StepResult
+from ..plan import PLACEHOLDER, Run, Sampled, StepPlan, StepResult
 from .sampling import LaneSampler
 
 
@@ -35,6 +35,7 @@ class Runtime(ABC):
 
     def __init__(self) -> None:
         self._samplers: dict[int, LaneSampler] = {}
+        self._last: dict[int, int] = {}  # seq -> its last sampled token (resolves PLACEHOLDER)
 
     @abstractmethod
     def open_lane(self, seq: int) -> None: ...
@@ -53,15 +54,27 @@ class Runtime(ABC):
         t0 = time.perf_counter()
         for seq in plan.closes:
             self._samplers.pop(seq, None)
+            self._last.pop(seq, None)
             self.close_lane(seq)
         for o in plan.opens:
             self.open_lane(o.seq)
             self._samplers[o.seq] = LaneSampler(o.sampling, o.history, self.eog)
         sampled: list[Sampled] = []
         if plan.runs:
-            logits = self.forward(plan.runs)
-            for run in plan.runs:
+            runs = tuple(self._resolve(r) for r in plan.runs)
+            logits = self.forward(runs)
+            for run in runs:
                 if run.sample:
                     pos = run.pos + len(run.tokens)
-                    sampled.append(self._samplers[run.seq].sample(run.seq, logits[run.seq], pos))
+                    s = self._samplers[run.seq].sample(run.seq, logits[run.seq], pos)
+                    self._last[run.seq] = s.token
+                    sampled.append(s)
         return StepResult(plan.step, tuple(sampled), time.perf_counter() - t0)
+
+    def _resolve(self, run: Run) -> Run:
+        if PLACEHOLDER not in run.tokens:
+            return run
+        if run.seq not in self._last:
+            raise ValueError(f"lane {run.seq} has no sampled token to feed")
+        last = self._last[run.seq]
+        return Run(run.seq, run.pos, tuple(last if t == PLACEHOLDER else t for t in run.tokens), run.sample)

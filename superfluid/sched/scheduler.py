@@ -6,16 +6,19 @@ token budget on prefill chunks (oldest admission first), so decoding lanes keep 
 while a long prompt prefills. `update(plan, result)` folds the worker's sampled tokens into
 the jobs and returns one TokenEvent per token, with the finish reason when a job ends.
 
-A job's context is prompt + output; `computed` counts the context tokens already in its
-lane's KV. A run feeds context[computed:computed+n] and samples when it reaches the end,
-so prefill, decode and (later) a resumed lane are the same operation."""
+Plans may be scheduled ahead of results (the engine keeps two in flight, so the worker
+never waits for the daemon): a decode whose input is a token sampled in a step still in
+flight carries PLACEHOLDER, which the worker replaces with the lane's last sample. A job's
+context is prompt + output + `pending` (samples in flight); `scheduled` counts the context
+tokens already sent to the worker. A job that ends while a run of it is in flight simply
+has that run's token dropped in update()."""
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
 
-from ..plan import LaneOpen, Run, StepPlan, StepResult
+from ..plan import PLACEHOLDER, LaneOpen, Run, StepPlan, StepResult
 from ..request import FinishReason, Qos, SamplingParams
 from .lanes import LanePool
 from .queues import ClassQueues
@@ -37,20 +40,32 @@ class Job:
     qos: Qos = Qos.AGENT
     status: JobStatus = JobStatus.WAITING
     seq: int | None = None
-    computed: int = 0
+    scheduled: int = 0  # context tokens sent to the worker (in flight included)
+    pending: int = 0  # samples requested but not yet received
     output: list[int] = field(default_factory=list)
     finish: FinishReason | None = None
 
     @property
     def context_len(self) -> int:
+        """Known context: prompt and received output."""
         return len(self.prompt) + len(self.output)
 
+    @property
+    def planned_len(self) -> int:
+        """Context once every in-flight sample has arrived."""
+        return self.context_len + self.pending
+
+    @property
+    def generated(self) -> int:
+        return len(self.output) + self.pending
+
     def context(self, start: int, n: int) -> tuple[int, ...]:
-        lp = len(self.prompt)
-        if start >= lp:
-            return tuple(self.output[start - lp:start - lp + n])
-        head = self.prompt[start:start + n]
-        return tuple(head) + tuple(self.output[:max(0, n - len(head))])
+        """Tokens [start, start+n) of the planned context; PLACEHOLDER past the known part."""
+        lp, lo = len(self.prompt), len(self.output)
+        out = []
+        for i in range(start, start + n):
+            out.append(self.prompt[i] if i < lp else self.output[i - lp] if i - lp < lo else PLACEHOLDER)
+        return tuple(out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +89,7 @@ class Scheduler:
         self.running: dict[int, Job] = {}  # seq -> job, in admission order
         self.jobs: dict[str, Job] = {}
         self._to_close: list[int] = []
+        self._inflight: dict[int, dict[int, Job]] = {}  # step -> {seq: job} of its sampling runs
         self._step = 0
 
     # -- job control -------------------------------------------------------------------
@@ -82,6 +98,8 @@ class Scheduler:
             raise ValueError(f"duplicate job {job.id}")
         if not job.prompt:
             raise ValueError("empty prompt")
+        if job.max_tokens < 1:
+            raise ValueError("max_tokens must be at least 1")
         if job.context_len >= self.n_ctx:
             raise ValueError("prompt does not fit the context window")
         self.jobs[job.id] = job
@@ -100,14 +118,15 @@ class Scheduler:
         return True
 
     def reset(self) -> list[Job]:
-        """The worker is gone with all its lanes: drop running jobs and return them.
-        Waiting jobs stay queued for the next worker."""
+        """The worker is gone with all its lanes and in-flight steps: drop running jobs and
+        return them. Waiting jobs stay queued for the next worker."""
         lost = list(self.running.values())
         for job in lost:
             job.status, job.finish = JobStatus.FINISHED, FinishReason.ERROR
             self.jobs.pop(job.id, None)
         self.running.clear()
         self._to_close.clear()
+        self._inflight.clear()
         self.lanes = LanePool(self.lanes.size)
         return lost
 
@@ -116,7 +135,9 @@ class Scheduler:
         return bool(self.running or self._to_close or len(self.waiting))
 
     # -- the step ----------------------------------------------------------------------
-    def schedule(self) -> StepPlan:
+    def schedule(self) -> StepPlan | None:
+        """The next plan, or None when there is nothing to send (every running job is
+        waiting for in-flight samples it needs no further run for)."""
         closes = tuple(self._to_close)
         for seq in closes:
             self.lanes.release(seq)
@@ -126,42 +147,53 @@ class Scheduler:
         while self.lanes.free and len(self.waiting):
             job = self.waiting.pop()
             assert job is not None
-            job.seq = self.lanes.acquire()
-            job.status = JobStatus.PREFILLING
-            job.computed = 0
-            self.running[job.seq] = job  # type: ignore[index]
-            opens.append(LaneOpen(job.seq, job.sampling, tuple(job.output)))  # type: ignore[arg-type]
+            seq = self.lanes.acquire()
+            assert seq is not None
+            job.seq, job.status, job.scheduled, job.pending = seq, JobStatus.PREFILLING, 0, 0
+            self.running[seq] = job
+            opens.append(LaneOpen(seq, job.sampling, tuple(job.output)))
 
         budget = self.step_tokens
         runs: list[Run] = []
         for job in self.running.values():
-            if job.status == JobStatus.DECODING:
+            if job.status == JobStatus.DECODING and self._wants_token(job):
                 runs.append(self._run(job, 1))
                 budget -= 1
         for job in self.running.values():
             if job.status == JobStatus.PREFILLING and budget > 0:
-                n = min(job.context_len - job.computed, budget)
+                n = min(job.planned_len - job.scheduled, budget)
                 runs.append(self._run(job, n))
                 budget -= n
+        if not (opens or runs or closes):
+            return None
         self._step += 1
+        self._inflight[self._step] = {r.seq: self.running[r.seq] for r in runs if r.sample}
         return StepPlan(self._step, tuple(opens), tuple(runs), closes)
 
+    def _wants_token(self, job: Job) -> bool:
+        # the last token is known in advance: never schedule a run past max_tokens or the window
+        return job.generated < job.max_tokens and job.planned_len < self.n_ctx
+
     def _run(self, job: Job, n: int) -> Run:
-        start = job.computed
-        return Run(job.seq, start, job.context(start, n), start + n == job.context_len)  # type: ignore[arg-type]
+        assert job.seq is not None
+        start = job.scheduled
+        job.scheduled += n
+        sample = job.scheduled == job.planned_len
+        if sample:
+            job.pending += 1
+            job.status = JobStatus.DECODING
+        return Run(job.seq, start, job.context(start, n), sample)
 
     def update(self, plan: StepPlan, result: StepResult) -> list[TokenEvent]:
-        for run in plan.runs:
-            job = self.running.get(run.seq)
-            if job is not None and job.computed == run.pos:
-                job.computed += len(run.tokens)
-                if job.computed == job.context_len:
-                    job.status = JobStatus.DECODING
+        if result.step != plan.step:
+            raise ValueError(f"result of step {result.step} for plan {plan.step}")
+        owners = self._inflight.pop(plan.step, {})
         events: list[TokenEvent] = []
         for s in result.sampled:
-            job = self.running.get(s.seq)
+            job = owners.get(s.seq)
             if job is None or job.status == JobStatus.FINISHED:
-                continue  # finished (cancelled, stopped) while the step ran
+                continue  # finished (cancelled, stopped, eog) while the step ran
+            job.pending -= 1
             job.output.append(s.token)
             reason = self._finish_reason(job, s.token)
             if reason is not None:

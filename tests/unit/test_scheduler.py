@@ -291,7 +291,7 @@ def test_reset_forgets_pending_closes():
     step(s)
     s.finish("a", FinishReason.CANCELLED)
     assert s.reset() == []
-    assert s.schedule().closes == ()
+    assert s.schedule() is None  # nothing to close, nothing to run
     assert not s.has_work
 
 
@@ -318,3 +318,58 @@ def test_add_rejects_duplicate_empty_and_oversized_jobs():
     with pytest.raises(ValueError, match="context"):
         s.add(job("big", n=8))
     assert set(s.jobs) == {"a"} and len(s.waiting) == 1
+
+
+# -- plans scheduled ahead of results (two in flight) --------------------------------
+
+
+def test_decode_ahead_uses_placeholder_for_the_token_in_flight():
+    from superfluid.plan import PLACEHOLDER
+    s = sched(lanes=1)
+    s.add(job("a", n=3))
+    p1 = s.schedule()  # prefill, samples at the end
+    p2 = s.schedule()  # decode of the token p1 will sample
+    assert p1.runs[0].tokens == (100, 101, 102) and p1.runs[0].sample
+    assert p2.runs[0].pos == 3 and p2.runs[0].tokens == (PLACEHOLDER,) and p2.runs[0].sample
+    ev1 = s.update(p1, result(p1, {0: 11}))
+    p3 = s.schedule()  # p2's token is still in flight: placeholder again, one position on
+    assert p3.runs[0].pos == 4 and p3.runs[0].tokens == (PLACEHOLDER,)
+    ev2 = s.update(p2, result(p2, {0: 12}))
+    s.update(p3, result(p3, {0: 13}))
+    p4 = s.schedule()  # everything has arrived: the real token
+    assert p4.runs[0].pos == 5 and p4.runs[0].tokens == (13,)
+    assert [e.token for e in ev1 + ev2] == [11, 12]
+    assert s.jobs["a"].output == [11, 12, 13]
+
+
+def test_no_run_is_scheduled_past_max_tokens():
+    s = sched(lanes=1)
+    s.add(job("a", max_tokens=2))
+    p1, p2 = s.schedule(), s.schedule()
+    assert s.schedule() is None  # two samples in flight cover max_tokens
+    s.update(p1, result(p1))
+    evs = s.update(p2, result(p2))
+    assert evs[-1].finish == FinishReason.LENGTH
+    assert s.schedule().closes == (0,)
+
+
+def test_token_in_flight_after_eog_is_dropped_and_lane_reuse_is_safe():
+    s = sched(lanes=1)
+    s.add(job("a"))
+    p1, p2 = s.schedule(), s.schedule()
+    evs = s.update(p1, result(p1, {0: EOG}))
+    assert evs[-1].finish == FinishReason.END_OF_TURN
+    s.add(job("b"))
+    p3 = s.schedule()  # closes a's lane and gives it to b while p2 (a's run) is in flight
+    assert p3.closes == (0,) and p3.opens[0].seq == 0
+    assert s.update(p2, result(p2, {0: 99})) == []  # a's extra token: nobody's
+    evs = s.update(p3, result(p3, {0: 5}))
+    assert [(e.job_id, e.token) for e in evs] == [("b", 5)]
+
+
+def test_update_refuses_a_result_for_another_step():
+    s = sched(lanes=1)
+    s.add(job("a"))
+    p1, p2 = s.schedule(), s.schedule()
+    with pytest.raises(ValueError):
+        s.update(p1, result(p2))

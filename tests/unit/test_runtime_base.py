@@ -1,0 +1,71 @@
+"""Runtime.step, shared by every runtime: lanes, placeholder resolution, sampling."""
+
+import numpy as np
+import pytest
+
+from superfluid.plan import PLACEHOLDER, LaneOpen, Run, StepPlan
+from superfluid.request import SamplingParams
+from superfluid.runtime.base import ModelInfo, Runtime
+
+V = 8
+
+
+class EchoRuntime(Runtime):
+    """Logits that make greedy pick (last input token + 1) % V; records what it was fed."""
+
+    def __init__(self):
+        super().__init__()
+        self.info = ModelInfo(V, 64, 2, 64, "echo")
+        self.eog = np.array([], dtype=np.int64)
+        self.fed: list[tuple[int, int, tuple[int, ...]]] = []
+        self.open: set[int] = set()
+
+    def open_lane(self, seq):
+        self.open.add(seq)
+
+    def close_lane(self, seq):
+        self.open.discard(seq)
+
+    def forward(self, runs):
+        out = {}
+        for r in runs:
+            self.fed.append((r.seq, r.pos, r.tokens))
+            if r.sample:
+                x = np.zeros(V, dtype=np.float32)
+                x[(r.tokens[-1] + 1) % V] = 5.0
+                out[r.seq] = x
+        return out
+
+
+GREEDY = SamplingParams(temperature=0)
+
+
+def test_placeholder_is_the_lanes_last_sample():
+    rt = EchoRuntime()
+    r1 = rt.step(StepPlan(1, (LaneOpen(0, GREEDY),), (Run(0, 0, (1, 2), True),)))
+    assert r1.sampled[0].token == 3
+    r2 = rt.step(StepPlan(2, (), (Run(0, 2, (PLACEHOLDER,), True),)))
+    assert rt.fed[-1] == (0, 2, (3,))
+    assert r2.sampled[0].token == 4
+
+
+def test_placeholder_without_a_sample_is_refused():
+    rt = EchoRuntime()
+    with pytest.raises(ValueError):
+        rt.step(StepPlan(1, (LaneOpen(0, GREEDY),), (Run(0, 0, (PLACEHOLDER,), True),)))
+
+
+def test_close_forgets_the_lane():
+    rt = EchoRuntime()
+    rt.step(StepPlan(1, (LaneOpen(1, GREEDY),), (Run(1, 0, (5,), True),)))
+    rt.step(StepPlan(2, closes=(1,)))
+    assert 1 not in rt.open
+    rt.step(StepPlan(3, (LaneOpen(1, GREEDY),), ()))
+    with pytest.raises(ValueError):
+        rt.step(StepPlan(4, (), (Run(1, 0, (PLACEHOLDER,), True),)))
+
+
+def test_runs_without_sample_return_nothing():
+    rt = EchoRuntime()
+    r = rt.step(StepPlan(1, (LaneOpen(0, GREEDY),), (Run(0, 0, (1, 2, 3), False),)))
+    assert r.sampled == () and r.step == 1
