@@ -1,8 +1,9 @@
 """StepPlan / StepResult: the whole contract between the scheduler and a runtime.
 
-A plan says, for one step: which lanes (KV sequences) to open with which sampling params,
-which token runs to feed at which positions (and whether to sample after the run), and
-which lanes to close. The result carries one sampled token per run that asked for one.
+A plan says, for one step: which lanes (KV sequences) to close, which to open with which
+sampling params, which lanes to seed from another lane's KV prefix, and which token runs
+to feed at which positions (and whether to sample after the run). The result carries one
+sampled token per run that asked for one.
 Both travel over Link W as plain msgpack lists."""
 
 from __future__ import annotations
@@ -24,6 +25,15 @@ class LaneOpen:
 
 
 @dataclass(frozen=True, slots=True)
+class Copy:
+    """Seed lane dst with the first n tokens of lane src's KV (no recompute): the prefix
+    cache's primitive. dst must be open; it is applied after opens, before runs."""
+    src: int
+    dst: int
+    n: int
+
+
+@dataclass(frozen=True, slots=True)
 class Run:
     seq: int
     pos: int  # position of tokens[0] in the lane
@@ -37,6 +47,7 @@ class StepPlan:
     opens: tuple[LaneOpen, ...] = ()
     runs: tuple[Run, ...] = ()
     closes: tuple[int, ...] = ()
+    copies: tuple[Copy, ...] = ()
 
     @property
     def n_tokens(self) -> int:
@@ -46,15 +57,17 @@ class StepPlan:
         return [self.step,
                 [[o.seq, o.sampling.to_wire(), list(o.history)] for o in self.opens],
                 [[r.seq, r.pos, list(r.tokens), r.sample] for r in self.runs],
-                list(self.closes)]
+                list(self.closes),
+                [[c.src, c.dst, c.n] for c in self.copies]]
 
     @classmethod
     def from_wire(cls, w: list) -> StepPlan:
-        step, opens, runs, closes = w
+        step, opens, runs, closes, copies = w
         return cls(step,
                    tuple(LaneOpen(s, SamplingParams.from_wire(p), tuple(h)) for s, p, h in opens),
                    tuple(Run(s, p, tuple(t), bool(x)) for s, p, t, x in runs),
-                   tuple(closes))
+                   tuple(closes),
+                   tuple(Copy(a, b, n) for a, b, n in copies))
 
 
 @dataclass(frozen=True, slots=True)

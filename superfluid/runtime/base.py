@@ -1,9 +1,10 @@
 """The Runtime contract: a runtime holds weights and KV lanes and executes StepPlans.
 
-Subclasses implement three things: `open_lane(seq)` (an empty KV sequence), `close_lane(seq)`
-(free its cells) and `forward(runs)` (one batched forward over every run; logits for each
-run that samples, valid until the next forward). `step` is the same for every runtime: close,
-open, forward, then sample each lane with its own LaneSampler keyed by (seed, position)."""
+Subclasses implement: `open_lane(seq)` (an empty KV sequence), `close_lane(seq)` (free its
+cells), `copy_lane(src, dst, n)` (dst holds src's first n tokens, without recompute) and
+`forward(runs)` (one batched forward over every run; logits for each run that samples,
+valid until the next forward). `step` is the same for every runtime: close, open, copy,
+forward, then sample each lane with its own LaneSampler keyed by (seed, position)."""
 
 from __future__ import annotations
 
@@ -44,6 +45,9 @@ class Runtime(ABC):
     def close_lane(self, seq: int) -> None: ...
 
     @abstractmethod
+    def copy_lane(self, src: int, dst: int, n: int) -> None: ...
+
+    @abstractmethod
     def forward(self, runs: tuple[Run, ...]) -> dict[int, np.ndarray]:
         """Feed every run in one batch; return {seq: logits} for runs with sample=True."""
 
@@ -59,6 +63,8 @@ class Runtime(ABC):
         for o in plan.opens:
             self.open_lane(o.seq)
             self._samplers[o.seq] = LaneSampler(o.sampling, o.history, self.eog)
+        for c in plan.copies:
+            self.copy_lane(c.src, c.dst, c.n)
         sampled: list[Sampled] = []
         if plan.runs:
             runs = tuple(self._resolve(r) for r in plan.runs)

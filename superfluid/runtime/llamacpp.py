@@ -60,6 +60,13 @@ class LlamaCppRuntime(Runtime):
     def close_lane(self, seq: int) -> None:
         ll.llama_memory_seq_rm(self.mem, seq, -1, -1)
 
+    def copy_lane(self, src: int, dst: int, n: int) -> None:
+        # lanes live in separate KV streams: llama.cpp copies src's whole stream into dst's
+        # (applied before the next decode), then dst drops everything from position n on
+        ll.llama_memory_seq_rm(self.mem, dst, -1, -1)
+        ll.llama_memory_seq_cp(self.mem, src, dst, -1, -1)
+        ll.llama_memory_seq_rm(self.mem, dst, n, -1)
+
     def forward(self, runs: tuple[Run, ...]) -> dict[int, np.ndarray]:
         b = self.batch
         i = 0

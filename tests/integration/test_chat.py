@@ -181,3 +181,16 @@ def test_tokenize_roundtrip(daemon):
     assert "".join(r["pieces"]) == "Hello world"
     d = httpx.post(daemon.url + "/detokenize", json={"tokens": r["tokens"]}).json()
     assert d["content"] == "Hello world"
+
+
+def test_streaming_with_n_choices(client):
+    s = chat(client, "Invent a word.", n=2, temperature=1.0, seed=9, max_tokens=6, stream=True)
+    texts, finishes = {0: "", 1: ""}, {}
+    for c in s:
+        for ch in c.choices:
+            texts[ch.index] += ch.delta.content or ""
+            if ch.finish_reason:
+                finishes[ch.index] = ch.finish_reason
+    assert set(finishes) == {0, 1}
+    whole = chat(client, "Invent a word.", n=2, temperature=1.0, seed=9, max_tokens=6)
+    assert [texts[0], texts[1]] == [c.message.content for c in whole.choices]

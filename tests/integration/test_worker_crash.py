@@ -85,3 +85,34 @@ def test_worker_killed_while_idle_is_replaced_transparently(d):
                    json={"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 200
     assert d.worker_pid() != pid
+
+
+def test_respawn_gives_up_after_three_failures_until_the_next_request(tmp_path):
+    """The model file goes bad under a running daemon: respawns fail, it stops retrying with
+    a clear log line, requests get 503 worker_unavailable; once the file is back, the next
+    request brings the worker back."""
+    import shutil
+
+    from superfluid.runtime.registry import embedded_model
+    good = embedded_model().path
+    path = tmp_path / "model.gguf"
+    shutil.copy(good, path)
+    d = Daemon(str(path), max_batch=2, max_context=512)
+    try:
+        with open(good, "rb") as f:
+            head = f.read(8 << 20)  # metadata intact, tensor data cut off
+        path.write_bytes(head)
+        os.kill(d.worker_pid(), signal.SIGKILL)
+        body = {"model": "model", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+        r = httpx.post(d.url + "/v1/chat/completions", json=body, timeout=120)
+        assert r.status_code == 503
+        assert r.json()["error"]["code"] == "worker_unavailable"
+        assert httpx.get(d.url + "/health", timeout=10).status_code == 503
+        shutil.copy(good, path)
+        r = httpx.post(d.url + "/v1/chat/completions", json=body, timeout=120)
+        assert r.status_code == 200
+        assert httpx.get(d.url + "/health", timeout=10).status_code == 200
+    finally:
+        d.stop()
+    log = d.proc.stdout.read()
+    assert "not restarting it until the next request" in log

@@ -26,6 +26,9 @@ class EchoRuntime(Runtime):
     def close_lane(self, seq):
         self.open.discard(seq)
 
+    def copy_lane(self, src, dst, n):
+        self.fed.append((dst, -1, (src, n)))
+
     def forward(self, runs):
         out = {}
         for r in runs:
@@ -69,3 +72,11 @@ def test_runs_without_sample_return_nothing():
     rt = EchoRuntime()
     r = rt.step(StepPlan(1, (LaneOpen(0, GREEDY),), (Run(0, 0, (1, 2, 3), False),)))
     assert r.sampled == () and r.step == 1
+
+
+def test_copies_apply_after_opens_and_before_runs():
+    from superfluid.plan import Copy
+    rt = EchoRuntime()
+    rt.step(StepPlan(1, (LaneOpen(0, GREEDY),), (Run(0, 0, (1, 2, 3), True),)))
+    rt.step(StepPlan(2, (LaneOpen(1, GREEDY),), (Run(1, 2, (3,), True),), copies=(Copy(0, 1, 2),)))
+    assert rt.fed[-2:] == [(1, -1, (0, 2)), (1, 2, (3,))]

@@ -1,0 +1,88 @@
+"""The llama.cpp runtime in-process on the embedded model: batched lanes are independent,
+a copied lane continues exactly like a freshly prefilled one, chunking does not matter."""
+
+import pytest
+
+from superfluid.codec.template import ChatTemplate
+from superfluid.codec.tokenizer import Tokenizer
+from superfluid.plan import PLACEHOLDER, Copy, LaneOpen, Run, StepPlan
+from superfluid.request import SamplingParams
+from superfluid.runtime.llamacpp import LlamaCppRuntime
+from superfluid.runtime.registry import embedded_model
+
+GREEDY = SamplingParams(temperature=0)
+
+
+@pytest.fixture(scope="module")
+def rt():
+    r = LlamaCppRuntime(embedded_model().path, lanes=4, n_ctx=512, threads=1, batch_tokens=128)
+    yield r
+    r.close()
+
+
+@pytest.fixture(scope="module")
+def prompt():
+    tok = Tokenizer(embedded_model().path)
+    text = ChatTemplate(tok.chat_template).render([{"role": "user", "content": "List three rivers."}])
+    return tok.encode_prompt(text)
+
+
+class Stepper:
+    def __init__(self, rt):
+        self.rt, self.n = rt, 0
+
+    def __call__(self, **kw):
+        self.n += 1
+        return self.rt.step(StepPlan(self.n, **kw))
+
+
+def greedy(rt, seq, prompt, n, *, chunk=None):
+    step = Stepper(rt)
+    chunk = chunk or len(prompt)
+    step(opens=(LaneOpen(seq, GREEDY),))
+    out = []
+    for i in range(0, len(prompt), chunk):
+        part = prompt[i:i + chunk]
+        r = step(runs=(Run(seq, i, tuple(part), i + len(part) == len(prompt)),))
+    out.append(r.sampled[0].token)
+    while len(out) < n:
+        r = step(runs=(Run(seq, len(prompt) + len(out) - 1, (PLACEHOLDER,), True),))
+        out.append(r.sampled[0].token)
+    step(closes=(seq,))
+    return out
+
+
+def test_chunked_prefill_gives_the_same_tokens(rt, prompt):
+    assert greedy(rt, 0, prompt, 12) == greedy(rt, 1, prompt, 12, chunk=7)
+
+
+def test_copied_lane_continues_like_a_fresh_one(rt, prompt):
+    want = greedy(rt, 0, prompt, 10)
+    step = Stepper(rt)
+    step(opens=(LaneOpen(0, GREEDY),), runs=(Run(0, 0, tuple(prompt), False),))
+    # lane 2 gets all but the last 5 prompt tokens by copy, then prefills only those 5
+    k = len(prompt) - 5
+    step(opens=(LaneOpen(2, GREEDY),), copies=(Copy(0, 2, k),))
+    r = step(runs=(Run(2, k, tuple(prompt[k:]), True),))
+    out = [r.sampled[0].token]
+    while len(out) < 10:
+        r = step(runs=(Run(2, len(prompt) + len(out) - 1, (PLACEHOLDER,), True),))
+        out.append(r.sampled[0].token)
+    step(closes=(0, 2))
+    assert out == want
+
+
+def test_lanes_in_one_batch_match_lanes_alone(rt, prompt):
+    other = prompt[:-3] + prompt[-3:][::-1]
+    alone = [greedy(rt, 0, p, 8) for p in (prompt, other)]
+    step = Stepper(rt)
+    r = step(opens=(LaneOpen(1, GREEDY), LaneOpen(3, GREEDY)),
+             runs=(Run(1, 0, tuple(prompt), True), Run(3, 0, tuple(other), True)))
+    outs = {s.seq: [s.token] for s in r.sampled}
+    while len(outs[1]) < 8:
+        r = step(runs=tuple(Run(q, len(p) + len(outs[q]) - 1, (PLACEHOLDER,), True)
+                            for q, p in ((1, prompt), (3, other))))
+        for s in r.sampled:
+            outs[s.seq].append(s.token)
+    step(closes=(1, 3))
+    assert [outs[1], outs[3]] == alone
