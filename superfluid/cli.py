@@ -9,6 +9,7 @@ import sys
 from . import __version__
 from .config import DEFAULT_HOST, DEFAULT_PORT, EngineConfig, ServeConfig, default_threads
 from .errors import ModelLoadError, SuperfluidError
+from .request import Qos
 
 
 def _positive(s: str) -> int:
@@ -25,6 +26,24 @@ def _hostport(s: str) -> tuple[str, int]:
     return host.strip("[]") or DEFAULT_HOST, int(port)
 
 
+def _qos(s: str) -> Qos:
+    s = s.strip().lower()
+    try:
+        return Qos(int(s)) if s.isdigit() else Qos[s.upper()]
+    except (KeyError, ValueError):
+        raise argparse.ArgumentTypeError("use interactive, completion, agent or background (0-3)") from None
+
+
+def _class_lanes(s: str) -> tuple[tuple[int, int], ...]:
+    out = []
+    for part in filter(None, s.split(",")):
+        name, sep, n = part.partition("=")
+        if not sep or not n.isdigit() or int(n) < 1:
+            raise argparse.ArgumentTypeError(f"expected CLASS=N, got '{part}'")
+        out.append((int(_qos(name)), int(n)))
+    return tuple(out)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="superfluid", description="One serving daemon for local LLMs.")
     p.add_argument("--version", action="version", version=f"superfluid {__version__}")
@@ -38,6 +57,11 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--max-context", type=_positive, help="tokens per lane (default: the model's trained window, capped to fit memory)")
     s.add_argument("--threads", type=_positive, default=default_threads(), help="llama.cpp threads (default: cores - 1)")
     s.add_argument("--step-tokens", type=_positive, default=256, help="token budget of one step: decodes plus prefill chunks (default 256)")
+    s.add_argument("--kv-slots", type=_positive, help="KV sequences in the worker (default 2 x --max-batch); slots beyond the lanes keep finished and preempted prefixes warm")
+    s.add_argument("--default-qos", type=_qos, default=Qos.AGENT, help="QoS class of requests without x-superfluid-qos: interactive, completion, agent (default) or background")
+    s.add_argument("--class-lanes", type=_class_lanes, default=(), metavar="CLASS=N,...", help="most lanes a class may hold, e.g. background=2,agent=6")
+    s.add_argument("--aging-steps", type=_positive, default=256, help="a waiting job rises one class every N steps (default 256)")
+    s.add_argument("--step-ms", type=_positive, default=250, help="prefill chunks are sized so a step takes about this long (default 250)")
     s.add_argument("--max-body", type=_positive, default=16 * 1024 * 1024, help="largest request body in bytes (default 16 MiB)")
     return p
 
@@ -53,15 +77,20 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     host, port = args.http if args.http else (args.host, args.port)
     step_tokens = max(args.step_tokens, args.max_batch)
+    if args.kv_slots is not None and args.kv_slots < args.max_batch:
+        print("superfluid: --kv-slots must be at least --max-batch", file=sys.stderr)
+        return 2
     ec = EngineConfig(model_path=src.path, model_id=src.id, max_batch=args.max_batch,
-                      max_context=args.max_context, threads=args.threads, step_tokens=step_tokens)
+                      max_context=args.max_context, threads=args.threads, step_tokens=step_tokens,
+                      kv_slots=args.kv_slots, class_lanes=args.class_lanes,
+                      aging_steps=args.aging_steps, step_target_s=args.step_ms / 1000)
     try:
         sock = listen_socket(host, port)
     except OSError as e:
         print(f"superfluid: cannot listen on {host}:{port}: {e.strerror}", file=sys.stderr)
         return 1
     try:
-        run(ServeConfig(ec, host, port, args.max_body), sock)
+        run(ServeConfig(ec, host, port, args.max_body, args.default_qos), sock)
     except ModelLoadError as e:
         print(f"superfluid: {e.message}", file=sys.stderr)
         return 2

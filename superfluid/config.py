@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from .request import Qos
+
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8453
 
@@ -27,8 +29,16 @@ class EngineConfig:
     max_batch: int = 8
     max_context: int | None = None  # None: the model's trained window, capped to fit memory
     threads: int = 1
-    step_tokens: int = 256  # token budget per step (decodes first, then prefill chunks)
+    step_tokens: int = 256  # most tokens in one step (decodes first, then prefill chunks)
     max_respawns: int = 3
+    kv_slots: int | None = None  # KV sequences in the worker (None: 2 x max_batch); extra ones cache prefixes
+    class_lanes: tuple[tuple[int, int], ...] = ()  # (qos, most lanes) caps
+    aging_steps: int = 256  # a waiting job rises one QoS class every this many steps
+    step_target_s: float = 0.25  # prefill chunks are sized so a step takes about this long
+
+    @property
+    def slots(self) -> int:
+        return self.kv_slots or 2 * self.max_batch
 
 
 @dataclass(frozen=True)
@@ -37,3 +47,4 @@ class ServeConfig:
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
     max_body_bytes: int = 16 * 1024 * 1024
+    default_qos: Qos = Qos.AGENT

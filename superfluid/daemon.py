@@ -16,6 +16,7 @@ from .api.app import create_app
 from .codec.tokenizer import Tokenizer
 from .config import ServeConfig
 from .engine import Engine
+from .monitor.metrics import registry_for
 from .runtime.registry import available_memory, fit_context
 
 log = logging.getLogger("superfluid")
@@ -56,7 +57,7 @@ def build_engine(cfg: ServeConfig) -> Engine:
     ec = cfg.engine
     tok = Tokenizer(ec.model_path)
     n_ctx = fit_context(requested=ec.max_context, n_ctx_train=tok.shape.n_ctx_train,
-                        lanes=ec.max_batch, kv_bytes_per_token=tok.shape.kv_bytes_per_token,
+                        lanes=ec.slots, kv_bytes_per_token=tok.shape.kv_bytes_per_token,
                         model_bytes=os.path.getsize(ec.model_path), mem_bytes=available_memory())
     return Engine(ec, tok, n_ctx)
 
@@ -64,13 +65,15 @@ def build_engine(cfg: ServeConfig) -> Engine:
 async def serve(cfg: ServeConfig, sock: socket.socket) -> None:
     engine = build_engine(cfg)
     await engine.start()
-    app = create_app({engine.model_id: engine}, max_body=cfg.max_body_bytes)
+    engines = {engine.model_id: engine}
+    app = create_app(engines, max_body=cfg.max_body_bytes, default_qos=cfg.default_qos,
+                     metrics_registry=registry_for(engines))
     server = _Server(uvicorn.Config(app, log_level="warning", access_log=False,
                                            timeout_graceful_shutdown=3, lifespan="off"))
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     print(f"superfluid {__version__}: serving {engine.model_id} on http://{shown}:{port} "
-          f"({cfg.engine.max_batch} lanes x {engine.n_ctx} tokens, "
+          f"({cfg.engine.max_batch} lanes, {cfg.engine.slots} KV slots x {engine.n_ctx} tokens, "
           f"{cfg.engine.threads} thread{'s' if cfg.engine.threads != 1 else ''})", flush=True)
     try:
         await server.serve(sockets=[sock])

@@ -11,7 +11,8 @@ import asyncio
 import logging
 import secrets
 from collections import deque
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from .codec.detok import TextStream
@@ -20,7 +21,7 @@ from .codec.tokenizer import Tokenizer
 from .config import EngineConfig
 from .errors import BadRequest, ContextLengthExceeded, SuperfluidError, WorkerCrashed, WorkerUnavailable
 from .plan import StepPlan
-from .request import Chunk, FinishReason, GenRequest, TokenLogprob
+from .request import Chunk, FinishReason, GenRequest, Qos, TokenLogprob
 from .runtime.base import ModelInfo
 from .sched.scheduler import Job, Scheduler, TokenEvent
 from .worker.supervisor import WorkerProcess, WorkerSpec
@@ -37,6 +38,7 @@ class _Stream:
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     n_out: int = 0
     done: bool = False
+    t_submit: float = field(default_factory=time.monotonic)
 
 
 class Engine:
@@ -48,11 +50,15 @@ class Engine:
         self.template = ChatTemplate(tokenizer.chat_template,
                                      bos=tt(tokenizer.bos).decode() if tokenizer.bos >= 0 else "",
                                      eos=tt(tokenizer.eos).decode() if tokenizer.eos >= 0 else "")
-        self.spec = WorkerSpec(cfg.model_path, cfg.max_batch, n_ctx, cfg.threads, cfg.step_tokens)
+        self.spec = WorkerSpec(cfg.model_path, cfg.slots, n_ctx, cfg.threads, cfg.step_tokens)
         self.worker: WorkerProcess | None = None
         self.info: ModelInfo | None = None
         self.sched = Scheduler(lanes=cfg.max_batch, n_ctx=n_ctx, step_tokens=cfg.step_tokens,
-                               eog=tokenizer.eog)
+                               eog=tokenizer.eog, slots=cfg.slots,
+                               class_lanes={Qos(q): n for q, n in cfg.class_lanes},
+                               aging_steps=cfg.aging_steps)
+        self.observe_ttft: Callable[[float], None] | None = None  # set by the metrics layer
+        self._token_cost = 0.0  # seconds per token in prefill-heavy steps (EMA)
         self._streams: dict[str, _Stream] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
@@ -136,7 +142,7 @@ class Engine:
 
     def status(self) -> dict:
         return {"running": len(self.sched.running), "waiting": len(self.sched.waiting),
-                "lanes": self.cfg.max_batch, "steps": self.steps,
+                "lanes": self.cfg.max_batch, "kv_slots": self.cfg.slots, "steps": self.steps,
                 "worker_pid": self.worker.pid if self.worker else None, "ready": self.ready}
 
     @staticmethod
@@ -166,7 +172,8 @@ class Engine:
             assert self.worker is not None
             try:
                 result = await self.worker.recv_step()
-                events = self.sched.update(inflight.popleft(), result)
+                plan = inflight.popleft()
+                events = self.sched.update(plan, result)
             except (WorkerCrashed, ValueError) as e:
                 err = e if isinstance(e, WorkerCrashed) else WorkerCrashed(f"Link W out of step: {e}")
                 log.error("worker %s crashed: %s", self.worker.pid, err.message)
@@ -176,9 +183,21 @@ class Engine:
                 continue
             self._failures = 0
             self.steps += 1
+            self._adapt_budget(plan, result)
             self._fill(inflight)
             for ev in events:
                 self._route(ev)
+
+    def _adapt_budget(self, plan: StepPlan, result) -> None:
+        """Size prefill chunks from the measured cost per token, so one step takes about
+        step_target_s: a chat that arrives waits at most about one short step."""
+        n = plan.n_tokens
+        if n < 16 or result.elapsed_s <= 0:
+            return
+        cost = result.elapsed_s / n
+        self._token_cost = cost if not self._token_cost else 0.8 * self._token_cost + 0.2 * cost
+        want = int(self.cfg.step_target_s / self._token_cost)
+        self.sched.prefill_budget = max(self.cfg.max_batch + 16, min(self.cfg.step_tokens, want))
 
     def _fill(self, inflight: deque[StepPlan]) -> None:
         while len(inflight) < PIPELINE_DEPTH and self.ready:
@@ -245,8 +264,11 @@ class Engine:
             self.sched.finish(ev.job_id, finish)
         elif finish is not None:
             text += st.text.finish()
+        if st.n_out == 1 and self.observe_ttft is not None:
+            self.observe_ttft(time.monotonic() - st.t_submit)
         chunk = Chunk(ev.job_id, text=text, tokens=[ev.token], finish=finish,
-                      prompt_tokens=len(st.req.prompt), completion_tokens=st.n_out)
+                      prompt_tokens=len(st.req.prompt), completion_tokens=st.n_out,
+                      cached_tokens=ev.cached)
         if ev.logprob is not None and ev.token not in self.tokenizer.eog:
             tt = self.tokenizer.token_text
             chunk.logprobs.append(TokenLogprob(ev.token, tt(ev.token), ev.logprob,

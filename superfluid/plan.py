@@ -22,6 +22,7 @@ class LaneOpen:
     seq: int
     sampling: SamplingParams
     history: tuple[int, ...] = ()  # tokens already generated (penalties on a resumed lane)
+    keep: int = 0  # KV positions [0, keep) stay (a prefix the slot already holds); the rest is dropped
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +47,7 @@ class StepPlan:
     step: int
     opens: tuple[LaneOpen, ...] = ()
     runs: tuple[Run, ...] = ()
-    closes: tuple[int, ...] = ()
+    closes: tuple[int, ...] = ()  # lanes retired: their sampler goes, their KV stays (a cache entry)
     copies: tuple[Copy, ...] = ()
 
     @property
@@ -55,7 +56,7 @@ class StepPlan:
 
     def to_wire(self) -> list:
         return [self.step,
-                [[o.seq, o.sampling.to_wire(), list(o.history)] for o in self.opens],
+                [[o.seq, o.sampling.to_wire(), list(o.history), o.keep] for o in self.opens],
                 [[r.seq, r.pos, list(r.tokens), r.sample] for r in self.runs],
                 list(self.closes),
                 [[c.src, c.dst, c.n] for c in self.copies]]
@@ -64,7 +65,7 @@ class StepPlan:
     def from_wire(cls, w: list) -> StepPlan:
         step, opens, runs, closes, copies = w
         return cls(step,
-                   tuple(LaneOpen(s, SamplingParams.from_wire(p), tuple(h)) for s, p, h in opens),
+                   tuple(LaneOpen(s, SamplingParams.from_wire(p), tuple(h), k) for s, p, h, k in opens),
                    tuple(Run(s, p, tuple(t), bool(x)) for s, p, t, x in runs),
                    tuple(closes),
                    tuple(Copy(a, b, n) for a, b, n in copies))

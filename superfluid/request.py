@@ -79,4 +79,5 @@ class Chunk:
     finish: FinishReason | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens whose KV was reused, not recomputed
     error: Exception | None = None

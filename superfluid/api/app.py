@@ -13,6 +13,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
 from .. import __version__
 from ..errors import BadRequest, ModelNotFound, PayloadTooLarge, SuperfluidError
 from ..ids import new_id
@@ -73,10 +75,10 @@ async def _send_413(send, limit: int) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-def parse_qos(request: Request) -> Qos:
+def parse_qos(request: Request, default: Qos = Qos.AGENT) -> Qos:
     raw = request.headers.get("x-superfluid-qos")
     if raw is None:
-        return Qos.AGENT
+        return default
     raw = raw.strip().lower()
     try:
         return Qos(int(raw)) if raw.isdigit() else Qos[raw.upper()]
@@ -85,9 +87,14 @@ def parse_qos(request: Request) -> Qos:
                          f"agent or background (0-3)", param="x-superfluid-qos") from None
 
 
-def create_app(engines: dict, *, max_body: int = 16 * 1024 * 1024) -> FastAPI:
+def create_app(engines: dict, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Qos.AGENT,
+               metrics_registry: CollectorRegistry | None = None) -> FastAPI:
     app = FastAPI(title="superfluid", version=__version__)
     started = int(time.time())
+    metrics_registry = metrics_registry or CollectorRegistry()
+
+    def qos(request: Request) -> Qos:
+        return parse_qos(request, default_qos)
 
     @app.exception_handler(SuperfluidError)
     async def _on_error(request: Request, e: SuperfluidError):
@@ -119,6 +126,10 @@ def create_app(engines: dict, *, max_body: int = 16 * 1024 * 1024) -> FastAPI:
         return _json({"status": "ok" if ready else "unavailable",
                       "models": {mid: e.status() for mid, e in engines.items()}},
                      200 if ready else 503)
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(generate_latest(metrics_registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
     async def models():
@@ -156,7 +167,7 @@ def create_app(engines: dict, *, max_body: int = 16 * 1024 * 1024) -> FastAPI:
         top = (body.top_logprobs or 0) if body.logprobs else -1
         rid = new_id("chatcmpl")
         reqs = oa.gen_requests(body, prompt, base_id=rid, n_ctx=eng.n_ctx, seed=eng.new_seed(),
-                               default_max=None, top_logprobs=top, qos=parse_qos(request),
+                               default_max=None, top_logprobs=top, qos=qos(request),
                                max_tokens=body.max_completion_tokens)
         streams = submit_all(eng, reqs)
         if body.stream:
@@ -174,7 +185,7 @@ def create_app(engines: dict, *, max_body: int = 16 * 1024 * 1024) -> FastAPI:
         top = body.logprobs if body.logprobs is not None else -1
         rid = new_id("cmpl")
         reqs = oa.gen_requests(body, prompt, base_id=rid, n_ctx=eng.n_ctx, seed=eng.new_seed(),
-                               default_max=16, top_logprobs=top, qos=parse_qos(request))
+                               default_max=16, top_logprobs=top, qos=qos(request))
         streams = submit_all(eng, reqs)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)

@@ -74,9 +74,10 @@ def gen_requests(body: Sampling, prompt: list[int], *, base_id: str, n_ctx: int,
     return reqs
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
 def _bytes(b: bytes) -> list[int]:
@@ -112,6 +113,7 @@ class Choice:
         self.finish: FinishReason | None = None
         self.prompt_tokens = 0
         self.completion_tokens = 0
+        self.cached_tokens = 0
         self.error: Exception | None = None
 
     def add(self, c: Chunk) -> None:
@@ -120,6 +122,7 @@ class Choice:
         if c.finish is not None:
             self.finish = c.finish
             self.prompt_tokens, self.completion_tokens = c.prompt_tokens, c.completion_tokens
+            self.cached_tokens = c.cached_tokens
             self.error = c.error
 
 
@@ -130,7 +133,8 @@ def chat_response(rid: str, model: str, choices: list[Choice], want_logprobs: bo
                      "logprobs": chat_logprobs(c.logprobs) if want_logprobs else None,
                      "finish_reason": c.finish.openai if c.finish else None}
                     for i, c in enumerate(choices)],
-        "usage": usage(choices[0].prompt_tokens, sum(c.completion_tokens for c in choices)),
+        "usage": usage(choices[0].prompt_tokens, sum(c.completion_tokens for c in choices),
+                       choices[0].cached_tokens),
         "system_fingerprint": "superfluid",
     }
 
@@ -142,7 +146,8 @@ def completion_response(rid: str, model: str, choices: list[Choice], want_logpro
                      "logprobs": completion_logprobs(c.logprobs, 0) if want_logprobs else None,
                      "finish_reason": c.finish.openai if c.finish else None}
                     for i, c in enumerate(choices)],
-        "usage": usage(choices[0].prompt_tokens, sum(c.completion_tokens for c in choices)),
+        "usage": usage(choices[0].prompt_tokens, sum(c.completion_tokens for c in choices),
+                       choices[0].cached_tokens),
     }
 
 

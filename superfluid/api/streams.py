@@ -99,29 +99,30 @@ async def chat_events(rid: str, model: str, streams, want_logprobs: bool,
     created = int(time.time())
     for i in range(len(streams)):
         yield event(oa.chat_chunk(rid, model, created, i, {"role": "assistant", "content": ""}))
-    prompt_tokens, completion = 0, [0] * len(streams)
+    prompt_tokens, cached, completion = 0, 0, [0] * len(streams)
     async for i, c in merge(streams):
         if c.text or (want_logprobs and c.logprobs):
             lp = oa.chat_logprobs(c.logprobs) if want_logprobs else None
             yield event(oa.chat_chunk(rid, model, created, i, {"content": c.text}, logprobs=lp))
         if c.finish is not None:
             prompt_tokens, completion[i] = c.prompt_tokens, c.completion_tokens
+            cached = cached or c.cached_tokens
             if c.error is not None:
                 yield _error_event(c)
             final = oa.chat_chunk(rid, model, created, i, {}, c.finish.openai)
-            final["usage"] = oa.usage(c.prompt_tokens, c.completion_tokens)
+            final["usage"] = oa.usage(c.prompt_tokens, c.completion_tokens, c.cached_tokens)
             yield event(final)
     if include_usage:
         yield event({"id": rid, "object": "chat.completion.chunk", "created": created,
                      "model": model, "choices": [],
-                     "usage": oa.usage(prompt_tokens, sum(completion))})
+                     "usage": oa.usage(prompt_tokens, sum(completion), cached)})
     yield DONE
 
 
 async def completion_events(rid: str, model: str, streams, want_logprobs: bool,
                             include_usage: bool) -> AsyncIterator[bytes]:
     created = int(time.time())
-    prompt_tokens, completion = 0, [0] * len(streams)
+    prompt_tokens, cached, completion = 0, 0, [0] * len(streams)
     offsets = [0] * len(streams)
     async for i, c in merge(streams):
         if c.text or (want_logprobs and c.logprobs):
@@ -130,12 +131,13 @@ async def completion_events(rid: str, model: str, streams, want_logprobs: bool,
             yield event(oa.completion_chunk(rid, model, created, i, c.text, logprobs=lp))
         if c.finish is not None:
             prompt_tokens, completion[i] = c.prompt_tokens, c.completion_tokens
+            cached = cached or c.cached_tokens
             if c.error is not None:
                 yield _error_event(c)
             final = oa.completion_chunk(rid, model, created, i, "", c.finish.openai)
-            final["usage"] = oa.usage(c.prompt_tokens, c.completion_tokens)
+            final["usage"] = oa.usage(c.prompt_tokens, c.completion_tokens, c.cached_tokens)
             yield event(final)
     if include_usage:
         yield event({"id": rid, "object": "text_completion", "created": created, "model": model,
-                     "choices": [], "usage": oa.usage(prompt_tokens, sum(completion))})
+                     "choices": [], "usage": oa.usage(prompt_tokens, sum(completion), cached)})
     yield DONE

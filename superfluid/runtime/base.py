@@ -1,7 +1,8 @@
 """The Runtime contract: a runtime holds weights and KV lanes and executes StepPlans.
 
-Subclasses implement: `open_lane(seq)` (an empty KV sequence), `close_lane(seq)` (free its
-cells), `copy_lane(src, dst, n)` (dst holds src's first n tokens, without recompute) and
+Subclasses implement: `open_lane(seq, keep)` (the lane's KV keeps positions [0, keep) and
+drops the rest), `close_lane(seq)` (the lane is retired; its KV stays, a cache entry the
+scheduler may reuse), `copy_lane(src, dst, n)` (dst holds src's first n tokens, without recompute) and
 `forward(runs)` (one batched forward over every run; logits for each run that samples,
 valid until the next forward). `step` is the same for every runtime: close, open, copy,
 forward, then sample each lane with its own LaneSampler keyed by (seed, position)."""
@@ -39,7 +40,7 @@ class Runtime(ABC):
         self._last: dict[int, int] = {}  # seq -> its last sampled token (resolves PLACEHOLDER)
 
     @abstractmethod
-    def open_lane(self, seq: int) -> None: ...
+    def open_lane(self, seq: int, keep: int) -> None: ...
 
     @abstractmethod
     def close_lane(self, seq: int) -> None: ...
@@ -61,7 +62,7 @@ class Runtime(ABC):
             self._last.pop(seq, None)
             self.close_lane(seq)
         for o in plan.opens:
-            self.open_lane(o.seq)
+            self.open_lane(o.seq, o.keep)
             self._samplers[o.seq] = LaneSampler(o.sampling, o.history, self.eog)
         for c in plan.copies:
             self.copy_lane(c.src, c.dst, c.n)

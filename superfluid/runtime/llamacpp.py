@@ -54,11 +54,11 @@ class LlamaCppRuntime(Runtime):
                               n_ctx_train=ll.llama_model_n_ctx_train(self.model),
                               description=desc.value.decode(errors="replace"))
 
-    def open_lane(self, seq: int) -> None:
-        ll.llama_memory_seq_rm(self.mem, seq, -1, -1)
+    def open_lane(self, seq: int, keep: int) -> None:
+        ll.llama_memory_seq_rm(self.mem, seq, keep, -1)
 
     def close_lane(self, seq: int) -> None:
-        ll.llama_memory_seq_rm(self.mem, seq, -1, -1)
+        pass  # the KV stays: a prefix-cache entry until the slot is opened again
 
     def copy_lane(self, src: int, dst: int, n: int) -> None:
         # lanes live in separate KV streams: llama.cpp copies src's whole stream into dst's

@@ -1,26 +1,58 @@
-"""Lanes: the fixed set of KV sequence ids a worker holds, handed out lowest first."""
+"""KV slots: the worker's KV sequences. A running job holds one; a free slot keeps the KV
+its last job left behind, as a prefix-cache entry, until it is given to another job.
+
+Choosing a slot for a new job: the slot whose KV shares the longest prefix with the job's
+context (used in place if it is free, copied from if it is running), else a free slot by
+eviction order: empty first, then entries never reused, then reused ones, least recently
+used first. Running slots are never evicted."""
 
 from __future__ import annotations
 
-import heapq
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .prefix import common_prefix
 
 
-class LanePool:
-    def __init__(self, n: int) -> None:
+@dataclass(eq=False)
+class Slot:
+    seq: int
+    job: Any = None  # the running job, or None when free
+    kv: list[int] = field(default_factory=list)  # tokens whose KV a free slot holds, from position 0
+    hits: int = 0  # times this entry seeded a job
+    last_used: int = 0
+
+
+class KvSlots:
+    def __init__(self, n: int):
         if n < 1:
-            raise ValueError("need at least one lane")
-        self.size = n
-        self._free = list(range(n))
-        heapq.heapify(self._free)
+            raise ValueError("need at least one KV slot")
+        self.slots = [Slot(i) for i in range(n)]
 
-    def acquire(self) -> int | None:
-        return heapq.heappop(self._free) if self._free else None
+    def __len__(self) -> int:
+        return len(self.slots)
 
-    def release(self, seq: int) -> None:
-        if seq in self._free or not 0 <= seq < self.size:
-            raise ValueError(f"lane {seq} is not in use")
-        heapq.heappush(self._free, seq)
+    def __getitem__(self, seq: int) -> Slot:
+        return self.slots[seq]
 
     @property
-    def free(self) -> int:
-        return len(self._free)
+    def free(self) -> list[Slot]:
+        return [s for s in self.slots if s.job is None]
+
+    def best_match(self, tokens: Sequence[int], held: Callable[[Any], Sequence[int]]) -> tuple[Slot | None, int]:
+        """(slot, n): the slot whose KV holds the longest prefix of tokens; `held(job)` gives
+        the KV tokens of a running slot's job."""
+        best, n = None, 0
+        for s in self.slots:
+            kv = held(s.job) if s.job is not None else s.kv
+            m = common_prefix(tokens, kv)
+            if m > n or (m == n and m > 0 and best is not None and best.job is not None and s.job is None):
+                best, n = s, m  # on a tie, a free slot (used in place, no copy) wins
+        return best, n
+
+    def evictable(self, avoid: Slot | None = None) -> Slot | None:
+        cands = [s for s in self.slots if s.job is None and s is not avoid]
+        if not cands:
+            return None
+        return min(cands, key=lambda s: (bool(s.kv), s.hits > 0, s.last_used))

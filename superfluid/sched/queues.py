@@ -1,46 +1,58 @@
-"""Waiting jobs: one FIFO per QoS class; the next job is the head of the best class.
-
-(Lane caps per class and aging come with the QoS scheduler; the seam is `pop`.)"""
+"""Waiting jobs, in the order they should get a lane: best effective class first, then
+first come (a preempted job goes back to the front of its class). A job's effective class
+rises one step every `aging_steps` scheduler steps it waits, so background work never
+starves behind a steady stream of better classes."""
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterator
-from typing import Generic, TypeVar
+from typing import Protocol
 
 from ..request import Qos
 
-T = TypeVar("T")
+
+class Waiter(Protocol):
+    id: str
+    qos: Qos
+    enqueued_step: int
+    order: int
 
 
-class ClassQueues(Generic[T]):
-    def __init__(self) -> None:
-        self._q: dict[Qos, deque[tuple[str, T]]] = {q: deque() for q in Qos}
+class WaitQueue:
+    def __init__(self, aging_steps: int = 256):
+        if aging_steps < 1:
+            raise ValueError("aging_steps must be at least 1")
+        self.aging_steps = aging_steps
+        self._jobs: dict[str, Waiter] = {}
+        self._back = 0
+        self._front = 0
 
-    def push(self, qos: Qos, key: str, item: T) -> None:
-        self._q[qos].append((key, item))
+    def push(self, job: Waiter, step: int) -> None:
+        self._back += 1
+        job.order, job.enqueued_step = self._back, step
+        self._jobs[job.id] = job
 
-    def push_front(self, qos: Qos, key: str, item: T) -> None:
-        self._q[qos].appendleft((key, item))
+    def push_front(self, job: Waiter, step: int) -> None:
+        """Back to the head of its class (a preempted job): ahead of every job queued the
+        normal way, and it keeps no aging credit it had."""
+        self._front -= 1
+        job.order, job.enqueued_step = self._front, step
+        self._jobs[job.id] = job
 
-    def pop(self) -> T | None:
-        for q in Qos:
-            if self._q[q]:
-                return self._q[q].popleft()[1]
-        return None
+    def remove(self, job_id: str) -> Waiter | None:
+        return self._jobs.pop(job_id, None)
 
-    def remove(self, key: str) -> T | None:
-        for dq in self._q.values():
-            for i, (k, item) in enumerate(dq):
-                if k == key:
-                    del dq[i]
-                    return item
-        return None
+    def effective(self, job: Waiter, step: int) -> int:
+        return max(0, int(job.qos) - (step - job.enqueued_step) // self.aging_steps)
+
+    def ordered(self, step: int) -> list:
+        return sorted(self._jobs.values(), key=lambda j: (self.effective(j, step), j.order))
 
     def __len__(self) -> int:
-        return sum(len(d) for d in self._q.values())
+        return len(self._jobs)
 
-    def __iter__(self) -> Iterator[T]:
-        for q in Qos:
-            for _, item in self._q[q]:
-                yield item
+    def __iter__(self) -> Iterator:
+        return iter(list(self._jobs.values()))
+
+    def count(self, qos: Qos) -> int:
+        return sum(1 for j in self._jobs.values() if j.qos == qos)

@@ -1,27 +1,39 @@
-"""The scheduler: pure bookkeeping of jobs, lanes and a per-step token budget.
+"""The scheduler: pure bookkeeping of jobs, KV slots, QoS classes and a per-step budget.
 
-`schedule()` builds the next StepPlan: close finished lanes, admit waiting jobs FIFO into
-free lanes, feed one token to every decoding lane, then spend what is left of the step's
-token budget on prefill chunks (oldest admission first), so decoding lanes keep flowing
-while a long prompt prefills. `update(plan, result)` folds the worker's sampled tokens into
-the jobs and returns one TokenEvent per token, with the finish reason when a job ends.
+`schedule()` builds the next StepPlan:
+1. retire lanes whose jobs ended (their KV stays in the slot as a prefix-cache entry);
+2. admit waiting jobs in QoS order (best effective class, then first come) while a lane is
+   free and the job's class is under its lane cap; an interactive or completion job that
+   finds every lane busy preempts a lane of the lowest running class strictly below it
+   (decoding before prefilling, youngest first), and the victim goes back to the front of
+   its queue with its output as context: its client stream only pauses;
+3. seed each admitted job from the longest KV prefix any slot holds (a free slot in place,
+   a running one by copy) so only the rest is prefilled; a job whose long prefix another
+   job is prefilling right now waits for it (burst coalescing: computed once);
+4. one token for every decoding lane, then prefill chunks under the step's budget, better
+   classes first; while an interactive prompt prefills, lower classes do not prefill.
+`update(plan, result)` folds the sampled tokens into their jobs and returns TokenEvents.
 
-Plans may be scheduled ahead of results (the engine keeps two in flight, so the worker
-never waits for the daemon): a decode whose input is a token sampled in a step still in
-flight carries PLACEHOLDER, which the worker replaces with the lane's last sample. A job's
-context is prompt + output + `pending` (samples in flight); `scheduled` counts the context
-tokens already sent to the worker. A job that ends while a run of it is in flight simply
-has that run's token dropped in update()."""
+Plans may be scheduled ahead of results (the engine keeps two in flight): a decode whose
+input is a token still in flight carries PLACEHOLDER, which the worker resolves from the
+lane's last sample. A job's context is prompt + output + `pending` samples in flight;
+`scheduled` counts context tokens sent to the worker. Tokens that come back for a job that
+has since ended or been preempted (another `incarnation`) are dropped: a preempted job
+recomputes them, and greedy or seeded sampling (keyed by position) draws the same tokens."""
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
 
-from ..plan import PLACEHOLDER, LaneOpen, Run, StepPlan, StepResult
+from ..plan import PLACEHOLDER, Copy, LaneOpen, Run, StepPlan, StepResult
 from ..request import FinishReason, Qos, SamplingParams
-from .lanes import LanePool
-from .queues import ClassQueues
+from .lanes import KvSlots, Slot
+from .prefix import common_prefix
+from .queues import WaitQueue
+
+MIN_COPY = 16  # a shorter shared prefix is cheaper to recompute than a KV stream copy
+COALESCE_MIN = 64  # wait for another job's prefill only when it saves at least this much
 
 
 class JobStatus(enum.IntEnum):
@@ -44,6 +56,12 @@ class Job:
     pending: int = 0  # samples requested but not yet received
     output: list[int] = field(default_factory=list)
     finish: FinishReason | None = None
+    cached: int | None = None  # prompt tokens seeded from KV at first admission
+    incarnation: int = 0  # bumped at every admission; stale results are dropped
+    admitted: int = 0  # admission order, for "youngest first"
+    enqueued_step: int = 0
+    order: int = 0
+    preemptions: int = 0
 
     @property
     def context_len(self) -> int:
@@ -59,13 +77,18 @@ class Job:
     def generated(self) -> int:
         return len(self.output) + self.pending
 
+    def known(self) -> list[int]:
+        return self.prompt + self.output
+
+    def kv_tokens(self) -> list[int]:
+        """Known tokens whose KV has been sent to the worker."""
+        return self.known()[:min(self.scheduled, self.context_len)]
+
     def context(self, start: int, n: int) -> tuple[int, ...]:
         """Tokens [start, start+n) of the planned context; PLACEHOLDER past the known part."""
         lp, lo = len(self.prompt), len(self.output)
-        out = []
-        for i in range(start, start + n):
-            out.append(self.prompt[i] if i < lp else self.output[i - lp] if i - lp < lo else PLACEHOLDER)
-        return tuple(out)
+        return tuple(self.prompt[i] if i < lp else self.output[i - lp] if i - lp < lo else PLACEHOLDER
+                     for i in range(start, start + n))
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,22 +98,44 @@ class TokenEvent:
     logprob: float | None
     top: tuple[tuple[int, float], ...]
     finish: FinishReason | None
+    cached: int = 0
+
+
+@dataclass
+class Counters:
+    admissions: int = 0
+    cold_admissions: int = 0
+    cached_tokens: int = 0
+    preemptions: int = 0
+    evictions: int = 0
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    coalesced: int = 0
 
 
 class Scheduler:
-    def __init__(self, *, lanes: int, n_ctx: int, step_tokens: int, eog: frozenset[int]):
+    def __init__(self, *, lanes: int, n_ctx: int, step_tokens: int, eog: frozenset[int],
+                 slots: int | None = None, class_lanes: dict[Qos, int] | None = None,
+                 aging_steps: int = 256):
         if step_tokens < lanes:
             raise ValueError("step_tokens must cover one token per lane")
+        self.max_lanes = lanes
         self.n_ctx = n_ctx
         self.step_tokens = step_tokens
+        self.prefill_budget = step_tokens  # the engine may lower it to keep steps short
         self.eog = eog
-        self.lanes = LanePool(lanes)
-        self.waiting: ClassQueues[Job] = ClassQueues()
+        self.slots = KvSlots(slots or lanes)
+        if len(self.slots) < lanes:
+            raise ValueError("need at least one KV slot per lane")
+        self.class_lanes = dict(class_lanes or {})
+        self.waiting = WaitQueue(aging_steps)
         self.running: dict[int, Job] = {}  # seq -> job, in admission order
         self.jobs: dict[str, Job] = {}
+        self.counters = Counters()
         self._to_close: list[int] = []
-        self._inflight: dict[int, dict[int, Job]] = {}  # step -> {seq: job} of its sampling runs
+        self._inflight: dict[int, dict[int, tuple[Job, int]]] = {}  # step -> {seq: (job, incarnation)}
         self._step = 0
+        self._admitted = 0
 
     # -- job control -------------------------------------------------------------------
     def add(self, job: Job) -> None:
@@ -103,10 +148,10 @@ class Scheduler:
         if job.context_len >= self.n_ctx:
             raise ValueError("prompt does not fit the context window")
         self.jobs[job.id] = job
-        self.waiting.push(job.qos, job.id, job)
+        self.waiting.push(job, self._step)
 
     def finish(self, job_id: str, reason: FinishReason) -> bool:
-        """End a job now (cancel, stop string). Its lane is closed at the next step."""
+        """End a job now (cancel, stop string). Its lane is retired at the next step."""
         job = self.jobs.pop(job_id, None)
         if job is None:
             return False
@@ -118,7 +163,7 @@ class Scheduler:
         return True
 
     def reset(self) -> list[Job]:
-        """The worker is gone with all its lanes and in-flight steps: drop running jobs and
+        """The worker is gone with all its KV and in-flight steps: drop running jobs and
         return them. Waiting jobs stay queued for the next worker."""
         lost = list(self.running.values())
         for job in lost:
@@ -127,48 +172,126 @@ class Scheduler:
         self.running.clear()
         self._to_close.clear()
         self._inflight.clear()
-        self.lanes = LanePool(self.lanes.size)
+        self.slots = KvSlots(len(self.slots))
         return lost
 
     @property
     def has_work(self) -> bool:
         return bool(self.running or self._to_close or len(self.waiting))
 
+    def queue_depth(self) -> dict[Qos, int]:
+        return {q: self.waiting.count(q) for q in Qos}
+
     # -- the step ----------------------------------------------------------------------
     def schedule(self) -> StepPlan | None:
-        """The next plan, or None when there is nothing to send (every running job is
-        waiting for in-flight samples it needs no further run for)."""
-        closes = tuple(self._to_close)
-        for seq in closes:
-            self.lanes.release(seq)
-        self._to_close.clear()
-
+        """The next plan, or None when there is nothing to send."""
+        step = self._step + 1
         opens: list[LaneOpen] = []
-        while self.lanes.free and len(self.waiting):
-            job = self.waiting.pop()
-            assert job is not None
-            seq = self.lanes.acquire()
-            assert seq is not None
-            job.seq, job.status, job.scheduled, job.pending = seq, JobStatus.PREFILLING, 0, 0
-            self.running[seq] = job
-            opens.append(LaneOpen(seq, job.sampling, tuple(job.output)))
+        copies: list[Copy] = []
+        for job in self.waiting.ordered(step):
+            full = len(self.running) >= self.max_lanes
+            if full and job.qos > Qos.COMPLETION:
+                continue  # only interactive and completion jobs preempt
+            if not self._admissible(job):
+                continue
+            if full and not self._preempt_for(job, step):
+                continue
+            self._admit(job, step, opens, copies)
+        closes = tuple(self._to_close)
+        self._to_close.clear()
+        runs = self._runs()
+        if not (opens or runs or closes):
+            return None
+        self._step = step
+        self._inflight[step] = {r.seq: (self.running[r.seq], self.running[r.seq].incarnation)
+                                for r in runs if r.sample}
+        return StepPlan(step, tuple(opens), tuple(runs), closes, tuple(copies))
 
-        budget = self.step_tokens
+    def _admissible(self, job: Job) -> bool:
+        cap = self.class_lanes.get(job.qos)
+        if cap is not None and sum(1 for j in self.running.values() if j.qos == job.qos) >= cap:
+            return False
+        return not self._coalesce(job)
+
+    def _coalesce(self, job: Job) -> bool:
+        """Should the job wait for a running job that is prefilling a long prefix it shares?"""
+        tokens = job.known()
+        have = self.slots.best_match(tokens, Job.kv_tokens)[1]
+        for other in self.running.values():
+            if other.status != JobStatus.PREFILLING:
+                continue
+            shared = min(common_prefix(tokens, other.known()), len(tokens) - 1)
+            if shared > other.scheduled and shared - have >= COALESCE_MIN:
+                return True
+        return False
+
+    def _preempt_for(self, job: Job, step: int) -> bool:
+        if job.qos > Qos.COMPLETION:
+            return False
+        victims = [j for j in self.running.values() if j.qos > job.qos]
+        if not victims:
+            return False
+        victim = max(victims, key=lambda j: (j.qos, j.status == JobStatus.DECODING, j.admitted))
+        self._release(victim)
+        victim.status, victim.pending, victim.seq = JobStatus.WAITING, 0, None
+        victim.preemptions += 1
+        self.counters.preemptions += 1
+        self.waiting.push_front(victim, step)
+        return True
+
+    def _admit(self, job: Job, step: int, opens: list[LaneOpen], copies: list[Copy]) -> None:
+        tokens = job.known()
+        src, n = self.slots.best_match(tokens, Job.kv_tokens)
+        n = min(n, len(tokens) - 1)  # the last token is fed again: its logits are needed
+        if src is not None and src.job is None and n > 0:
+            slot, keep = src, n
+        else:
+            slot = self.slots.evictable()
+            assert slot is not None, "a free lane always has a free slot"
+            keep = 0
+            if src is not None and n >= MIN_COPY:
+                copies.append(Copy(src.seq, slot.seq, n))
+                src.hits += 1
+                self.counters.coalesced += src.job is not None
+            else:
+                n = 0
+        if slot.kv and slot is not src:
+            self.counters.evictions += 1
+        if slot is src:
+            slot.hits += 1
+        slot.job, slot.kv, slot.last_used = job, [], step
+        self.waiting.remove(job.id)
+        self._admitted += 1
+        job.seq, job.status, job.scheduled, job.pending = slot.seq, JobStatus.PREFILLING, n, 0
+        job.incarnation += 1
+        job.admitted = self._admitted
+        if job.cached is None:
+            job.cached = n
+            self.counters.admissions += 1
+            self.counters.cold_admissions += n == 0
+            self.counters.cached_tokens += n
+        self.running[slot.seq] = job
+        opens.append(LaneOpen(slot.seq, job.sampling, tuple(job.output), keep))
+
+    def _runs(self) -> list[Run]:
         runs: list[Run] = []
         for job in self.running.values():
             if job.status == JobStatus.DECODING and self._wants_token(job):
                 runs.append(self._run(job, 1))
-                budget -= 1
-        for job in self.running.values():
-            if job.status == JobStatus.PREFILLING and budget > 0:
-                n = min(job.planned_len - job.scheduled, budget)
-                runs.append(self._run(job, n))
-                budget -= n
-        if not (opens or runs or closes):
-            return None
-        self._step += 1
-        self._inflight[self._step] = {r.seq: self.running[r.seq] for r in runs if r.sample}
-        return StepPlan(self._step, tuple(opens), tuple(runs), closes)
+                self.counters.decode_tokens += 1
+        budget = max(1, self.prefill_budget - len(runs))
+        prefilling = sorted((j for j in self.running.values() if j.status == JobStatus.PREFILLING),
+                            key=lambda j: (j.qos, j.admitted))
+        if prefilling and prefilling[0].qos == Qos.INTERACTIVE:
+            prefilling = [j for j in prefilling if j.qos == Qos.INTERACTIVE]
+        for job in prefilling:
+            if budget <= 0:
+                break
+            n = min(job.planned_len - job.scheduled, budget)
+            runs.append(self._run(job, n))
+            self.counters.prefill_tokens += n
+            budget -= n
+        return runs
 
     def _wants_token(self, job: Job) -> bool:
         # the last token is known in advance: never schedule a run past max_tokens or the window
@@ -190,9 +313,10 @@ class Scheduler:
         owners = self._inflight.pop(plan.step, {})
         events: list[TokenEvent] = []
         for s in result.sampled:
-            job = owners.get(s.seq)
-            if job is None or job.status == JobStatus.FINISHED:
-                continue  # finished (cancelled, stopped, eog) while the step ran
+            job, inc = owners.get(s.seq, (None, 0))
+            if job is None or job.incarnation != inc or job.status not in (JobStatus.PREFILLING,
+                                                                           JobStatus.DECODING):
+                continue  # ended or preempted while the step ran
             job.pending -= 1
             job.output.append(s.token)
             reason = self._finish_reason(job, s.token)
@@ -201,7 +325,7 @@ class Scheduler:
                 self._release(job)
                 self.jobs.pop(job.id, None)
                 job.status = JobStatus.FINISHED
-            events.append(TokenEvent(job.id, s.token, s.logprob, s.top, reason))
+            events.append(TokenEvent(job.id, s.token, s.logprob, s.top, reason, job.cached or 0))
         return events
 
     def _finish_reason(self, job: Job, token: int) -> FinishReason | None:
@@ -212,6 +336,9 @@ class Scheduler:
         return None
 
     def _release(self, job: Job) -> None:
+        """The job leaves its lane; the slot keeps the job's KV as a cache entry."""
         assert job.seq is not None
+        slot: Slot = self.slots[job.seq]
+        slot.kv, slot.job, slot.last_used = job.kv_tokens(), None, self._step
         self.running.pop(job.seq, None)
         self._to_close.append(job.seq)

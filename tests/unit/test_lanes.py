@@ -1,31 +1,71 @@
-"""LanePool: a fixed set of lane ids, lowest first."""
+"""KvSlots: longest-prefix match, in-place reuse vs copy, eviction order."""
 
 import pytest
 
-from superfluid.sched.lanes import LanePool
+from superfluid.sched.lanes import KvSlots
+from superfluid.sched.prefix import common_prefix
 
 
-def test_lane_pool_hands_out_the_lowest_free_lane():
-    p = LanePool(3)
-    assert [p.acquire(), p.acquire(), p.acquire(), p.acquire()] == [0, 1, 2, None]
-    p.release(2)
-    p.release(0)
-    assert p.free == 2
-    assert p.acquire() == 0
+class J:
+    def __init__(self, kv):
+        self.kv = kv
 
 
-def test_lane_pool_rejects_bad_releases():
-    p = LanePool(2)
+def held(job):
+    return job.kv
+
+
+def test_common_prefix():
+    assert common_prefix([1, 2, 3], [1, 2, 4]) == 2
+    assert common_prefix([], [1]) == 0
+    long = list(range(1000))
+    assert common_prefix(long, long[:700] + [-1]) == 700
+    assert common_prefix(long, long) == 1000
+
+
+def test_best_match_prefers_the_longest_prefix():
+    s = KvSlots(3)
+    s[0].kv = [1, 2]
+    s[1].kv = [1, 2, 3, 4]
+    slot, n = s.best_match([1, 2, 3, 9], held)
+    assert (slot.seq, n) == (1, 3)
+
+
+def test_running_slots_match_through_their_job():
+    s = KvSlots(2)
+    s[1].job = J([5, 6, 7])
+    slot, n = s.best_match([5, 6, 7, 8], held)
+    assert (slot.seq, n) == (1, 3)
+
+
+def test_tie_goes_to_a_free_slot():
+    s = KvSlots(2)
+    s[0].job = J([5, 6])
+    s[1].kv = [5, 6]
+    slot, n = s.best_match([5, 6, 7], held)
+    assert (slot.seq, n) == (1, 2)
+
+
+def test_no_match():
+    s = KvSlots(2)
+    assert s.best_match([1], held) == (None, 0)
+
+
+def test_eviction_order_empty_then_unreused_then_lru():
+    s = KvSlots(4)
+    s[0].kv, s[0].hits, s[0].last_used = [1], 3, 1
+    s[1].kv, s[1].hits, s[1].last_used = [2], 0, 9
+    s[2].kv, s[2].hits, s[2].last_used = [3], 0, 5
+    s[3].job = J([4])
+    assert s.evictable().seq == 2  # never reused, least recently used
+    s[2].hits = 1
+    assert s.evictable().seq == 1
+    s[1].hits = 1
+    assert s.evictable().seq == 0  # all reused: LRU
+    s[0].kv = []
+    assert s.evictable(avoid=s[0]).seq == 2  # avoid excludes; running never evicted
+
+
+def test_at_least_one_slot():
     with pytest.raises(ValueError):
-        p.release(0)  # never acquired
-    p.acquire()
-    with pytest.raises(ValueError):
-        p.release(5)
-    p.release(0)
-    with pytest.raises(ValueError):
-        p.release(0)  # twice
-
-
-def test_needs_a_lane():
-    with pytest.raises(ValueError):
-        LanePool(0)
+        KvSlots(0)

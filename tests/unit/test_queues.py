@@ -1,22 +1,54 @@
-"""ClassQueues: one FIFO per QoS class."""
+"""WaitQueue: class order, first come within a class, front requeue, aging."""
+
+import pytest
 
 from superfluid.request import Qos
-from superfluid.sched.queues import ClassQueues
+from superfluid.sched.queues import WaitQueue
 
 
-def test_class_queues_best_class_first_fifo_within_a_class():
-    q: ClassQueues[str] = ClassQueues()
-    q.push(Qos.BACKGROUND, "bg", "bg")
-    q.push(Qos.AGENT, "a1", "a1")
-    q.push(Qos.AGENT, "a2", "a2")
-    q.push(Qos.INTERACTIVE, "i", "i")
-    q.push_front(Qos.AGENT, "a0", "a0")
-    assert list(q) == ["i", "a0", "a1", "a2", "bg"]
-    assert q.remove("a1") == "a1" and q.remove("a1") is None
-    assert len(q) == 4
-    assert [q.pop() for _ in range(5)] == ["i", "a0", "a2", "bg", None]
+class W:
+    def __init__(self, id, qos):
+        self.id, self.qos, self.enqueued_step, self.order = id, qos, 0, 0
 
 
-def test_empty_queue():
-    q: ClassQueues[int] = ClassQueues()
-    assert len(q) == 0 and q.pop() is None and list(q) == [] and q.remove("x") is None
+def ids(q, step=0):
+    return [j.id for j in q.ordered(step)]
+
+
+def test_best_class_first_then_fifo():
+    q = WaitQueue()
+    for i, c in [("a", Qos.AGENT), ("b", Qos.BACKGROUND), ("c", Qos.INTERACTIVE), ("d", Qos.AGENT)]:
+        q.push(W(i, c), 0)
+    assert ids(q) == ["c", "a", "d", "b"]
+    assert q.count(Qos.AGENT) == 2 and len(q) == 4
+
+
+def test_push_front_goes_ahead_of_its_class():
+    q = WaitQueue()
+    q.push(W("a", Qos.AGENT), 0)
+    q.push(W("x", Qos.INTERACTIVE), 0)
+    q.push_front(W("v", Qos.AGENT), 0)
+    assert ids(q) == ["x", "v", "a"]
+
+
+def test_aging_raises_a_waiting_job_one_class_per_period():
+    q = WaitQueue(aging_steps=10)
+    q.push(W("bg", Qos.BACKGROUND), 0)
+    q.push(W("ag", Qos.AGENT), 0)
+    assert ids(q, 5) == ["ag", "bg"]
+    q.remove("ag")
+    q.push(W("ag2", Qos.AGENT), 20)
+    assert ids(q, 20) == ["bg", "ag2"]  # bg waited 20 steps: it competes as a completion job now
+    assert q.effective(q.ordered(20)[0], 20) == Qos.COMPLETION
+    assert q.effective(q.ordered(100)[0], 100) == 0  # never better than interactive
+
+
+def test_remove():
+    q = WaitQueue()
+    q.push(W("a", Qos.AGENT), 0)
+    assert q.remove("a").id == "a" and q.remove("a") is None and len(q) == 0
+
+
+def test_aging_steps_must_be_positive():
+    with pytest.raises(ValueError):
+        WaitQueue(aging_steps=0)

@@ -20,7 +20,7 @@ class EchoRuntime(Runtime):
         self.fed: list[tuple[int, int, tuple[int, ...]]] = []
         self.open: set[int] = set()
 
-    def open_lane(self, seq):
+    def open_lane(self, seq, keep):
         self.open.add(seq)
 
     def close_lane(self, seq):

@@ -231,7 +231,7 @@ def test_finish_after_the_job_ended_returns_false_and_keeps_the_reason():
 def test_cancel_a_running_job_frees_its_lane_at_the_next_step():
     s = sched(lanes=1)
     s.add(job("a"))
-    s.add(job("b"))
+    s.add(Job("b", [50, 51, 52], SamplingParams(), 10))
     step(s)
     assert s.finish("a", FinishReason.CANCELLED)
     assert not s.running and s.has_work

@@ -1,0 +1,1 @@
+"""What operators see: Prometheus metrics (more to come: access log, live TUI)."""
