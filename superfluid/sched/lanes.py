@@ -40,11 +40,14 @@ class KvSlots:
     def free(self) -> list[Slot]:
         return [s for s in self.slots if s.job is None]
 
-    def best_match(self, tokens: Sequence[int], held: Callable[[Any], Sequence[int]]) -> tuple[Slot | None, int]:
+    def best_match(self, tokens: Sequence[int], held: Callable[[Any], Sequence[int]],
+                   exclude: int | None = None) -> tuple[Slot | None, int]:
         """(slot, n): the slot whose KV holds the longest prefix of tokens; `held(job)` gives
         the KV tokens of a running slot's job."""
         best, n = None, 0
         for s in self.slots:
+            if s.seq == exclude:
+                continue
             kv = held(s.job) if s.job is not None else s.kv
             m = common_prefix(tokens, kv)
             if m > n or (m == n and m > 0 and best is not None and best.job is not None and s.job is None):

@@ -122,7 +122,9 @@ class Scheduler:
         self.max_lanes = lanes
         self.n_ctx = n_ctx
         self.step_tokens = step_tokens
-        self.prefill_budget = step_tokens  # the engine may lower it to keep steps short
+        # prefill tokens per step; the engine sizes it from measured speed to keep steps short.
+        # Start small: until the first step is measured, a long step would stall a chat.
+        self.prefill_budget = min(step_tokens, 64)
         self.eog = eog
         self.slots = KvSlots(slots or lanes)
         if len(self.slots) < lanes:
@@ -216,12 +218,15 @@ class Scheduler:
     def _coalesce(self, job: Job) -> bool:
         """Should the job wait for a running job that is prefilling a long prefix it shares?"""
         tokens = job.known()
-        have = self.slots.best_match(tokens, Job.kv_tokens)[1]
         for other in self.running.values():
             if other.status != JobStatus.PREFILLING:
                 continue
             shared = min(common_prefix(tokens, other.known()), len(tokens) - 1)
-            if shared > other.scheduled and shared - have >= COALESCE_MIN:
+            if shared <= other.scheduled or shared < COALESCE_MIN:
+                continue
+            # what waiting saves: the shared part, less what some other slot already holds
+            have = self.slots.best_match(tokens, Job.kv_tokens, exclude=other.seq)[1]
+            if shared - have >= COALESCE_MIN:
                 return True
         return False
 
@@ -283,7 +288,9 @@ class Scheduler:
         prefilling = sorted((j for j in self.running.values() if j.status == JobStatus.PREFILLING),
                             key=lambda j: (j.qos, j.admitted))
         if prefilling and prefilling[0].qos == Qos.INTERACTIVE:
+            # a chat prefills alone, in the largest chunks: short steps exist to let it in
             prefilling = [j for j in prefilling if j.qos == Qos.INTERACTIVE]
+            budget = max(1, self.step_tokens - len(runs))
         for job in prefilling:
             if budget <= 0:
                 break

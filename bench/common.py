@@ -1,0 +1,81 @@
+"""Helpers shared by the benchmarks: start servers, stream a chat, read metrics."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.integration.daemon import Daemon, free_port  # noqa: E402,F401
+
+WORDS = ("river stone lantern harbor meadow copper violet thunder orchard canyon velvet ember glacier "
+         "falcon prairie willow marble saffron tundra beacon").split()
+
+
+def document(i: int, words: int) -> str:
+    """A distinct, deterministic text of about `words` words."""
+    out, x = [], 1_000_003 * (i + 1)
+    for _ in range(words):
+        x = (x * 6364136223846793005 + 1442695040888963407) % (1 << 64)
+        out.append(WORDS[(x >> 33) % len(WORDS)])
+    return " ".join(out)
+
+
+async def stream_ttft(client: httpx.AsyncClient, body: dict, headers: dict | None = None) -> tuple[float, str]:
+    """(seconds to the first content token, whole text)."""
+    t0 = time.perf_counter()
+    ttft, text = None, ""
+    async with client.stream("POST", "/v1/chat/completions", json={**body, "stream": True},
+                             headers=headers or {}) as r:
+        async for line in r.aiter_lines():
+            if not line.startswith("data: {"):
+                continue
+            for c in json.loads(line[6:]).get("choices", []):
+                piece = (c.get("delta") or {}).get("content") or ""
+                if piece and ttft is None:
+                    ttft = time.perf_counter() - t0
+                text += piece
+    return (ttft if ttft is not None else float("nan")), text
+
+
+def metric(url: str, name: str) -> float:
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return sum(float(m.group(1)) for m in re.finditer(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.M))
+
+
+class Peer:
+    """llama-cpp-python's own OpenAI server (needs: pip install 'llama-cpp-python[server]')."""
+
+    def __init__(self, model: str, n_ctx: int, threads: int):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "llama_cpp.server", "--model", model, "--n_ctx", str(n_ctx),
+             "--n_threads", str(threads), "--n_threads_batch", str(threads), "--host", "127.0.0.1",
+             "--port", str(self.port), "--model_alias", "peer"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ})
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(self.url + "/v1/models", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.3)
+        self.stop()
+        raise RuntimeError("llama_cpp.server did not start")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
