@@ -31,6 +31,13 @@ TOPICS = ["the sea", "a mountain", "a robot", "a city at night", "an old library
           "a violin", "the moon", "a garden", "a train journey", "winter", "a lighthouse"]
 
 
+def conversation(text: str) -> list[dict]:
+    # the topic opens the system turn: requests share no prefix worth caching, so the daemon
+    # prefills exactly what the raw loop does
+    return [{"role": "system", "content": text + " You are a helpful writer."},
+            {"role": "user", "content": "Go on, write it."}]
+
+
 def prompts(n: int, offset: int) -> list[str]:
     return [f"Write a long story about {TOPICS[(offset + i) % len(TOPICS)]}." for i in range(n)]
 
@@ -104,7 +111,7 @@ class RawLoop:
 async def daemon_round(url: str, model: str, texts: list[str], max_tokens: int, stream: bool) -> tuple[int, float]:
     async with httpx.AsyncClient(base_url=url, timeout=600) as c:
         async def one(text: str) -> int:
-            body = {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens,
+            body = {"model": model, "messages": conversation(text), "max_tokens": max_tokens,
                     "temperature": 0, "ignore_eos": True, "stream": stream}
             if not stream:
                 r = await c.post("/v1/chat/completions", json=body)
@@ -148,7 +155,7 @@ def main() -> None:
         for r in range(a.rounds):
             for n in levels:
                 texts = prompts(n, r * 3)
-                toks = [tok.encode_prompt(tpl.render([{"role": "user", "content": t}])) for t in texts]
+                toks = [tok.encode_prompt(tpl.render(conversation(t))) for t in texts]
                 # alternate who goes first, so drift on a shared machine hits both sides alike
                 for side in ((0, 1) if r % 2 == 0 else (1, 0)):
                     if side == 0:
