@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from . import __version__
 from .config import DEFAULT_HOST, DEFAULT_PORT, EngineConfig, ServeConfig, default_threads
+from .api.guard import is_loopback_host
+from .api.policy import KeyPolicy, PolicyError, load_policies
 from .errors import ModelLoadError, SuperfluidError
 from .request import Qos
 
@@ -62,8 +65,22 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--class-lanes", type=_class_lanes, default=(), metavar="CLASS=N,...", help="most lanes a class may hold, e.g. background=2,agent=6")
     s.add_argument("--aging-steps", type=_positive, default=256, help="a waiting job rises one class every N steps (default 256)")
     s.add_argument("--step-ms", type=_positive, default=250, help="prefill chunks are sized so a step takes about this long (default 250)")
+    s.add_argument("--api-key", default=os.environ.get("SUPERFLUID_API_KEY"), help="require this key (Authorization: Bearer or x-api-key) on every route but /health (default: $SUPERFLUID_API_KEY)")
+    s.add_argument("--key-policy", metavar="FILE", help="JSON file of named keys with QoS class, best class allowed, requests per minute, max concurrent requests, admin flag")
+    s.add_argument("--rate-limit", type=_positive, metavar="RPM", help="requests per minute per client address")
     s.add_argument("--max-body", type=_positive, default=16 * 1024 * 1024, help="largest request body in bytes (default 16 MiB)")
     return p
+
+
+def _policies(args: argparse.Namespace) -> list:
+    out = load_policies(args.key_policy) if args.key_policy else []
+    if args.api_key:
+        if len(args.api_key) < 8:
+            raise PolicyError("--api-key must be at least 8 characters")
+        if any(p.key == args.api_key for p in out):
+            raise PolicyError("--api-key is also a key in --key-policy")
+        out.insert(0, KeyPolicy(name="default", key=args.api_key, admin=True))
+    return out
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -85,12 +102,20 @@ def _serve(args: argparse.Namespace) -> int:
                       kv_slots=args.kv_slots, class_lanes=args.class_lanes,
                       aging_steps=args.aging_steps, step_target_s=args.step_ms / 1000)
     try:
+        policies = _policies(args)
+    except PolicyError as e:
+        print(f"superfluid: {e}", file=sys.stderr)
+        return 2
+    if not policies and not is_loopback_host(host):
+        print(f"superfluid: warning: listening on {host} without --api-key: anyone who can reach "
+              f"port {port} can use this server", file=sys.stderr)
+    try:
         sock = listen_socket(host, port)
     except OSError as e:
         print(f"superfluid: cannot listen on {host}:{port}: {e.strerror}", file=sys.stderr)
         return 1
     try:
-        run(ServeConfig(ec, host, port, args.max_body, args.default_qos), sock)
+        run(ServeConfig(ec, host, port, args.max_body, args.default_qos, tuple(policies), args.rate_limit), sock)
     except ModelLoadError as e:
         print(f"superfluid: {e.message}", file=sys.stderr)
         return 2

@@ -48,3 +48,5 @@ class ServeConfig:
     port: int = DEFAULT_PORT
     max_body_bytes: int = 16 * 1024 * 1024
     default_qos: Qos = Qos.AGENT
+    policies: tuple = ()  # api.policy.KeyPolicy entries; empty: no key needed
+    ip_rpm: int | None = None  # per-client requests per minute

@@ -13,6 +13,7 @@ import uvicorn
 
 from . import __version__
 from .api.app import create_app
+from .api.guard import is_loopback_host
 from .codec.tokenizer import Tokenizer
 from .config import ServeConfig
 from .engine import Engine
@@ -66,11 +67,12 @@ async def serve(cfg: ServeConfig, sock: socket.socket) -> None:
     engine = build_engine(cfg)
     await engine.start()
     engines = {engine.model_id: engine}
+    host, port = sock.getsockname()[:2]
     app = create_app(engines, max_body=cfg.max_body_bytes, default_qos=cfg.default_qos,
-                     metrics_registry=registry_for(engines))
+                     metrics_registry=registry_for(engines), policies=list(cfg.policies),
+                     loopback_bind=is_loopback_host(host), ip_rpm=cfg.ip_rpm)
     server = _Server(uvicorn.Config(app, log_level="warning", access_log=False,
                                            timeout_graceful_shutdown=3, lifespan="off"))
-    host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     print(f"superfluid {__version__}: serving {engine.model_id} on http://{shown}:{port} "
           f"({cfg.engine.max_batch} lanes, {cfg.engine.slots} KV slots x {engine.n_ctx} tokens, "

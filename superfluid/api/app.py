@@ -20,8 +20,10 @@ from ..errors import BadRequest, ModelNotFound, PayloadTooLarge, SuperfluidError
 from ..ids import new_id
 from ..request import Qos
 from . import openai as oa
+from .guard import Guard
+from .policy import KeyPolicy
 from .schema import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, parse
-from .streams import chat_events, collect, completion_events, raise_first_error, sse, submit_all
+from .streams import ClientGone, chat_events, collect, completion_events, raise_first_error, sse, submit_all
 
 log = logging.getLogger("superfluid.api")
 
@@ -88,17 +90,24 @@ def parse_qos(request: Request, default: Qos = Qos.AGENT) -> Qos:
 
 
 def create_app(engines: dict, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Qos.AGENT,
-               metrics_registry: CollectorRegistry | None = None) -> FastAPI:
+               metrics_registry: CollectorRegistry | None = None, policies: list[KeyPolicy] | None = None,
+               loopback_bind: bool = True, ip_rpm: int | None = None):
+    """The ASGI app: routes, wrapped in the body limit and the guard (keys, origins, limits)."""
     app = FastAPI(title="superfluid", version=__version__)
     started = int(time.time())
     metrics_registry = metrics_registry or CollectorRegistry()
 
     def qos(request: Request) -> Qos:
-        return parse_qos(request, default_qos)
+        key = request.scope.get("state", {}).get("key")
+        return parse_qos(request, key.qos if key is not None and key.qos is not None else default_qos)
 
     @app.exception_handler(SuperfluidError)
     async def _on_error(request: Request, e: SuperfluidError):
         return _error(e)
+
+    @app.exception_handler(ClientGone)
+    async def _on_gone(request: Request, e: ClientGone):
+        return Response(status_code=499)  # nobody is listening; nginx's "client closed request"
 
     @app.exception_handler(StarletteHTTPException)
     async def _on_http(request: Request, e: StarletteHTTPException):
@@ -172,7 +181,7 @@ def create_app(engines: dict, *, max_body: int = 16 * 1024 * 1024, default_qos: 
         streams = submit_all(eng, reqs)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return sse(chat_events(rid, eng.model_id, streams, body.logprobs, include_usage))
+            return sse(chat_events(rid, eng.model_id, streams, body.logprobs, include_usage), eng, reqs)
         choices = await collect(request, streams)
         raise_first_error(choices)
         return _json(oa.chat_response(rid, eng.model_id, choices, body.logprobs))
@@ -189,9 +198,9 @@ def create_app(engines: dict, *, max_body: int = 16 * 1024 * 1024, default_qos: 
         streams = submit_all(eng, reqs)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return sse(completion_events(rid, eng.model_id, streams, top >= 0, include_usage))
+            return sse(completion_events(rid, eng.model_id, streams, top >= 0, include_usage), eng, reqs)
         choices = await collect(request, streams)
         raise_first_error(choices)
         return _json(oa.completion_response(rid, eng.model_id, choices, top >= 0))
 
-    return BodyLimit(app, max_body)  # type: ignore[return-value]
+    return Guard(BodyLimit(app, max_body), policies=policies or [], loopback_bind=loopback_bind, ip_rpm=ip_rpm)

@@ -1,0 +1,85 @@
+"""API keys, key policies, browser-borne requests: against a real daemon."""
+
+import json
+import subprocess
+import sys
+
+import httpx
+import openai
+import pytest
+
+from .conftest import MODEL
+from .daemon import Daemon, free_port
+
+POLICY = {"keys": [
+    {"name": "bg", "key": "sk-bgbgbgbg", "qos": "background", "max_qos": "agent", "rpm": 3},
+    {"name": "one", "key": "sk-oneoneon", "max_concurrent": 1},
+]}
+BODY = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.fixture(scope="module")
+def d(tmp_path_factory):
+    p = tmp_path_factory.mktemp("policy") / "keys.json"
+    p.write_text(json.dumps(POLICY))
+    daemon = Daemon("--api-key", "sk-admin-key", "--key-policy", str(p), max_batch=2, max_context=512)
+    yield daemon
+    daemon.stop()
+
+
+def post(d, headers=None, body=BODY):
+    return httpx.post(d.url + "/v1/chat/completions", json=body, headers=headers or {}, timeout=60)
+
+
+def test_key_required_but_not_for_health(d):
+    assert post(d).status_code == 401
+    assert post(d, {"authorization": "Bearer nope-nope-nope"}).json()["error"]["code"] == "invalid_api_key"
+    assert httpx.get(d.url + "/health").status_code == 200
+    assert httpx.get(d.url + "/v1/models").status_code == 401
+
+
+def test_openai_client_with_the_key(d):
+    c = openai.OpenAI(base_url=d.url + "/v1", api_key="sk-admin-key", max_retries=0)
+    r = c.chat.completions.create(**BODY)
+    assert r.choices[0].message.content is not None
+    bad = openai.OpenAI(base_url=d.url + "/v1", api_key="sk-wrong-key", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.models.list()
+
+
+def test_policy_class_ceiling_and_rate(d):
+    h = {"x-api-key": "sk-bgbgbgbg"}
+    r = post(d, {**h, "x-superfluid-qos": "interactive"})
+    assert r.status_code == 403 and r.json()["error"]["code"] == "qos_not_allowed"
+    codes = [post(d, h).status_code for _ in range(3)]
+    assert codes == [200, 200, 200]  # a refused class does not use up the rate
+    r = post(d, h)
+    assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
+
+
+def test_concurrency_limit_counts_a_running_stream(d):
+    h = {"x-api-key": "sk-oneoneon"}
+    body = {**BODY, "max_tokens": 200, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", d.url + "/v1/chat/completions", json=body, headers=h, timeout=60) as r:
+        lines = r.iter_lines()  # keep the iterator: dropping it closes the connection
+        assert r.status_code == 200 and next(lines).startswith("data: ")
+        second = post(d, h)
+        assert second.status_code == 429
+        assert second.json()["error"]["code"] == "concurrency_limit_exceeded"
+    assert post(d, h).status_code == 200
+
+
+def test_foreign_origin_and_rebound_host_are_refused(d):
+    h = {"authorization": "Bearer sk-admin-key"}
+    assert post(d, {**h, "origin": "https://evil.example"}).status_code == 403
+    assert post(d, {**h, "origin": "http://localhost:5173"}).status_code == 200
+    assert post(d, {**h, "host": "attacker.example"}).status_code == 403
+
+
+def test_bad_policy_file_exits_2(tmp_path):
+    p = tmp_path / "k.json"
+    p.write_text(json.dumps({"keys": [{"name": "a", "key": "sk-12345678", "oops": 1}]}))
+    r = subprocess.run([sys.executable, "-m", "superfluid.cli", "serve", "--key-policy", str(p),
+                        "--port", str(free_port())], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert "unknown fields" in r.stderr and len(r.stderr.strip().splitlines()) == 1

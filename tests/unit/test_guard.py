@@ -1,0 +1,141 @@
+"""The front door (ASGI middleware) driven with hand-made scopes: no sockets."""
+
+import asyncio
+
+import orjson
+
+from superfluid.api.guard import Guard, is_loopback_host
+from superfluid.api.policy import KeyPolicy
+from superfluid.request import Qos
+
+
+class App:
+    def __init__(self):
+        self.calls = 0
+        self.gate: asyncio.Event | None = None
+
+    async def __call__(self, scope, receive, send):
+        self.calls += 1
+        if self.gate is not None:
+            await self.gate.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+
+def call(guard, path="/v1/models", headers=None, client="127.0.0.1"):
+    sent = []
+
+    async def receive():
+        return {"type": "http.request", "body": b""}
+
+    async def send(m):
+        sent.append(m)
+
+    hs = [(k.encode(), v.encode()) for k, v in {"host": "127.0.0.1:8453", **(headers or {})}.items()]
+    scope = {"type": "http", "path": path, "headers": hs, "client": (client, 5000)}
+    asyncio.run(guard(scope, receive, send))
+    start = sent[0]
+    body = b"".join(m.get("body", b"") for m in sent[1:])
+    return start["status"], dict(start["headers"]), body
+
+
+KEYS = [KeyPolicy("a", "sk-aaaaaaaa"), KeyPolicy("lim", "sk-llllllll", qos=Qos.BACKGROUND,
+                                                 max_qos=Qos.AGENT, rpm=2)]
+
+
+def test_loopback_hosts():
+    for h in ("127.0.0.1", "127.0.0.1:8453", "localhost:1", "[::1]:80", "app.localhost"):
+        assert is_loopback_host(h), h
+    for h in ("evil.example", "10.0.0.1:8453", "0.0.0.0", "[2001:db8::1]:80"):
+        assert not is_loopback_host(h), h
+
+
+def test_no_keys_no_checks_but_browser_rules():
+    g = Guard(App(), policies=[], loopback_bind=True)
+    assert call(g)[0] == 200
+    assert call(g, headers={"origin": "http://localhost:3000"})[0] == 200
+    status, _, body = call(g, headers={"origin": "https://evil.example"})
+    assert status == 403 and b"cross-origin" in body
+    assert call(g, headers={"host": "evil.example:8453"})[0] == 403  # DNS rebinding
+    assert call(g, path="/health", headers={"host": "evil.example"})[0] == 403  # browsers never pass
+
+
+def test_host_check_only_on_a_loopback_bind():
+    g = Guard(App(), policies=[], loopback_bind=False)
+    assert call(g, headers={"host": "my-box.lan:8453"})[0] == 200
+
+
+def test_keys_required_except_health():
+    app = App()
+    g = Guard(app, policies=KEYS, loopback_bind=True)
+    status, _, body = call(g)
+    assert status == 401 and orjson.loads(body)["error"]["code"] == "invalid_api_key"
+    assert call(g, headers={"authorization": "Bearer sk-wrongggg"})[0] == 401
+    assert call(g, path="/health")[0] == 200
+    assert call(g, headers={"authorization": "Bearer sk-aaaaaaaa"})[0] == 200
+    assert call(g, headers={"x-api-key": "sk-aaaaaaaa"})[0] == 200
+
+
+def test_qos_ceiling():
+    g = Guard(App(), policies=KEYS, loopback_bind=True)
+    hdr = {"x-api-key": "sk-llllllll"}
+    status, _, body = call(g, headers={**hdr, "x-superfluid-qos": "interactive"})
+    assert status == 403 and b"agent at best" in body
+    assert call(g, headers={**hdr, "x-superfluid-qos": "agent"})[0] == 200
+
+
+def test_requests_per_minute_with_retry_after():
+    now = [1000.0]
+    g = Guard(App(), policies=KEYS, loopback_bind=True, clock=lambda: now[0])
+    hdr = {"x-api-key": "sk-llllllll"}
+    assert call(g, headers=hdr)[0] == 200
+    assert call(g, headers=hdr)[0] == 200
+    status, headers, _ = call(g, headers=hdr)
+    assert status == 429 and int(headers[b"retry-after"]) == 60
+    now[0] += 61
+    assert call(g, headers=hdr)[0] == 200
+    assert call(g, headers={"x-api-key": "sk-aaaaaaaa"})[0] == 200  # other keys unaffected
+
+
+def test_per_ip_rate_limit():
+    g = Guard(App(), policies=[], loopback_bind=True, ip_rpm=1)
+    assert call(g, client="127.0.0.1")[0] == 200
+    assert call(g, client="127.0.0.1")[0] == 429
+    assert call(g, client="127.0.0.2")[0] == 200
+
+
+def test_concurrency_limit_holds_while_a_response_runs():
+    app = App()
+    g = Guard(app, policies=[KeyPolicy("c", "sk-cccccccc", max_concurrent=1)], loopback_bind=True)
+
+    async def scenario():
+        app.gate = asyncio.Event()
+        sent = []
+
+        async def receive():
+            return {"type": "http.request", "body": b""}
+
+        async def send(m):
+            sent.append(m)
+
+        scope = {"type": "http", "path": "/v1/x", "client": ("127.0.0.1", 1),
+                 "headers": [(b"host", b"127.0.0.1"), (b"x-api-key", b"sk-cccccccc")]}
+        first = asyncio.create_task(g(dict(scope), receive, send))
+        await asyncio.sleep(0)
+        second_sent = []
+
+        async def send2(m):
+            second_sent.append(m)
+
+        await g(dict(scope), receive, send2)
+        app.gate.set()
+        await first
+        third = []
+
+        async def send3(m):
+            third.append(m)
+
+        await g(dict(scope), receive, send3)
+        return second_sent[0]["status"], sent[0]["status"], third[0]["status"]
+
+    assert asyncio.run(scenario()) == (429, 200, 200)
