@@ -39,7 +39,8 @@ def conversation(text: str) -> list[dict]:
 
 
 def prompts(n: int, offset: int) -> list[str]:
-    return [f"Write a long story about {TOPICS[(offset + i) % len(TOPICS)]}." for i in range(n)]
+    # a unique tag first: a prompt repeated from an earlier round would come from the prefix cache
+    return [f"[{offset}.{n}.{i}] Write a long story about {TOPICS[(offset + i) % len(TOPICS)]}." for i in range(n)]
 
 
 class RawLoop:

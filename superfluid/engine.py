@@ -197,7 +197,7 @@ class Engine:
         cost = result.elapsed_s / n
         self._token_cost = cost if not self._token_cost else 0.8 * self._token_cost + 0.2 * cost
         want = int(self.cfg.step_target_s / self._token_cost)
-        self.sched.prefill_budget = max(self.cfg.max_batch + 16, min(self.cfg.step_tokens, want))
+        self.sched.prefill_budget = min(self.cfg.step_tokens, max(self.cfg.max_batch + 16, want))
 
     def _fill(self, inflight: deque[StepPlan]) -> None:
         while len(inflight) < PIPELINE_DEPTH and self.ready:

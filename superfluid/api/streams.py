@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
@@ -45,7 +45,7 @@ async def collect(request: Request, streams: list[AsyncIterator[Chunk]]) -> list
                 task.result()
                 return choices
             if await request.is_disconnected():
-                raise asyncio.CancelledError("client disconnected")
+                raise ClientGone()
     finally:
         if not task.done():
             task.cancel()
@@ -85,8 +85,27 @@ async def merge(streams: list[AsyncIterator[Chunk]]) -> AsyncIterator[tuple[int,
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def sse(gen: AsyncIterator[bytes]) -> StreamingResponse:
-    return StreamingResponse(gen, media_type="text/event-stream", headers=SSE_HEADERS)
+class ClientGone(Exception):
+    """The client hung up before its whole response was ready."""
+
+
+class _EngineStream(StreamingResponse):
+    """An SSE response that cancels its generations however it ends: a client that hangs
+    up before the first event would otherwise leave them running unobserved."""
+
+    def __init__(self, gen: AsyncIterator[bytes], on_close: Callable[[], None]):
+        super().__init__(gen, media_type="text/event-stream", headers=SSE_HEADERS)
+        self._on_close = on_close
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
+
+
+def sse(gen: AsyncIterator[bytes], engine, reqs: list[GenRequest]) -> StreamingResponse:
+    return _EngineStream(gen, lambda: [engine.cancel(r.id) for r in reqs])
 
 
 def _error_event(c: Chunk) -> bytes:

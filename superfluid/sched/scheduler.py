@@ -190,15 +190,18 @@ class Scheduler:
         step = self._step + 1
         opens: list[LaneOpen] = []
         copies: list[Copy] = []
+        # slots this plan opens or copies from: their jobs may not be preempted in this plan,
+        # or the worker (opens before copies) would wipe a copy's source or destination
+        pinned: set[int] = set()
         for job in self.waiting.ordered(step):
             full = len(self.running) >= self.max_lanes
             if full and job.qos > Qos.COMPLETION:
                 continue  # only interactive and completion jobs preempt
             if not self._admissible(job):
                 continue
-            if full and not self._preempt_for(job, step):
+            if full and not self._preempt_for(job, step, pinned):
                 continue
-            self._admit(job, step, opens, copies)
+            self._admit(job, step, opens, copies, pinned)
         closes = tuple(self._to_close)
         self._to_close.clear()
         runs = self._runs()
@@ -230,10 +233,10 @@ class Scheduler:
                 return True
         return False
 
-    def _preempt_for(self, job: Job, step: int) -> bool:
+    def _preempt_for(self, job: Job, step: int, pinned: set[int]) -> bool:
         if job.qos > Qos.COMPLETION:
             return False
-        victims = [j for j in self.running.values() if j.qos > job.qos]
+        victims = [j for j in self.running.values() if j.qos > job.qos and j.seq not in pinned]
         if not victims:
             return False
         victim = max(victims, key=lambda j: (j.qos, j.status == JobStatus.DECODING, j.admitted))
@@ -244,22 +247,25 @@ class Scheduler:
         self.waiting.push_front(victim, step)
         return True
 
-    def _admit(self, job: Job, step: int, opens: list[LaneOpen], copies: list[Copy]) -> None:
+    def _admit(self, job: Job, step: int, opens: list[LaneOpen], copies: list[Copy], pinned: set[int]) -> None:
         tokens = job.known()
         src, n = self.slots.best_match(tokens, Job.kv_tokens)
         n = min(n, len(tokens) - 1)  # the last token is fed again: its logits are needed
+        if src is not None and n < MIN_COPY and (src.job is not None or 2 * n < len(src.kv)):
+            # a few shared tokens (a chat template's header) are worth neither a copy nor
+            # most of a longer cache entry
+            src, n = None, 0
         if src is not None and src.job is None and n > 0:
             slot, keep = src, n
         else:
             slot = self.slots.evictable()
             assert slot is not None, "a free lane always has a free slot"
             keep = 0
-            if src is not None and n >= MIN_COPY:
+            if src is not None:
                 copies.append(Copy(src.seq, slot.seq, n))
+                pinned.add(src.seq)
                 src.hits += 1
-                self.counters.coalesced += src.job is not None
-            else:
-                n = 0
+                self.counters.coalesced += 1
         if slot.kv and slot is not src:
             self.counters.evictions += 1
         if slot is src:
@@ -276,6 +282,7 @@ class Scheduler:
             self.counters.cold_admissions += n == 0
             self.counters.cached_tokens += n
         self.running[slot.seq] = job
+        pinned.add(slot.seq)
         opens.append(LaneOpen(slot.seq, job.sampling, tuple(job.output), keep))
 
     def _runs(self) -> list[Run]:
@@ -284,13 +291,14 @@ class Scheduler:
             if job.status == JobStatus.DECODING and self._wants_token(job):
                 runs.append(self._run(job, 1))
                 self.counters.decode_tokens += 1
-        budget = max(1, self.prefill_budget - len(runs))
+        room = self.step_tokens - len(runs)  # the worker's batch holds step_tokens at most
+        budget = min(max(1, self.prefill_budget - len(runs)), room)
         prefilling = sorted((j for j in self.running.values() if j.status == JobStatus.PREFILLING),
                             key=lambda j: (j.qos, j.admitted))
         if prefilling and prefilling[0].qos == Qos.INTERACTIVE:
             # a chat prefills alone, in the largest chunks: short steps exist to let it in
             prefilling = [j for j in prefilling if j.qos == Qos.INTERACTIVE]
-            budget = max(1, self.step_tokens - len(runs))
+            budget = room
         for job in prefilling:
             if budget <= 0:
                 break
