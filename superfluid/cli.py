@@ -68,6 +68,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--api-key", default=os.environ.get("SUPERFLUID_API_KEY"), help="require this key (Authorization: Bearer or x-api-key) on every route but /health (default: $SUPERFLUID_API_KEY)")
     s.add_argument("--key-policy", metavar="FILE", help="JSON file of named keys with QoS class, best class allowed, requests per minute, max concurrent requests, admin flag")
     s.add_argument("--rate-limit", type=_positive, metavar="RPM", help="requests per minute per client address")
+    s.add_argument("--log-format", choices=("text", "json"), default="text", help="log lines as text (default) or one JSON object per line")
     s.add_argument("--max-body", type=_positive, default=16 * 1024 * 1024, help="largest request body in bytes (default 16 MiB)")
     return p
 
@@ -115,7 +116,8 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"superfluid: cannot listen on {host}:{port}: {e.strerror}", file=sys.stderr)
         return 1
     try:
-        run(ServeConfig(ec, host, port, args.max_body, args.default_qos, tuple(policies), args.rate_limit), sock)
+        run(ServeConfig(ec, host, port, args.max_body, args.default_qos, tuple(policies), args.rate_limit,
+                        args.log_format), sock)
     except ModelLoadError as e:
         print(f"superfluid: {e.message}", file=sys.stderr)
         return 2
@@ -127,9 +129,22 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        msg = record.getMessage()
+        if record.name == "superfluid.access":
+            return msg  # already one JSON object
+        import json
+        return json.dumps({"ts": round(record.created, 3), "level": record.levelname.lower(),
+                           "logger": record.name, "msg": msg})
+
+
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="superfluid: %(message)s")
     args = parser().parse_args(argv)
+    handler = logging.StreamHandler()
+    json_logs = getattr(args, "log_format", "text") == "json"
+    handler.setFormatter(_JsonFormatter() if json_logs else logging.Formatter("superfluid: %(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
     if args.command == "serve":
         return _serve(args)
     return 2

@@ -50,3 +50,4 @@ class ServeConfig:
     default_qos: Qos = Qos.AGENT
     policies: tuple = ()  # api.policy.KeyPolicy entries; empty: no key needed
     ip_rpm: int | None = None  # per-client requests per minute
+    log_format: str = "text"  # or "json"

@@ -17,6 +17,7 @@ from .api.guard import is_loopback_host
 from .codec.tokenizer import Tokenizer
 from .config import ServeConfig
 from .engine import Engine
+from .monitor.access import AccessLog
 from .monitor.metrics import registry_for
 from .runtime.registry import available_memory, fit_context
 
@@ -71,6 +72,7 @@ async def serve(cfg: ServeConfig, sock: socket.socket) -> None:
     app = create_app(engines, max_body=cfg.max_body_bytes, default_qos=cfg.default_qos,
                      metrics_registry=registry_for(engines), policies=list(cfg.policies),
                      loopback_bind=is_loopback_host(host), ip_rpm=cfg.ip_rpm)
+    app = AccessLog(app, cfg.log_format)
     server = _Server(uvicorn.Config(app, log_level="warning", access_log=False,
                                            timeout_graceful_shutdown=3, lifespan="off"))
     shown = f"[{host}]" if ":" in host else host

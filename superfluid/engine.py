@@ -39,6 +39,7 @@ class _Stream:
     n_out: int = 0
     done: bool = False
     t_submit: float = field(default_factory=time.monotonic)
+    ttft_s: float | None = None
 
 
 class Engine:
@@ -264,11 +265,13 @@ class Engine:
             self.sched.finish(ev.job_id, finish)
         elif finish is not None:
             text += st.text.finish()
-        if st.n_out == 1 and self.observe_ttft is not None:
-            self.observe_ttft(time.monotonic() - st.t_submit)
+        if st.n_out == 1:
+            st.ttft_s = time.monotonic() - st.t_submit
+            if self.observe_ttft is not None:
+                self.observe_ttft(st.ttft_s)
         chunk = Chunk(ev.job_id, text=text, tokens=[ev.token], finish=finish,
                       prompt_tokens=len(st.req.prompt), completion_tokens=st.n_out,
-                      cached_tokens=ev.cached)
+                      cached_tokens=ev.cached, ttft_s=st.ttft_s if finish is not None else None)
         if ev.logprob is not None and ev.token not in self.tokenizer.eog:
             tt = self.tokenizer.token_text
             chunk.logprobs.append(TokenLogprob(ev.token, tt(ev.token), ev.logprob,

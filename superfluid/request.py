@@ -80,4 +80,5 @@ class Chunk:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens whose KV was reused, not recomputed
+    ttft_s: float | None = None  # on the last chunk: seconds from submit to the first token
     error: Exception | None = None

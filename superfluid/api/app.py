@@ -23,7 +23,8 @@ from . import openai as oa
 from .guard import Guard
 from .policy import KeyPolicy
 from .schema import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, parse
-from .streams import ClientGone, chat_events, collect, completion_events, raise_first_error, sse, submit_all
+from .streams import (ClientGone, chat_events, collect, completion_events, raise_first_error, record, sse,
+                      submit_all)
 
 log = logging.getLogger("superfluid.api")
 
@@ -75,6 +76,14 @@ async def _send_413(send, limit: int) -> None:
                 "headers": [(b"content-type", b"application/json"),
                             (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
+
+
+def access_record(request: Request, engine, qos: Qos) -> dict:
+    """The access log's record for this request (scope state "access"): the log middleware
+    writes it out when the response is done. Counts and timings only, never content."""
+    rec = request.scope.setdefault("state", {}).setdefault("access", {})
+    rec.update(model=engine.model_id, qos=qos.name.lower())
+    return rec
 
 
 def parse_qos(request: Request, default: Qos = Qos.AGENT) -> Qos:
@@ -179,10 +188,12 @@ def create_app(engines: dict, *, max_body: int = 16 * 1024 * 1024, default_qos: 
                                default_max=None, top_logprobs=top, qos=qos(request),
                                max_tokens=body.max_completion_tokens)
         streams = submit_all(eng, reqs)
+        rec = access_record(request, eng, reqs[0].qos)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return sse(chat_events(rid, eng.model_id, streams, body.logprobs, include_usage), eng, reqs)
+            return sse(chat_events(rid, eng.model_id, streams, body.logprobs, include_usage, rec), eng, reqs)
         choices = await collect(request, streams)
+        record(rec, [c.last for c in choices if c.last is not None])
         raise_first_error(choices)
         return _json(oa.chat_response(rid, eng.model_id, choices, body.logprobs))
 
@@ -196,10 +207,12 @@ def create_app(engines: dict, *, max_body: int = 16 * 1024 * 1024, default_qos: 
         reqs = oa.gen_requests(body, prompt, base_id=rid, n_ctx=eng.n_ctx, seed=eng.new_seed(),
                                default_max=16, top_logprobs=top, qos=qos(request))
         streams = submit_all(eng, reqs)
+        rec = access_record(request, eng, reqs[0].qos)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return sse(completion_events(rid, eng.model_id, streams, top >= 0, include_usage), eng, reqs)
+            return sse(completion_events(rid, eng.model_id, streams, top >= 0, include_usage, rec), eng, reqs)
         choices = await collect(request, streams)
+        record(rec, [c.last for c in choices if c.last is not None])
         raise_first_error(choices)
         return _json(oa.completion_response(rid, eng.model_id, choices, top >= 0))
 

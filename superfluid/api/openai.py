@@ -114,6 +114,7 @@ class Choice:
         self.prompt_tokens = 0
         self.completion_tokens = 0
         self.cached_tokens = 0
+        self.last: Chunk | None = None
         self.error: Exception | None = None
 
     def add(self, c: Chunk) -> None:
@@ -123,6 +124,7 @@ class Choice:
             self.finish = c.finish
             self.prompt_tokens, self.completion_tokens = c.prompt_tokens, c.completion_tokens
             self.cached_tokens = c.cached_tokens
+            self.last = c
             self.error = c.error
 
 

@@ -113,50 +113,56 @@ def _error_event(c: Chunk) -> bytes:
     return event(err.body())
 
 
-async def chat_events(rid: str, model: str, streams, want_logprobs: bool,
-                      include_usage: bool) -> AsyncIterator[bytes]:
-    created = int(time.time())
-    for i in range(len(streams)):
-        yield event(oa.chat_chunk(rid, model, created, i, {"role": "assistant", "content": ""}))
-    prompt_tokens, cached, completion = 0, 0, [0] * len(streams)
-    async for i, c in merge(streams):
-        if c.text or (want_logprobs and c.logprobs):
-            lp = oa.chat_logprobs(c.logprobs) if want_logprobs else None
-            yield event(oa.chat_chunk(rid, model, created, i, {"content": c.text}, logprobs=lp))
-        if c.finish is not None:
-            prompt_tokens, completion[i] = c.prompt_tokens, c.completion_tokens
-            cached = cached or c.cached_tokens
-            if c.error is not None:
-                yield _error_event(c)
-            final = oa.chat_chunk(rid, model, created, i, {}, c.finish.openai)
-            final["usage"] = oa.usage(c.prompt_tokens, c.completion_tokens, c.cached_tokens)
-            yield event(final)
-    if include_usage:
-        yield event({"id": rid, "object": "chat.completion.chunk", "created": created,
-                     "model": model, "choices": [],
-                     "usage": oa.usage(prompt_tokens, sum(completion), cached)})
-    yield DONE
+def record(rec: dict | None, choices_done: list[Chunk]) -> None:
+    """Fill the access-log record (counts and timings, never content) from final chunks."""
+    if rec is None or not choices_done:
+        return
+    first = choices_done[0]
+    rec.update(prompt_tokens=first.prompt_tokens, cached_tokens=first.cached_tokens,
+               completion_tokens=sum(c.completion_tokens for c in choices_done),
+               finish=first.finish.openai if first.finish else None,
+               ttft_s=min((c.ttft_s for c in choices_done if c.ttft_s is not None), default=None))
 
 
-async def completion_events(rid: str, model: str, streams, want_logprobs: bool,
-                            include_usage: bool) -> AsyncIterator[bytes]:
+async def _events(kind: str, rid: str, model: str, streams, want_logprobs: bool, include_usage: bool,
+                  rec: dict | None) -> AsyncIterator[bytes]:
+    """SSE events of a chat completion (kind "chat") or a completion ("text")."""
     created = int(time.time())
-    prompt_tokens, cached, completion = 0, 0, [0] * len(streams)
+    chat = kind == "chat"
+    if chat:
+        for i in range(len(streams)):
+            yield event(oa.chat_chunk(rid, model, created, i, {"role": "assistant", "content": ""}))
     offsets = [0] * len(streams)
+    finals: list[Chunk] = []
     async for i, c in merge(streams):
         if c.text or (want_logprobs and c.logprobs):
-            lp = oa.completion_logprobs(c.logprobs, offsets[i]) if want_logprobs else None
+            if chat:
+                lp = oa.chat_logprobs(c.logprobs) if want_logprobs else None
+                yield event(oa.chat_chunk(rid, model, created, i, {"content": c.text}, logprobs=lp))
+            else:
+                lp = oa.completion_logprobs(c.logprobs, offsets[i]) if want_logprobs else None
+                yield event(oa.completion_chunk(rid, model, created, i, c.text, logprobs=lp))
             offsets[i] += len(c.text)
-            yield event(oa.completion_chunk(rid, model, created, i, c.text, logprobs=lp))
         if c.finish is not None:
-            prompt_tokens, completion[i] = c.prompt_tokens, c.completion_tokens
-            cached = cached or c.cached_tokens
+            finals.append(c)
             if c.error is not None:
                 yield _error_event(c)
-            final = oa.completion_chunk(rid, model, created, i, "", c.finish.openai)
+            final = (oa.chat_chunk(rid, model, created, i, {}, c.finish.openai) if chat
+                     else oa.completion_chunk(rid, model, created, i, "", c.finish.openai))
             final["usage"] = oa.usage(c.prompt_tokens, c.completion_tokens, c.cached_tokens)
             yield event(final)
-    if include_usage:
-        yield event({"id": rid, "object": "text_completion", "created": created, "model": model,
-                     "choices": [], "usage": oa.usage(prompt_tokens, sum(completion), cached)})
+    record(rec, finals)
+    if include_usage and finals:
+        yield event({"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
+                     "created": created, "model": model, "choices": [],
+                     "usage": oa.usage(finals[0].prompt_tokens, sum(c.completion_tokens for c in finals),
+                                       finals[0].cached_tokens)})
     yield DONE
+
+
+def chat_events(rid, model, streams, want_logprobs, include_usage, rec=None) -> AsyncIterator[bytes]:
+    return _events("chat", rid, model, streams, want_logprobs, include_usage, rec)
+
+
+def completion_events(rid, model, streams, want_logprobs, include_usage, rec=None) -> AsyncIterator[bytes]:
+    return _events("text", rid, model, streams, want_logprobs, include_usage, rec)

@@ -1,0 +1,63 @@
+"""The access log: one line per HTTP request, after its response is done (a stream when
+its last byte is sent). Counts and timings only, never the content of prompts or outputs.
+
+Handlers put what they know in the scope's state under "access" (model, class, token
+counts, TTFT, finish reason); this middleware adds method, path, status and total time."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import orjson
+
+log = logging.getLogger("superfluid.access")
+
+FIELDS = ("method", "path", "status", "model", "qos", "prompt_tokens", "cached_tokens",
+          "completion_tokens", "ttft_s", "prefill_tps", "decode_tps", "total_s", "finish")
+
+
+def line(rec: dict, fmt: str) -> str:
+    if fmt == "json":
+        return orjson.dumps({k: rec[k] for k in FIELDS if rec.get(k) is not None}).decode()
+    parts = [f"{rec.get('method')} {rec.get('path')} {rec.get('status')}"]
+    for k in FIELDS[3:]:
+        v = rec.get(k)
+        if v is not None:
+            parts.append(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}")
+    return " ".join(parts)
+
+
+def derive(rec: dict) -> dict:
+    """Prefill and decode rates from counts and timings."""
+    ttft, total = rec.get("ttft_s"), rec.get("total_s")
+    if ttft:
+        rec["prefill_tps"] = round((rec.get("prompt_tokens", 0) - rec.get("cached_tokens", 0)) / ttft, 1)
+        n = rec.get("completion_tokens", 0) - 1
+        if total and total > ttft and n > 0:
+            rec["decode_tps"] = round(n / (total - ttft), 1)
+        rec["ttft_s"] = round(ttft, 4)
+    return rec
+
+
+class AccessLog:
+    def __init__(self, app, fmt: str = "text", skip: frozenset[str] = frozenset({"/health", "/metrics"})):
+        self.app, self.fmt, self.skip = app, fmt, skip
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope.get("path") in self.skip:
+            return await self.app(scope, receive, send)
+        t0 = time.monotonic()
+        rec = scope.setdefault("state", {}).setdefault("access", {})
+        rec.update(method=scope.get("method"), path=scope.get("path"), status=500)
+
+        async def send_(m):
+            if m["type"] == "http.response.start":
+                rec["status"] = m["status"]
+            await send(m)
+
+        try:
+            await self.app(scope, receive, send_)
+        finally:
+            rec["total_s"] = round(time.monotonic() - t0, 4)
+            log.info(line(derive(rec), self.fmt))
