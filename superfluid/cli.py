@@ -70,7 +70,22 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--rate-limit", type=_positive, metavar="RPM", help="requests per minute per client address")
     s.add_argument("--log-format", choices=("text", "json"), default="text", help="log lines as text (default) or one JSON object per line")
     s.add_argument("--max-body", type=_positive, default=16 * 1024 * 1024, help="largest request body in bytes (default 16 MiB)")
+    t = sub.add_parser("top", help="watch servers: a row each from their /metrics, once a second")
+    t.add_argument("servers", nargs="*", metavar="HOST:PORT", help=f"default {DEFAULT_HOST}:{DEFAULT_PORT}")
+    t.add_argument("--api-key", default=os.environ.get("SUPERFLUID_API_KEY"))
+    t.add_argument("--interval", type=float, default=1.0)
+    t.add_argument("--once", action="store_true", help="print one table and exit")
     return p
+
+
+def _top(args: argparse.Namespace) -> int:
+    from .monitor.top import run as top
+    try:
+        top(args.servers or [f"{DEFAULT_HOST}:{DEFAULT_PORT}"], api_key=args.api_key,
+            interval=args.interval, once=args.once)
+    except KeyboardInterrupt:
+        pass
+    return 0
 
 
 def _policies(args: argparse.Namespace) -> list:
@@ -147,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, handlers=[handler])
     if args.command == "serve":
         return _serve(args)
+    if args.command == "top":
+        return _top(args)
     return 2
 
 

@@ -18,7 +18,7 @@ from .codec.tokenizer import Tokenizer
 from .config import ServeConfig
 from .engine import Engine
 from .monitor.access import AccessLog
-from .monitor.metrics import registry_for
+from .monitor.metrics import Metrics
 from .runtime.registry import available_memory, fit_context
 
 log = logging.getLogger("superfluid")
@@ -69,10 +69,11 @@ async def serve(cfg: ServeConfig, sock: socket.socket) -> None:
     await engine.start()
     engines = {engine.model_id: engine}
     host, port = sock.getsockname()[:2]
+    metrics = Metrics(engines)
     app = create_app(engines, max_body=cfg.max_body_bytes, default_qos=cfg.default_qos,
-                     metrics_registry=registry_for(engines), policies=list(cfg.policies),
+                     metrics_registry=metrics.registry, policies=list(cfg.policies),
                      loopback_bind=is_loopback_host(host), ip_rpm=cfg.ip_rpm)
-    app = AccessLog(app, cfg.log_format)
+    app = AccessLog(app, cfg.log_format, on_record=metrics.observe_request)
     server = _Server(uvicorn.Config(app, log_level="warning", access_log=False,
                                            timeout_graceful_shutdown=3, lifespan="off"))
     shown = f"[{host}]" if ":" in host else host

@@ -40,6 +40,7 @@ class _Stream:
     done: bool = False
     t_submit: float = field(default_factory=time.monotonic)
     ttft_s: float | None = None
+    t_last: float = 0.0
 
 
 class Engine:
@@ -59,6 +60,8 @@ class Engine:
                                class_lanes={Qos(q): n for q, n in cfg.class_lanes},
                                aging_steps=cfg.aging_steps)
         self.observe_ttft: Callable[[float], None] | None = None  # set by the metrics layer
+        self.observe_itl: Callable[[float], None] | None = None  # inter-token latency
+        self.respawns = 0
         self._token_cost = 0.0  # seconds per token in prefill-heavy steps (EMA)
         self._streams: dict[str, _Stream] = {}
         self._wake = asyncio.Event()
@@ -140,6 +143,12 @@ class Engine:
         self.sched.finish(request_id, FinishReason.CANCELLED)
         self._wake.set()
         return True
+
+    def kv_usage(self) -> tuple[int, int]:
+        """(tokens of KV held: running lanes and cache entries, tokens the slots can hold)."""
+        used = sum(len(s.kv) if s.job is None else min(s.job.scheduled, self.n_ctx)
+                   for s in self.sched.slots.slots)
+        return used, len(self.sched.slots) * self.n_ctx
 
     def status(self) -> dict:
         return {"running": len(self.sched.running), "waiting": len(self.sched.waiting),
@@ -227,6 +236,7 @@ class Engine:
             try:
                 self.info = await worker.start()
                 self.worker = worker
+                self.respawns += 1
                 log.warning("worker respawned (pid %s)", worker.pid)
                 return True
             except WorkerCrashed as e:
@@ -265,10 +275,14 @@ class Engine:
             self.sched.finish(ev.job_id, finish)
         elif finish is not None:
             text += st.text.finish()
+        now = time.monotonic()
         if st.n_out == 1:
-            st.ttft_s = time.monotonic() - st.t_submit
+            st.ttft_s = now - st.t_submit
             if self.observe_ttft is not None:
                 self.observe_ttft(st.ttft_s)
+        elif self.observe_itl is not None:
+            self.observe_itl(now - st.t_last)
+        st.t_last = now
         chunk = Chunk(ev.job_id, text=text, tokens=[ev.token], finish=finish,
                       prompt_tokens=len(st.req.prompt), completion_tokens=st.n_out,
                       cached_tokens=ev.cached, ttft_s=st.ttft_s if finish is not None else None)

@@ -112,6 +112,7 @@ def create_app(engines: dict, *, max_body: int = 16 * 1024 * 1024, default_qos: 
 
     @app.exception_handler(SuperfluidError)
     async def _on_error(request: Request, e: SuperfluidError):
+        request.scope.setdefault("state", {}).setdefault("access", {})["error"] = e.code or e.type
         return _error(e)
 
     @app.exception_handler(ClientGone)

@@ -67,7 +67,7 @@ class Guard:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         denied = self._browser_check(headers)
         if denied:
-            return await _deny(send, 403, denied, "forbidden")
+            return await _deny_in(scope, send, 403, denied, "forbidden")
         if scope.get("path") in OPEN_PATHS:
             return await self.app(scope, receive, send)
         now = self.clock()
@@ -75,25 +75,25 @@ class Guard:
         if self.ip_rpm:
             wait = self._ip_windows.setdefault(ip, _Window(self.ip_rpm)).admit(now)
             if wait:
-                return await _deny(send, 429, f"rate limit: {self.ip_rpm} requests per minute per client",
+                return await _deny_in(scope, send, 429, f"rate limit: {self.ip_rpm} requests per minute per client",
                                    "rate_limit_exceeded", wait)
         policy = None
         if self.policies:
             presented = _presented_key(headers)
             policy = find_key(self.policies, presented) if presented else None
             if policy is None:
-                return await _deny(send, 401, "a valid API key is required (Authorization: Bearer KEY "
+                return await _deny_in(scope, send, 401, "a valid API key is required (Authorization: Bearer KEY "
                                    "or x-api-key: KEY)", "invalid_api_key")
             denied = self._qos_check(policy, headers)
             if denied:
-                return await _deny(send, 403, denied, "qos_not_allowed")
+                return await _deny_in(scope, send, 403, denied, "qos_not_allowed")
             if policy.rpm:
                 wait = self._key_windows.setdefault(policy.name, _Window(policy.rpm)).admit(now)
                 if wait:
-                    return await _deny(send, 429, f"rate limit: key '{policy.name}' may make {policy.rpm} "
+                    return await _deny_in(scope, send, 429, f"rate limit: key '{policy.name}' may make {policy.rpm} "
                                        "requests per minute", "rate_limit_exceeded", wait)
             if policy.max_concurrent and self._active.get(policy.name, 0) >= policy.max_concurrent:
-                return await _deny(send, 429, f"key '{policy.name}' already has {policy.max_concurrent} "
+                return await _deny_in(scope, send, 429, f"key '{policy.name}' already has {policy.max_concurrent} "
                                    "requests running", "concurrency_limit_exceeded", 1.0)
             scope.setdefault("state", {})["key"] = policy
         if policy is None or not policy.max_concurrent:
@@ -130,6 +130,10 @@ class Guard:
         return None
 
 
+async def _deny_in(scope, send, status: int, message: str, code: str, retry_after: float | None = None) -> None:
+    await _deny(send, status, message, code, retry_after, scope)
+
+
 def _presented_key(headers: dict[str, str]) -> str | None:
     auth = headers.get("authorization", "")
     if auth[:7].lower() == "bearer ":
@@ -137,7 +141,10 @@ def _presented_key(headers: dict[str, str]) -> str | None:
     return headers.get("x-api-key")
 
 
-async def _deny(send, status: int, message: str, code: str, retry_after: float | None = None) -> None:
+async def _deny(send, status: int, message: str, code: str, retry_after: float | None = None,
+                scope: dict | None = None) -> None:
+    if scope is not None:
+        scope.setdefault("state", {}).setdefault("access", {})["error"] = code
     kind = {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error"}[status]
     body = orjson.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}})
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import orjson
 
 log = logging.getLogger("superfluid.access")
 
 FIELDS = ("method", "path", "status", "model", "qos", "prompt_tokens", "cached_tokens",
-          "completion_tokens", "ttft_s", "prefill_tps", "decode_tps", "total_s", "finish")
+          "completion_tokens", "ttft_s", "prefill_tps", "decode_tps", "total_s", "finish", "error")
 
 
 def line(rec: dict, fmt: str) -> str:
@@ -41,8 +42,9 @@ def derive(rec: dict) -> dict:
 
 
 class AccessLog:
-    def __init__(self, app, fmt: str = "text", skip: frozenset[str] = frozenset({"/health", "/metrics"})):
-        self.app, self.fmt, self.skip = app, fmt, skip
+    def __init__(self, app, fmt: str = "text", skip: frozenset[str] = frozenset({"/health", "/metrics"}),
+                 on_record: Callable[[dict], None] | None = None):
+        self.app, self.fmt, self.skip, self.on_record = app, fmt, skip, on_record
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope.get("path") in self.skip:
@@ -61,3 +63,5 @@ class AccessLog:
         finally:
             rec["total_s"] = round(time.monotonic() - t0, 4)
             log.info(line(derive(rec), self.fmt))
+            if self.on_record is not None:
+                self.on_record(rec)

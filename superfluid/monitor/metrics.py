@@ -3,7 +3,7 @@ the engines (no second bookkeeping); time to first token is a histogram the engi
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -28,6 +28,9 @@ class EngineCollector:
         lanes = GaugeMetricFamily("superfluid_lanes_active", "lanes running a job", labels=["model"])
         queue = GaugeMetricFamily("superfluid_queue_depth", "jobs waiting for a lane", labels=["model", "class"])
         steps = CounterMetricFamily("superfluid_steps", "scheduler steps run by the worker", labels=["model"])
+        respawns = CounterMetricFamily("superfluid_worker_respawns", "worker processes restarted", labels=["model"])
+        kv_used = GaugeMetricFamily("superfluid_kv_tokens_used", "KV tokens held (lanes and cache)", labels=["model"])
+        kv_total = GaugeMetricFamily("superfluid_kv_tokens_total", "KV tokens the slots can hold", labels=["model"])
         fams = {name: CounterMetricFamily(f"superfluid_{name}", doc, labels=["model"]) for name, doc in _COUNTERS}
         for mid, eng in self.engines.items():
             s = eng.sched
@@ -35,19 +38,47 @@ class EngineCollector:
             for q, n in s.queue_depth().items():
                 queue.add_metric([mid, q.name.lower()], n)
             steps.add_metric([mid], eng.steps)
+            respawns.add_metric([mid], eng.respawns)
+            used, total = eng.kv_usage()
+            kv_used.add_metric([mid], used)
+            kv_total.add_metric([mid], total)
             for name, _ in _COUNTERS:
                 fams[name].add_metric([mid], getattr(s.counters, name))
         yield lanes
         yield queue
         yield steps
+        yield respawns
+        yield kv_used
+        yield kv_total
         yield from fams.values()
 
 
-def registry_for(engines: dict) -> CollectorRegistry:
-    reg = CollectorRegistry()
-    reg.register(EngineCollector(engines))
-    ttft = Histogram("superfluid_ttft_seconds", "time from request to first token", ["model"],
-                     buckets=TTFT_BUCKETS, registry=reg)
-    for mid, eng in engines.items():
-        eng.observe_ttft = ttft.labels(mid).observe
-    return reg
+ITL_BUCKETS = (0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5)
+
+
+class Metrics:
+    """The daemon's registry: engine state read at scrape time, plus what the HTTP layer
+    and the engines report as it happens."""
+
+    def __init__(self, engines: dict):
+        self.registry = CollectorRegistry()
+        self.registry.register(EngineCollector(engines))
+        ttft = Histogram("superfluid_ttft_seconds", "time from request to first token", ["model"],
+                         buckets=TTFT_BUCKETS, registry=self.registry)
+        itl = Histogram("superfluid_inter_token_seconds", "time between a stream's tokens", ["model"],
+                        buckets=ITL_BUCKETS, registry=self.registry)
+        self.requests = Counter("superfluid_requests", "HTTP requests by path and status",
+                                ["path", "status"], registry=self.registry)
+        self.errors = Counter("superfluid_errors", "requests that ended in an error, by type",
+                              ["type"], registry=self.registry)
+        for mid, eng in engines.items():
+            eng.observe_ttft = ttft.labels(mid).observe
+            eng.observe_itl = itl.labels(mid).observe
+
+    def observe_request(self, rec: dict) -> None:
+        """Called by the access log for every request it logs."""
+        status = int(rec.get("status") or 0)
+        self.requests.labels(rec.get("path") or "?", str(status)).inc()
+        if status >= 400:
+            self.errors.labels(rec.get("error") or f"http_{status}").inc()
+

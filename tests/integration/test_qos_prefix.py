@@ -144,5 +144,24 @@ def test_metrics_names(daemon):
     for name in ("superfluid_lanes_active", "superfluid_queue_depth", "superfluid_preemptions_total",
                  "superfluid_prefill_tokens_total", "superfluid_decode_tokens_total",
                  "superfluid_cached_tokens_total", "superfluid_cold_admissions_total",
-                 "superfluid_evictions_total", "superfluid_ttft_seconds_bucket"):
+                 "superfluid_evictions_total", "superfluid_ttft_seconds_bucket",
+                 "superfluid_inter_token_seconds_bucket", "superfluid_worker_respawns_total",
+                 "superfluid_kv_tokens_used", "superfluid_kv_tokens_total", "superfluid_requests_total",
+                 "superfluid_errors_total"):
         assert name in text, name
+
+
+def test_metrics_move_under_load(daemon):
+    url = daemon.url
+    before = {n: metric(url, n) for n in ("superfluid_decode_tokens_total", "superfluid_requests_total",
+                                          "superfluid_ttft_seconds_count", "superfluid_errors_total")}
+    for i in range(3):
+        r = httpx.post(url + "/v1/chat/completions", timeout=60, json={
+            "model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": f"count {i}"}]})
+        assert r.status_code == 200
+    assert httpx.post(url + "/v1/chat/completions", json={"model": "nope", "messages": []}).status_code in (400, 404)
+    assert metric(url, "superfluid_decode_tokens_total") >= before["superfluid_decode_tokens_total"] + 9
+    assert metric(url, "superfluid_requests_total") == before["superfluid_requests_total"] + 4
+    assert metric(url, "superfluid_ttft_seconds_count") == before["superfluid_ttft_seconds_count"] + 3
+    assert metric(url, "superfluid_errors_total") == before["superfluid_errors_total"] + 1
+    assert 0 < metric(url, "superfluid_kv_tokens_used") <= metric(url, "superfluid_kv_tokens_total")

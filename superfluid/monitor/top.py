@@ -1,0 +1,78 @@
+"""`superfluid top HOST:PORT ...`: every server's /metrics once a second, a row each (up,
+down or 401, lanes, KV use, decode tokens/s, queue) — the fleet at a glance."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+
+@dataclass
+class Sample:
+    state: str  # "up", "down", "401"
+    t: float
+    values: dict[str, float]
+
+
+def scrape(target: str, api_key: str | None, timeout: float = 2.0) -> Sample:
+    url = target if "://" in target else f"http://{target}"
+    headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+    now = time.monotonic()
+    try:
+        r = httpx.get(url.rstrip("/") + "/metrics", headers=headers, timeout=timeout)
+    except httpx.HTTPError:
+        return Sample("down", now, {})
+    if r.status_code in (401, 403):
+        return Sample(str(r.status_code), now, {})
+    if r.status_code != 200:
+        return Sample(f"http {r.status_code}", now, {})
+    values: dict[str, float] = {}
+    for fam in text_string_to_metric_families(r.text):
+        for s in fam.samples:
+            values[s.name] = values.get(s.name, 0.0) + s.value  # summed over models and classes
+    return Sample("up", now, values)
+
+
+def row(target: str, cur: Sample, prev: Sample | None) -> list[str]:
+    if cur.state != "up":
+        return [target, cur.state, "-", "-", "-", "-", "-"]
+    v = cur.values
+    rate = "-"
+    if prev is not None and prev.state == "up" and cur.t > prev.t:
+        d = v.get("superfluid_decode_tokens_total", 0) - prev.values.get("superfluid_decode_tokens_total", 0)
+        rate = f"{max(0.0, d) / (cur.t - prev.t):.1f}"
+    total = v.get("superfluid_kv_tokens_total", 0)
+    kv = f"{100 * v.get('superfluid_kv_tokens_used', 0) / total:.0f}%" if total else "-"
+    return [target, "up", f"{v.get('superfluid_lanes_active', 0):.0f}", kv, rate,
+            f"{v.get('superfluid_queue_depth', 0):.0f}", f"{v.get('superfluid_preemptions_total', 0):.0f}"]
+
+
+def table(rows: list[list[str]]) -> Table:
+    t = Table(title="superfluid top")
+    for col in ("server", "state", "lanes", "KV", "decode tok/s", "queue", "preemptions"):
+        t.add_column(col, justify="left" if col in ("server", "state") else "right")
+    for r in rows:
+        t.add_row(*r)
+    return t
+
+
+def run(targets: list[str], *, api_key: str | None = None, interval: float = 1.0, once: bool = False,
+        console: Console | None = None) -> None:
+    console = console or Console()
+    prev = {t: scrape(t, api_key) for t in targets}
+    if once:
+        time.sleep(interval)
+        console.print(table([row(t, scrape(t, api_key), prev[t]) for t in targets]))
+        return
+    with Live(table([row(t, prev[t], None) for t in targets]), console=console, refresh_per_second=4) as live:
+        while True:
+            time.sleep(interval)
+            cur = {t: scrape(t, api_key) for t in targets}
+            live.update(table([row(t, cur[t], prev[t]) for t in targets]))
+            prev = cur
