@@ -51,3 +51,4 @@ class ServeConfig:
     policies: tuple = ()  # api.policy.KeyPolicy entries; empty: no key needed
     ip_rpm: int | None = None  # per-client requests per minute
     log_format: str = "text"  # or "json"
+    tui: bool = False  # the live monitor instead of scrolling logs

@@ -19,6 +19,7 @@ from .config import ServeConfig
 from .engine import Engine
 from .monitor.access import AccessLog
 from .monitor.metrics import Metrics
+from .monitor.tui import Dashboard, LiveMonitor, LogBuffer
 from .runtime.registry import available_memory, fit_context
 
 log = logging.getLogger("superfluid")
@@ -80,9 +81,15 @@ async def serve(cfg: ServeConfig, sock: socket.socket) -> None:
     print(f"superfluid {__version__}: serving {engine.model_id} on http://{shown}:{port} "
           f"({cfg.engine.max_batch} lanes, {cfg.engine.slots} KV slots x {engine.n_ctx} tokens, "
           f"{cfg.engine.threads} thread{'s' if cfg.engine.threads != 1 else ''})", flush=True)
+    monitor = None
+    if cfg.tui:
+        monitor = LiveMonitor(Dashboard(engines, f"http://{shown}:{port}", LogBuffer()))
+        monitor.start()
     try:
         await server.serve(sockets=[sock])
     finally:
+        if monitor is not None:
+            monitor.stop()
         await engine.close()
         log.info("stopped")
 

@@ -62,6 +62,7 @@ class Engine:
         self.observe_ttft: Callable[[float], None] | None = None  # set by the metrics layer
         self.observe_itl: Callable[[float], None] | None = None  # inter-token latency
         self.respawns = 0
+        self.recent_ttft: deque[float] = deque(maxlen=256)  # for the live monitor's p50/p95
         self._token_cost = 0.0  # seconds per token in prefill-heavy steps (EMA)
         self._streams: dict[str, _Stream] = {}
         self._wake = asyncio.Event()
@@ -278,6 +279,7 @@ class Engine:
         now = time.monotonic()
         if st.n_out == 1:
             st.ttft_s = now - st.t_submit
+            self.recent_ttft.append(st.ttft_s)
             if self.observe_ttft is not None:
                 self.observe_ttft(st.ttft_s)
         elif self.observe_itl is not None:
