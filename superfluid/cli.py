@@ -71,6 +71,16 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--no-tui", action="store_true", help="plain logs even on a terminal (the live monitor is shown only when stdout is a terminal)")
     s.add_argument("--log-format", choices=("text", "json"), default="text", help="log lines as text (default) or one JSON object per line")
     s.add_argument("--max-body", type=_positive, default=16 * 1024 * 1024, help="largest request body in bytes (default 16 MiB)")
+    s.add_argument("--drain-timeout", type=float, default=300.0, help="on SIGUSR1 (superfluid stop --drain): seconds running requests get to finish (default 300)")
+    la = sub.add_parser("launch", help="start a coding agent pointed at this server (serving first if needed)")
+    la.add_argument("agent", nargs="?", help="claude, codex, opencode or ollama; none: list them")
+    la.add_argument("args", nargs="*", help="after --: the agent's own arguments")
+    la.add_argument("--port", type=int, default=DEFAULT_PORT)
+    la.add_argument("--api-key", default=os.environ.get("SUPERFLUID_API_KEY"))
+    st = sub.add_parser("stop", help="stop the server on a port (started by serve or launch)")
+    st.add_argument("--port", type=int, default=DEFAULT_PORT)
+    st.add_argument("--drain", action="store_true", help="let running requests finish first (SIGUSR1)")
+    st.add_argument("--timeout", type=float, default=330.0, help="how long to wait for it to exit")
     t = sub.add_parser("top", help="watch servers: a row each from their /metrics, once a second")
     t.add_argument("servers", nargs="*", metavar="HOST:PORT", help=f"default {DEFAULT_HOST}:{DEFAULT_PORT}")
     t.add_argument("--api-key", default=os.environ.get("SUPERFLUID_API_KEY"))
@@ -134,7 +144,7 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         tui = sys.stdout.isatty() and not args.no_tui and args.log_format == "text"
         run(ServeConfig(ec, host, port, args.max_body, args.default_qos, tuple(policies), args.rate_limit,
-                        args.log_format, tui), sock)
+                        args.log_format, tui, args.drain_timeout), sock)
     except ModelLoadError as e:
         print(f"superfluid: {e.message}", file=sys.stderr)
         return 2
@@ -157,7 +167,14 @@ class _JsonFormatter(logging.Formatter):
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    agent_args: list[str] = []
+    if argv[:1] == ["launch"] and "--" in argv:  # everything after -- belongs to the agent
+        i = argv.index("--")
+        argv, agent_args = argv[:i], argv[i + 1:]
     args = parser().parse_args(argv)
+    if args.command == "launch":
+        args.args = list(args.args) + agent_args
     handler = logging.StreamHandler()
     json_logs = getattr(args, "log_format", "text") == "json"
     handler.setFormatter(_JsonFormatter() if json_logs else logging.Formatter("superfluid: %(message)s"))
@@ -166,6 +183,15 @@ def main(argv: list[str] | None = None) -> int:
         return _serve(args)
     if args.command == "top":
         return _top(args)
+    if args.command == "launch":
+        from .launch import launch, listing
+        if not args.agent:
+            print(listing())
+            return 0
+        return launch(args.agent, args.args, port=args.port, api_key=args.api_key, serve_args=[])
+    if args.command == "stop":
+        from .launch import stop
+        return stop(args.port, drain=args.drain, timeout=args.timeout)
     return 2
 
 

@@ -52,3 +52,4 @@ class ServeConfig:
     ip_rpm: int | None = None  # per-client requests per minute
     log_format: str = "text"  # or "json"
     tui: bool = False  # the live monitor instead of scrolling logs
+    drain_timeout: float = 300.0  # SIGUSR1: how long running requests may take to finish

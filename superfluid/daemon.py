@@ -15,7 +15,7 @@ from . import __version__
 from .api.app import create_app
 from .api.guard import is_loopback_host
 from .codec.tokenizer import Tokenizer
-from .config import ServeConfig
+from .config import ServeConfig, home
 from .engine import Engine
 from .monitor.access import AccessLog
 from .monitor.metrics import Metrics
@@ -37,23 +37,42 @@ def listen_socket(host: str, port: int) -> socket.socket:
 
 class _Server(uvicorn.Server):
     """uvicorn re-raises SIGINT/SIGTERM after its shutdown, which would skip stopping the
-    worker; we take the signals ourselves and exit 0 after a clean stop."""
+    worker; we take the signals ourselves and exit 0 after a clean stop. SIGUSR1 drains:
+    no new connections, running requests get up to drain_timeout to finish."""
+
+    drain_timeout = 300.0
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 
     @contextlib.contextmanager
     def capture_signals(self):
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, self._on_signal)
+        for sig in self.SIGNALS:
+            loop.add_signal_handler(sig, self._on_signal, sig)
         try:
             yield
         finally:
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for sig in self.SIGNALS:
                 loop.remove_signal_handler(sig)
 
-    def _on_signal(self) -> None:
-        if self.should_exit:
+    def _on_signal(self, sig: int) -> None:
+        if sig == signal.SIGUSR1:
+            log.info("draining: no new requests; running ones have %.0f s to finish", self.drain_timeout)
+            self.config.timeout_graceful_shutdown = self.drain_timeout
+        elif self.should_exit:
             self.force_exit = True  # a second Ctrl-C: stop waiting for open streams
         self.should_exit = True
+
+
+def pidfile_path(port: int):
+    return home() / "run" / f"serve-{port}.pid"
+
+
+def write_pidfile(port: int):
+    """<home>/run/serve-PORT.pid, for `superfluid stop`."""
+    path = pidfile_path(port)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"{os.getpid()}\n")
+    return path
 
 
 def build_engine(cfg: ServeConfig) -> Engine:
@@ -76,7 +95,8 @@ async def serve(cfg: ServeConfig, sock: socket.socket) -> None:
                      loopback_bind=is_loopback_host(host), ip_rpm=cfg.ip_rpm)
     app = AccessLog(app, cfg.log_format, on_record=metrics.observe_request)
     server = _Server(uvicorn.Config(app, log_level="warning", access_log=False,
-                                           timeout_graceful_shutdown=3, lifespan="off"))
+                                    timeout_graceful_shutdown=3, lifespan="off"))
+    server.drain_timeout = cfg.drain_timeout
     shown = f"[{host}]" if ":" in host else host
     print(f"superfluid {__version__}: serving {engine.model_id} on http://{shown}:{port} "
           f"({cfg.engine.max_batch} lanes, {cfg.engine.slots} KV slots x {engine.n_ctx} tokens, "
@@ -85,12 +105,14 @@ async def serve(cfg: ServeConfig, sock: socket.socket) -> None:
     if cfg.tui:
         monitor = LiveMonitor(Dashboard(engines, f"http://{shown}:{port}", LogBuffer()))
         monitor.start()
+    pidfile = write_pidfile(port)
     try:
         await server.serve(sockets=[sock])
     finally:
         if monitor is not None:
             monitor.stop()
         await engine.close()
+        pidfile.unlink(missing_ok=True)
         log.info("stopped")
 
 

@@ -1,0 +1,124 @@
+"""`superfluid launch` with stand-in agents (the real ones are not installable offline),
+`superfluid stop`, and draining with SIGUSR1."""
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import threading
+
+import httpx
+
+from .conftest import MODEL
+from .daemon import Daemon, free_port
+
+STAND_IN = """#!{python}
+import json, os, sys
+keys = [k for k in os.environ if k.startswith(("ANTHROPIC_", "OLLAMA_", "OPENCODE_", "SUPERFLUID_API"))]
+with open(os.environ["RECORD"], "w") as f:
+    json.dump({{"argv": sys.argv[1:], "env": {{k: os.environ[k] for k in keys}}}}, f)
+"""
+
+
+def stand_ins(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("claude", "codex", "opencode", "ollama"):
+        p = bin_dir / name
+        p.write_text(STAND_IN.format(python=sys.executable))
+        p.chmod(p.stat().st_mode | stat.S_IEXEC)
+    return bin_dir
+
+
+def cli(*args, home, path, record=None, timeout=120):
+    env = {**os.environ, "SUPERFLUID_HOME": str(home), "PATH": f"{path}:{os.environ['PATH']}"}
+    if record:
+        env["RECORD"] = str(record)
+    return subprocess.run([sys.executable, "-m", "superfluid.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def test_launch_each_agent_against_a_running_server(tmp_path):
+    bin_dir = stand_ins(tmp_path)
+    d = Daemon(max_batch=1, max_context=256)
+    try:
+        rec = tmp_path / "rec.json"
+        port = str(d.port)
+        r = cli("launch", "claude", "--port", port, "--", "--print", "hi", home=d.home, path=bin_dir, record=rec)
+        assert r.returncode == 0, r.stderr
+        got = json.loads(rec.read_text())
+        assert got["argv"] == ["--print", "hi"]
+        assert got["env"]["ANTHROPIC_BASE_URL"] == d.url and got["env"]["ANTHROPIC_MODEL"] == MODEL
+
+        cli("launch", "codex", "--port", port, "--", "exec", "task", home=d.home, path=bin_dir, record=rec)
+        got = json.loads(rec.read_text())
+        assert "model_provider=superfluid" in got["argv"] and got["argv"][-2:] == ["exec", "task"]
+        assert any(f'base_url="{d.url}/v1"' in a and 'wire_api="responses"' in a for a in got["argv"])
+
+        cli("launch", "opencode", "--port", port, home=d.home, path=bin_dir, record=rec)
+        cfg_path = json.loads(rec.read_text())["env"]["OPENCODE_CONFIG"]
+        assert cfg_path.startswith(d.home)
+        cfg = json.loads(open(cfg_path).read())
+        assert cfg["provider"]["superfluid"]["options"]["baseURL"] == d.url + "/v1"
+
+        cli("launch", "ollama", "--port", port, "--", "list", home=d.home, path=bin_dir, record=rec)
+        got = json.loads(rec.read_text())
+        assert got["env"]["OLLAMA_HOST"] == d.url and got["argv"] == ["list"]
+
+        listing = cli("launch", home=d.home, path=bin_dir).stdout
+        assert f"installed at {bin_dir}/claude" in listing
+        assert cli("launch", "vim", home=d.home, path=bin_dir).returncode == 2
+    finally:
+        d.stop()
+
+
+def test_launch_starts_a_server_when_none_answers_and_stop_stops_it(tmp_path):
+    bin_dir = stand_ins(tmp_path)
+    home = tmp_path / "home"
+    port = str(free_port())
+    rec = tmp_path / "rec.json"
+    r = cli("launch", "ollama", "--port", port, "--", "ps", home=home, path=bin_dir, record=rec, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "starting `superfluid serve`" in r.stderr
+    assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).status_code == 200
+    assert (home / "run" / f"serve-{port}.pid").exists()
+    assert cli("stop", "--port", port, home=home, path=bin_dir).returncode == 0
+    try:
+        httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+        raise AssertionError("still serving")
+    except httpx.HTTPError:
+        pass
+    assert not (home / "run" / f"serve-{port}.pid").exists()
+    assert cli("stop", "--port", port, home=home, path=bin_dir).returncode == 1
+
+
+def test_drain_lets_running_streams_finish(tmp_path):
+    d = Daemon(max_batch=1, max_context=512)
+    body = {"model": MODEL, "max_tokens": 60, "ignore_eos": True, "stream": True,
+            "messages": [{"role": "user", "content": "Tell a story."}]}
+    out = {}
+
+    def stream():
+        text, finish = "", None
+        with httpx.stream("POST", d.url + "/v1/chat/completions", json=body, timeout=120) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    ch = json.loads(line[6:])["choices"]
+                    if ch:
+                        finish = ch[0]["finish_reason"] or finish
+                if line == "data: [DONE]":
+                    out["done"] = True
+        out["finish"] = finish
+
+    t = threading.Thread(target=stream)
+    t.start()
+    import time
+    deadline = time.monotonic() + 30
+    while next(iter(d.health()["models"].values()))["running"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    r = cli("stop", "--port", str(d.port), "--drain", "--timeout", "120", home=d.home, path="")
+    t.join(120)
+    assert r.returncode == 0, r.stderr
+    assert out == {"done": True, "finish": "length"}  # the running stream was not cut
+    assert d.proc.wait(30) == 0
