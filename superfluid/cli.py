@@ -53,6 +53,9 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="serve a model over HTTP (default: the embedded SmolLM2-135M-Instruct)")
     s.add_argument("model", nargs="?", help="path to a .gguf file (default: the embedded model)")
+    s.add_argument("--model", action="append", default=[], dest="models", metavar="PATH", help="another GGUF model to serve (repeatable; the first model given is the default)")
+    s.add_argument("--model-dir", metavar="DIR", help="serve every .gguf in DIR too, each loaded on its first request")
+    s.add_argument("--idle-timeout", type=float, metavar="S", help="unload a model (never the default) after S idle seconds")
     s.add_argument("--host", default=DEFAULT_HOST, help=f"listen address (default {DEFAULT_HOST})")
     s.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"listen port (default {DEFAULT_PORT})")
     s.add_argument("--http", type=_hostport, metavar="HOST:PORT", help="listen address and port in one")
@@ -115,10 +118,14 @@ def _serve(args: argparse.Namespace) -> int:
     from .runtime.registry import resolve
 
     try:
-        src = resolve(args.model)
+        paths = ([args.model] if args.model else []) + args.models
+        sources = [resolve(p) for p in paths] if paths else [resolve(None)]
+        if args.model_dir and not os.path.isdir(args.model_dir):
+            raise ModelLoadError(f"--model-dir {args.model_dir} is not a directory")
     except ModelLoadError as e:
         print(f"superfluid: {e.message}", file=sys.stderr)
         return 2
+    src = sources[0]
     host, port = args.http if args.http else (args.host, args.port)
     step_tokens = max(args.step_tokens, args.max_batch)
     if args.kv_slots is not None and args.kv_slots < args.max_batch:
@@ -144,7 +151,8 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         tui = sys.stdout.isatty() and not args.no_tui and args.log_format == "text"
         run(ServeConfig(ec, host, port, args.max_body, args.default_qos, tuple(policies), args.rate_limit,
-                        args.log_format, tui, args.drain_timeout), sock)
+                        args.log_format, tui, args.drain_timeout, tuple(sources), args.model_dir,
+                        args.idle_timeout), sock)
     except ModelLoadError as e:
         print(f"superfluid: {e.message}", file=sys.stderr)
         return 2

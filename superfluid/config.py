@@ -53,3 +53,6 @@ class ServeConfig:
     log_format: str = "text"  # or "json"
     tui: bool = False  # the live monitor instead of scrolling logs
     drain_timeout: float = 300.0  # SIGUSR1: how long running requests may take to finish
+    models: tuple = ()  # runtime.registry.ModelSource: the first is the default
+    model_dir: str | None = None  # more models, loaded on their first request
+    idle_timeout: float | None = None  # unload a non-default model idle this long

@@ -15,8 +15,9 @@ from . import __version__
 from .api.app import create_app
 from .api.guard import is_loopback_host
 from .codec.tokenizer import Tokenizer
-from .config import ServeConfig, home
+from .config import EngineConfig, ServeConfig, home
 from .engine import Engine
+from .models import Models
 from .monitor.access import AccessLog
 from .monitor.metrics import Metrics
 from .monitor.tui import Dashboard, LiveMonitor, LogBuffer
@@ -75,8 +76,7 @@ def write_pidfile(port: int):
     return path
 
 
-def build_engine(cfg: ServeConfig) -> Engine:
-    ec = cfg.engine
+def build_engine(ec: EngineConfig) -> Engine:
     tok = Tokenizer(ec.model_path)
     n_ctx = fit_context(requested=ec.max_context, n_ctx_train=tok.shape.n_ctx_train,
                         lanes=ec.slots, kv_bytes_per_token=tok.shape.kv_bytes_per_token,
@@ -85,12 +85,24 @@ def build_engine(cfg: ServeConfig) -> Engine:
 
 
 async def serve(cfg: ServeConfig, sock: socket.socket) -> None:
-    engine = build_engine(cfg)
-    await engine.start()
-    engines = {engine.model_id: engine}
+    models = Models(cfg.engine, build_engine, idle_timeout=cfg.idle_timeout)
+    for src in cfg.models:
+        models.add(src)
+    if cfg.model_dir:
+        models.add_dir(cfg.model_dir)
+    try:
+        for src in cfg.models:  # the default and every --model: loaded now; --model-dir ones on demand
+            await models.load(src.id)
+    except BaseException:
+        await models.close()
+        raise
+    models.announce = True
+    engines = models.engines
+    engine = engines[models.default]
     host, port = sock.getsockname()[:2]
     metrics = Metrics(engines)
-    app = create_app(engines, max_body=cfg.max_body_bytes, default_qos=cfg.default_qos,
+    models.on_load.append(metrics.attach)
+    app = create_app(models, max_body=cfg.max_body_bytes, default_qos=cfg.default_qos,
                      metrics_registry=metrics.registry, policies=list(cfg.policies),
                      loopback_bind=is_loopback_host(host), ip_rpm=cfg.ip_rpm)
     app = AccessLog(app, cfg.log_format, on_record=metrics.observe_request)
@@ -98,7 +110,8 @@ async def serve(cfg: ServeConfig, sock: socket.socket) -> None:
                                     timeout_graceful_shutdown=3, lifespan="off"))
     server.drain_timeout = cfg.drain_timeout
     shown = f"[{host}]" if ":" in host else host
-    print(f"superfluid {__version__}: serving {engine.model_id} on http://{shown}:{port} "
+    others = f" (+{len(models.sources) - 1} more)" if len(models.sources) > 1 else ""
+    print(f"superfluid {__version__}: serving {engine.model_id}{others} on http://{shown}:{port} "
           f"({cfg.engine.max_batch} lanes, {cfg.engine.slots} KV slots x {engine.n_ctx} tokens, "
           f"{cfg.engine.threads} thread{'s' if cfg.engine.threads != 1 else ''})", flush=True)
     monitor = None
@@ -106,12 +119,14 @@ async def serve(cfg: ServeConfig, sock: socket.socket) -> None:
         monitor = LiveMonitor(Dashboard(engines, f"http://{shown}:{port}", LogBuffer()))
         monitor.start()
     pidfile = write_pidfile(port)
+    reaper = asyncio.create_task(models.reap_idle())
     try:
         await server.serve(sockets=[sock])
     finally:
+        reaper.cancel()
         if monitor is not None:
             monitor.stop()
-        await engine.close()
+        await models.close()
         pidfile.unlink(missing_ok=True)
         log.info("stopped")
 

@@ -63,6 +63,7 @@ class Engine:
         self.observe_itl: Callable[[float], None] | None = None  # inter-token latency
         self.respawns = 0
         self.recent_ttft: deque[float] = deque(maxlen=256)  # for the live monitor's p50/p95
+        self.last_used = time.monotonic()
         self._token_cost = 0.0  # seconds per token in prefill-heavy steps (EMA)
         self._streams: dict[str, _Stream] = {}
         self._wake = asyncio.Event()
@@ -86,7 +87,9 @@ class Engine:
         self.sched.n_ctx = min(self.sched.n_ctx, self.info.n_ctx)
         self._task = asyncio.create_task(self._loop(), name="engine-loop")
 
-    async def close(self) -> None:
+    async def close(self, error: SuperfluidError | None = None) -> None:
+        """Stop the loop and the worker. Requests still running end with `error` (a typed
+        error), or as cancelled when the whole daemon is stopping."""
         if self._task is not None:
             self._task.cancel()
             try:
@@ -94,7 +97,8 @@ class Engine:
             except (asyncio.CancelledError, Exception):
                 pass
         for st in list(self._streams.values()):
-            self._end(st, Chunk(st.req.id, finish=FinishReason.CANCELLED))
+            self._end(st, Chunk(st.req.id, finish=FinishReason.ERROR if error else FinishReason.CANCELLED,
+                                error=error, prompt_tokens=len(st.req.prompt), completion_tokens=st.n_out))
         if self.worker is not None:
             await self.worker.stop()
 
@@ -117,6 +121,7 @@ class Engine:
                 f"prompt, {req.max_tokens} for the completion).", param="messages")
         if req.id in self._streams:
             raise BadRequest(f"request id {req.id} is already running")
+        self.last_used = time.monotonic()
         st = _Stream(req, TextStream(self.tokenizer.pieces, self.tokenizer.eog, req.stop))
         self._streams[req.id] = st
         self.sched.add(Job(req.id, list(req.prompt), req.sampling, req.max_tokens, req.qos))
@@ -144,6 +149,10 @@ class Engine:
         self.sched.finish(request_id, FinishReason.CANCELLED)
         self._wake.set()
         return True
+
+    @property
+    def idle(self) -> bool:
+        return not self._streams and not self.sched.has_work
 
     def kv_usage(self) -> tuple[int, int]:
         """(tokens of KV held: running lanes and cache entries, tokens the slots can hold)."""

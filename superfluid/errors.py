@@ -53,6 +53,18 @@ class WorkerUnavailable(SuperfluidError):
     code = "worker_unavailable"
 
 
+class ModelUnloaded(SuperfluidError):
+    """The model was unloaded while the request ran; the next request loads it again."""
+    status = 503
+    code = "model_unloaded"
+
+
+class Forbidden(SuperfluidError):
+    status = 403
+    type = "permission_error"
+    code = "forbidden"
+
+
 class ProtocolError(SuperfluidError):
     """A peer sent bytes that are not a valid frame or message (fatal for that link)."""
     code = "protocol_error"

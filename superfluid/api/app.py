@@ -16,13 +16,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from .. import __version__
-from ..errors import BadRequest, ModelNotFound, PayloadTooLarge, SuperfluidError
+from ..errors import BadRequest, Forbidden, PayloadTooLarge, SuperfluidError
 from ..ids import new_id
 from ..request import Qos
 from . import openai as oa
 from .guard import Guard
 from .policy import KeyPolicy
-from .schema import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, parse
+from .schema import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, ModelRequest, TokenizeRequest,
+                     parse)
 from .streams import (ClientGone, chat_events, collect, completion_events, raise_first_error, record, sse,
                       submit_all)
 
@@ -98,7 +99,7 @@ def parse_qos(request: Request, default: Qos = Qos.AGENT) -> Qos:
                          f"agent or background (0-3)", param="x-superfluid-qos") from None
 
 
-def create_app(engines: dict, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Qos.AGENT,
+def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Qos.AGENT,
                metrics_registry: CollectorRegistry | None = None, policies: list[KeyPolicy] | None = None,
                loopback_bind: bool = True, ip_rpm: int | None = None):
     """The ASGI app: routes, wrapped in the body limit and the guard (keys, origins, limits)."""
@@ -125,23 +126,27 @@ def create_app(engines: dict, *, max_body: int = 16 * 1024 * 1024, default_qos: 
         return _json({"error": {"message": f"{request.method} {request.url.path}: {e.detail}",
                                 "type": kind, "param": None, "code": None}}, e.status_code)
 
-    def engine_for(model: str | None):
-        if model is None:
-            return next(iter(engines.values()))
-        for mid, eng in engines.items():
-            if model == mid or model.lower() == mid.lower():
-                return eng
-        raise ModelNotFound(f"The model '{model}' does not exist; this server has: "
-                            f"{', '.join(engines)}", param="model")
+    engines = models.engines  # the loaded ones
 
-    def model_card(eng) -> dict:
-        return {"id": eng.model_id, "object": "model", "created": started, "owned_by": "superfluid",
-                "meta": {"n_ctx": eng.n_ctx, "n_ctx_train": eng.info.n_ctx_train if eng.info else None,
-                         "n_vocab": eng.tokenizer.n_vocab, "lanes": eng.cfg.max_batch}}
+    async def engine_for(model: str | None):
+        return await models.get(model)
+
+    def require_admin(request: Request) -> None:
+        key = request.scope.get("state", {}).get("key")
+        if key is not None and not key.admin:
+            raise Forbidden(f"key '{key.name}' is not an admin key")
+
+    def model_card(mid: str) -> dict:
+        eng = engines.get(mid)
+        meta = {"loaded": eng is not None, "default": mid == models.default, "path": models.sources[mid].path}
+        if eng is not None:
+            meta.update(n_ctx=eng.n_ctx, n_ctx_train=eng.info.n_ctx_train if eng.info else None,
+                        n_vocab=eng.tokenizer.n_vocab, lanes=eng.cfg.max_batch)
+        return {"id": mid, "object": "model", "created": started, "owned_by": "superfluid", "meta": meta}
 
     @app.get("/health")
     async def health():
-        ready = all(e.ready for e in engines.values())
+        ready = models.default in engines and all(e.ready for e in engines.values())
         return _json({"status": "ok" if ready else "unavailable",
                       "models": {mid: e.status() for mid, e in engines.items()}},
                      200 if ready else 503)
@@ -151,17 +156,41 @@ def create_app(engines: dict, *, max_body: int = 16 * 1024 * 1024, default_qos: 
         return Response(generate_latest(metrics_registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
-    async def models():
-        return _json({"object": "list", "data": [model_card(e) for e in engines.values()]})
+    async def list_models():
+        return _json({"object": "list", "data": [model_card(m) for m in models.sources]})
 
     @app.get("/v1/models/{model_id:path}")
-    async def model(model_id: str):
-        return _json(model_card(engine_for(model_id)))
+    async def get_model(model_id: str):
+        return _json(model_card(models.resolve_id(model_id)))
+
+    @app.post("/v1/models/load")
+    async def load_model(request: Request):
+        require_admin(request)
+        body = parse(ModelRequest, await request.body())
+        eng = await models.load(body.model)
+        return _json(model_card(eng.model_id))
+
+    @app.post("/v1/models/unload")
+    async def unload_model(request: Request):
+        require_admin(request)
+        body = parse(ModelRequest, await request.body())
+        mid = models.resolve_id(body.model)
+        await models.unload(mid)
+        return _json(model_card(mid))
+
+    @app.delete("/v1/models/{model_id:path}")
+    async def delete_model(request: Request, model_id: str):
+        require_admin(request)
+        mid = models.resolve_id(model_id)
+        if mid == models.default:
+            raise BadRequest("the default model cannot be deleted; unload it instead", param="model")
+        await models.unload(mid, forget=True)
+        return _json({"id": mid, "object": "model", "deleted": True})
 
     @app.post("/tokenize")
     async def tokenize(request: Request):
         body = parse(TokenizeRequest, await request.body())
-        eng = engine_for(body.model)
+        eng = await engine_for(body.model)
         tok = eng.tokenizer
         ids = tok.encode_prompt(body.content) if body.add_special else tok.encode(body.content, parse_special=True)
         out: dict = {"tokens": ids, "count": len(ids), "max_context": eng.n_ctx}
@@ -172,7 +201,7 @@ def create_app(engines: dict, *, max_body: int = 16 * 1024 * 1024, default_qos: 
     @app.post("/detokenize")
     async def detokenize(request: Request):
         body = parse(DetokenizeRequest, await request.body())
-        tok = engine_for(body.model).tokenizer
+        tok = (await engine_for(body.model)).tokenizer
         bad = [t for t in body.tokens if not tok.valid(t)]
         if bad:
             raise BadRequest(f"token ids outside the vocabulary: {bad[:5]}", param="tokens")
@@ -181,7 +210,7 @@ def create_app(engines: dict, *, max_body: int = 16 * 1024 * 1024, default_qos: 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
         body = parse(ChatCompletionRequest, await request.body())
-        eng = engine_for(body.model)
+        eng = await engine_for(body.model)
         prompt = oa.chat_prompt(eng, body)
         top = (body.top_logprobs or 0) if body.logprobs else -1
         rid = new_id("chatcmpl")
@@ -201,7 +230,7 @@ def create_app(engines: dict, *, max_body: int = 16 * 1024 * 1024, default_qos: 
     @app.post("/v1/completions")
     async def completions(request: Request):
         body = parse(CompletionRequest, await request.body())
-        eng = engine_for(body.model)
+        eng = await engine_for(body.model)
         prompt = oa.completion_prompt(eng, body)
         top = body.logprobs if body.logprobs is not None else -1
         rid = new_id("cmpl")

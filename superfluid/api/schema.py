@@ -75,6 +75,10 @@ class TokenizeRequest(_Body):
     with_pieces: bool = False
 
 
+class ModelRequest(_Body):
+    model: str
+
+
 class DetokenizeRequest(_Body):
     model: str | None = None
     tokens: list[int]
@@ -99,7 +103,7 @@ def parse(cls: type[_Body], raw: bytes) -> _Body:
 
 def _field_names() -> frozenset[str]:
     return frozenset(name for m in (Message, TextPart, OtherPart, StreamOptions, ChatCompletionRequest,
-                                    CompletionRequest, TokenizeRequest, DetokenizeRequest)
+                                    CompletionRequest, TokenizeRequest, DetokenizeRequest, ModelRequest)
                      for name in m.model_fields)
 
 

@@ -63,17 +63,21 @@ class Metrics:
     def __init__(self, engines: dict):
         self.registry = CollectorRegistry()
         self.registry.register(EngineCollector(engines))
-        ttft = Histogram("superfluid_ttft_seconds", "time from request to first token", ["model"],
-                         buckets=TTFT_BUCKETS, registry=self.registry)
-        itl = Histogram("superfluid_inter_token_seconds", "time between a stream's tokens", ["model"],
-                        buckets=ITL_BUCKETS, registry=self.registry)
+        self.ttft = Histogram("superfluid_ttft_seconds", "time from request to first token", ["model"],
+                              buckets=TTFT_BUCKETS, registry=self.registry)
+        self.itl = Histogram("superfluid_inter_token_seconds", "time between a stream's tokens", ["model"],
+                             buckets=ITL_BUCKETS, registry=self.registry)
         self.requests = Counter("superfluid_requests", "HTTP requests by path and status",
                                 ["path", "status"], registry=self.registry)
         self.errors = Counter("superfluid_errors", "requests that ended in an error, by type",
                               ["type"], registry=self.registry)
-        for mid, eng in engines.items():
-            eng.observe_ttft = ttft.labels(mid).observe
-            eng.observe_itl = itl.labels(mid).observe
+        for eng in engines.values():
+            self.attach(eng)
+
+    def attach(self, eng) -> None:
+        """Feed an engine's latencies into the histograms (also for models loaded later)."""
+        eng.observe_ttft = self.ttft.labels(eng.model_id).observe
+        eng.observe_itl = self.itl.labels(eng.model_id).observe
 
     def observe_request(self, rec: dict) -> None:
         """Called by the access log for every request it logs."""

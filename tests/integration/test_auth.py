@@ -83,3 +83,11 @@ def test_bad_policy_file_exits_2(tmp_path):
                         "--port", str(free_port())], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert "unknown fields" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_model_admin_needs_an_admin_key(d):
+    body = {"model": MODEL}
+    r = httpx.post(d.url + "/v1/models/load", json=body, headers={"x-api-key": "sk-oneoneon"})
+    assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden"
+    r = httpx.post(d.url + "/v1/models/load", json=body, headers={"x-api-key": "sk-admin-key"}, timeout=60)
+    assert r.status_code == 200

@@ -1,0 +1,94 @@
+"""Several models: a directory of GGUFs loaded on demand, load/unload/delete under traffic,
+idle unloading (never the default)."""
+
+import json
+import os
+import threading
+import time
+
+import httpx
+import pytest
+
+from superfluid.runtime.registry import embedded_model
+
+from .conftest import MODEL
+from .daemon import Daemon
+
+
+@pytest.fixture(scope="module")
+def d(tmp_path_factory):
+    models = tmp_path_factory.mktemp("models")
+    for name in ("alpha", "beta"):
+        os.symlink(embedded_model().path, models / f"{name}.gguf")
+    daemon = Daemon("--model-dir", str(models), "--idle-timeout", "3", max_batch=1, max_context=512)
+    yield daemon
+    daemon.stop()
+
+
+def cards(d) -> dict:
+    return {m["id"]: m["meta"] for m in httpx.get(d.url + "/v1/models").json()["data"]}
+
+
+def chat(d, model, **kw):
+    return httpx.post(d.url + "/v1/chat/completions", timeout=120, json={
+        "model": model, "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}], **kw})
+
+
+def test_directory_models_load_on_their_first_request(d):
+    c = cards(d)
+    assert set(c) == {MODEL, "alpha", "beta"}
+    assert c[MODEL]["loaded"] and c[MODEL]["default"]
+    assert not c["alpha"]["loaded"]
+    r = chat(d, "alpha")
+    assert r.status_code == 200 and r.json()["model"] == "alpha"
+    assert cards(d)["alpha"]["loaded"]
+
+
+def test_unload_under_traffic_then_reload_on_next_request(d):
+    assert chat(d, "beta").status_code == 200
+    out = {}
+
+    def stream():
+        body = {"model": "beta", "max_tokens": 300, "ignore_eos": True, "stream": True,
+                "messages": [{"role": "user", "content": "Write a long story."}]}
+        try:
+            with httpx.stream("POST", d.url + "/v1/chat/completions", json=body, timeout=120) as r:
+                out["lines"] = [ln for ln in r.iter_lines() if ln.startswith("data: ")]
+        except Exception as e:  # reported below
+            out["error"] = repr(e)
+
+    t = threading.Thread(target=stream)
+    t.start()
+    time.sleep(1.5)
+    r = httpx.post(d.url + "/v1/models/unload", json={"model": "beta"}, timeout=60)
+    assert r.status_code == 200 and r.json()["meta"]["loaded"] is False
+    t.join(60)
+    assert "error" not in out, out["error"]
+    lines = out["lines"]
+    assert lines[-1] == "data: [DONE]"
+    errors = [json.loads(ln[6:])["error"] for ln in lines if ln.startswith('data: {"error"')]
+    assert errors and errors[0]["code"] == "model_unloaded"
+    assert chat(d, "beta").status_code == 200  # loaded again
+    assert cards(d)["beta"]["loaded"]
+
+
+def test_idle_models_are_unloaded_but_never_the_default(d):
+    assert chat(d, "alpha").status_code == 200
+    deadline = time.monotonic() + 20
+    while cards(d)["alpha"]["loaded"] and time.monotonic() < deadline:
+        time.sleep(0.5)
+    c = cards(d)
+    assert not c["alpha"]["loaded"] and c[MODEL]["loaded"]
+
+
+def test_load_by_path_and_delete(d, tmp_path):
+    path = tmp_path / "gamma.gguf"
+    os.symlink(embedded_model().path, path)
+    r = httpx.post(d.url + "/v1/models/load", json={"model": str(path)}, timeout=120)
+    assert r.status_code == 200 and r.json()["id"] == "gamma" and r.json()["meta"]["loaded"]
+    assert chat(d, "gamma").status_code == 200
+    r = httpx.delete(d.url + "/v1/models/gamma", timeout=60)
+    assert r.status_code == 200 and r.json()["deleted"]
+    assert chat(d, "gamma").status_code == 404
+    assert httpx.delete(d.url + f"/v1/models/{MODEL}").status_code == 400
+    assert httpx.post(d.url + "/v1/models/load", json={"model": "nope"}).status_code == 404
