@@ -1,9 +1,10 @@
 """One model: scheduler + worker process. The API layer talks to it only through
 `submit()` (an async iterator of Chunks), `cancel()` and read calls.
 
-The loop is three calls: plan = scheduler.schedule(); result = await worker.step(plan);
-events = scheduler.update(plan, result). Around them: respawn a dead worker (failing the
-lanes it held with a typed error), and route each token event to its request's stream."""
+The loop is three calls: plan = scheduler.schedule(); the worker runs it; events =
+scheduler.update(plan, result), with two plans in flight (see _loop). Around them: size
+prefill chunks from measured speed, respawn a dead worker (failing the lanes it held with
+a typed error), and route each token event to its request's stream."""
 
 from __future__ import annotations
 

@@ -116,10 +116,6 @@ class WorkerProcess:
             raise WorkerCrashed(f"unexpected {msg} from the worker")
         return StepResult.from_wire(body)
 
-    async def step(self, plan: StepPlan) -> StepResult:
-        self.send_step(plan)
-        return await self.recv_step()
-
     async def stop(self, timeout: float = 5.0) -> None:
         if self._writer is not None:
             try:
