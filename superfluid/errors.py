@@ -72,4 +72,6 @@ class ProtocolError(SuperfluidError):
 
 class ModelLoadError(SuperfluidError):
     """A model file is missing or not something we can serve."""
+    status = 400
+    type = "invalid_request_error"
     code = "model_load_error"

@@ -92,3 +92,7 @@ def test_load_by_path_and_delete(d, tmp_path):
     assert chat(d, "gamma").status_code == 404
     assert httpx.delete(d.url + f"/v1/models/{MODEL}").status_code == 400
     assert httpx.post(d.url + "/v1/models/load", json={"model": "nope"}).status_code == 404
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"not a model")
+    r = httpx.post(d.url + "/v1/models/load", json={"model": str(bad)})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "model_load_error"

@@ -25,7 +25,7 @@ def test_base_error_defaults():
     (E.WorkerCrashed, 500, "server_error", "worker_crashed"),
     (E.WorkerUnavailable, 503, "server_error", "worker_unavailable"),
     (E.ProtocolError, 500, "server_error", "protocol_error"),
-    (E.ModelLoadError, 500, "server_error", "model_load_error"),
+    (E.ModelLoadError, 400, "invalid_request_error", "model_load_error"),
 ])
 def test_statuses_types_and_codes(cls, status, etype, code):
     e = cls("msg")
