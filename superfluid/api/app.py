@@ -19,6 +19,7 @@ from .. import __version__
 from ..errors import BadRequest, Forbidden, PayloadTooLarge, SuperfluidError
 from ..ids import new_id
 from ..request import Qos
+from . import ollama
 from . import openai as oa
 from .guard import Guard
 from .policy import KeyPolicy
@@ -114,6 +115,8 @@ def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Q
     @app.exception_handler(SuperfluidError)
     async def _on_error(request: Request, e: SuperfluidError):
         request.scope.setdefault("state", {}).setdefault("access", {})["error"] = e.code or e.type
+        if request.url.path.startswith("/api/"):
+            return ollama.error_response(e.status, e.message)
         return _error(e)
 
     @app.exception_handler(ClientGone)
@@ -143,6 +146,8 @@ def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Q
             meta.update(n_ctx=eng.n_ctx, n_ctx_train=eng.info.n_ctx_train if eng.info else None,
                         n_vocab=eng.tokenizer.n_vocab, lanes=eng.cfg.max_batch)
         return {"id": mid, "object": "model", "created": started, "owned_by": "superfluid", "meta": meta}
+
+    ollama.add_routes(app, models, qos)
 
     @app.get("/health")
     async def health():

@@ -93,8 +93,9 @@ class _EngineStream(StreamingResponse):
     """An SSE response that cancels its generations however it ends: a client that hangs
     up before the first event would otherwise leave them running unobserved."""
 
-    def __init__(self, gen: AsyncIterator[bytes], on_close: Callable[[], None]):
-        super().__init__(gen, media_type="text/event-stream", headers=SSE_HEADERS)
+    def __init__(self, gen: AsyncIterator[bytes], on_close: Callable[[], None],
+                 media_type: str = "text/event-stream"):
+        super().__init__(gen, media_type=media_type, headers=SSE_HEADERS)
         self._on_close = on_close
 
     async def __call__(self, scope, receive, send):
@@ -104,8 +105,10 @@ class _EngineStream(StreamingResponse):
             self._on_close()
 
 
-def sse(gen: AsyncIterator[bytes], engine, reqs: list[GenRequest]) -> StreamingResponse:
-    return _EngineStream(gen, lambda: [engine.cancel(r.id) for r in reqs])
+def sse(gen: AsyncIterator[bytes], engine, reqs: list[GenRequest],
+        media_type: str = "text/event-stream") -> StreamingResponse:
+    """A streamed response whose generations are cancelled however it ends."""
+    return _EngineStream(gen, lambda: [engine.cancel(r.id) for r in reqs], media_type)
 
 
 def _error_event(c: Chunk) -> bytes:

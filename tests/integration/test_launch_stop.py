@@ -100,7 +100,7 @@ def test_drain_lets_running_streams_finish(tmp_path):
     out = {}
 
     def stream():
-        text, finish = "", None
+        finish = None
         with httpx.stream("POST", d.url + "/v1/chat/completions", json=body, timeout=120) as r:
             for line in r.iter_lines():
                 if line.startswith("data: {"):

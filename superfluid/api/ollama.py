@@ -1,0 +1,218 @@
+"""The Ollama API (`/api/*`): translation onto GenRequest and from Chunks, NDJSON streams.
+
+Text chat and generate with Ollama's option names and defaults, model listing, show and ps.
+What needs a grammar or other model kinds (format, tools, think, images, embeddings) is
+refused with a clear error until those land; pull/push/create/delete/copy are 501."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from datetime import datetime, UTC
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+from ..errors import BadRequest, ContextLengthExceeded
+from ..ids import new_id
+from ..request import Chunk, GenRequest, SamplingParams
+from .streams import collect, raise_first_error, sse, submit_all
+
+OLLAMA_VERSION = "0.12.0"  # the API level we follow
+NDJSON = "application/x-ndjson"
+# Ollama's documented defaults (repeat_penalty stays 1.0: ours covers generated tokens only)
+DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.9, "min_p": 0.0}
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+
+
+def error_response(status: int, message: str) -> Response:
+    """Ollama's error shape: {"error": "message"}."""
+    return Response(orjson.dumps({"error": message}), status_code=status, media_type="application/json")
+
+
+def _body(raw: bytes) -> dict:
+    try:
+        data = orjson.loads(raw or b"{}")
+    except orjson.JSONDecodeError as e:
+        raise BadRequest(f"the request body is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise BadRequest("the request body must be a JSON object")
+    return data
+
+
+def _num(opts: dict, key: str, kind, default=None):
+    v = opts.get(key, default)
+    if v is None:
+        return None
+    if kind is int and isinstance(v, float) and v.is_integer():
+        v = int(v)
+    if isinstance(v, bool) or not isinstance(v, (int, float) if kind is float else int):
+        raise BadRequest(f"options.{key} must be a number", param=f"options.{key}")
+    return kind(v)
+
+
+def sampling(opts, seed: int) -> tuple[SamplingParams, int | None, tuple[str, ...]]:
+    """(params, num_predict or None, stop strings) from Ollama options."""
+    if opts is None:
+        opts = {}
+    if not isinstance(opts, dict):
+        raise BadRequest("options must be an object", param="options")
+    stop = opts.get("stop") or ()
+    if isinstance(stop, str):
+        stop = (stop,)
+    if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
+        raise BadRequest("options.stop must be a list of strings", param="options.stop")
+    n = _num(opts, "num_predict", int)
+    opt_seed = _num(opts, "seed", int)
+    sp = SamplingParams(
+        temperature=_num(opts, "temperature", float, DEFAULTS["temperature"]),
+        top_p=_num(opts, "top_p", float, DEFAULTS["top_p"]),
+        top_k=_num(opts, "top_k", int, DEFAULTS["top_k"]),
+        min_p=_num(opts, "min_p", float, DEFAULTS["min_p"]),
+        seed=(opt_seed if opt_seed is not None else seed) % (1 << 63),
+        presence_penalty=_num(opts, "presence_penalty", float, 0.0),
+        frequency_penalty=_num(opts, "frequency_penalty", float, 0.0),
+        repeat_penalty=_num(opts, "repeat_penalty", float, 1.0))
+    if sp.temperature < 0 or not 0 < sp.top_p <= 1 or sp.top_k < 0 or sp.repeat_penalty <= 0:
+        raise BadRequest("options out of range (temperature >= 0, 0 < top_p <= 1, top_k >= 0)", param="options")
+    return sp, (n if n is not None and n >= 0 else None), tuple(stop)
+
+
+def refuse_unsupported(body: dict) -> None:
+    if body.get("format"):
+        raise BadRequest("structured output ('format') is not supported yet", param="format")
+    if body.get("tools"):
+        raise BadRequest("tools are not supported yet", param="tools")
+    if body.get("think"):
+        raise BadRequest("this model does not think ('think')", param="think")
+    if body.get("images") or any(isinstance(m, dict) and m.get("images") for m in body.get("messages") or []):
+        raise BadRequest("this model takes text only: images are not supported", param="images")
+
+
+def card(models, mid: str) -> dict:
+    src = models.sources[mid]
+    size = os.path.getsize(src.path) if os.path.exists(src.path) else 0
+    digest = hashlib.sha256(f"{src.path}:{size}".encode()).hexdigest()
+    return {"name": mid, "model": mid, "modified_at": _now(), "size": size, "digest": digest,
+            "details": {"format": "gguf", "family": "", "families": None, "parameter_size": "",
+                        "quantization_level": ""}}
+
+
+def final_fields(c: Chunk, total_s: float) -> dict:
+    ttft = c.ttft_s or 0.0
+    return {"done": True, "done_reason": "length" if c.finish and c.finish.openai == "length" else "stop",
+            "total_duration": int(total_s * 1e9), "load_duration": 0,
+            "prompt_eval_count": c.prompt_tokens, "prompt_eval_duration": int(ttft * 1e9),
+            "eval_count": c.completion_tokens, "eval_duration": int(max(0.0, total_s - ttft) * 1e9)}
+
+
+def add_routes(app: FastAPI, models, qos_for) -> None:
+    @app.get("/")
+    async def root():
+        return Response("Ollama is running", media_type="text/plain")
+
+    @app.get("/api/version")
+    async def version():
+        return {"version": OLLAMA_VERSION}
+
+    @app.get("/api/tags")
+    async def tags():
+        return {"models": [card(models, m) for m in models.sources]}
+
+    @app.get("/api/ps")
+    async def ps():
+        return {"models": [{**card(models, m), "expires_at": "2099-01-01T00:00:00Z", "size_vram": 0}
+                           for m in models.engines]}
+
+    @app.post("/api/show")
+    async def show(request: Request):
+        body = _body(await request.body())
+        mid = models.resolve_id(body.get("model") or body.get("name"))
+        eng = await models.get(mid)
+        tok = eng.tokenizer
+        arch = tok.meta("general.architecture") or "llama"
+        return {"modelfile": f"FROM {models.sources[mid].path}\n", "parameters": "",
+                "template": tok.chat_template or "", "details": card(models, mid)["details"],
+                "model_info": {"general.architecture": arch, f"{arch}.context_length": eng.n_ctx,
+                               f"{arch}.block_count": tok.shape.n_layer,
+                               f"{arch}.embedding_length": tok.shape.n_embd},
+                "capabilities": ["completion"], "modified_at": _now()}
+
+    @app.post("/api/chat")
+    async def chat(request: Request):
+        body = _body(await request.body())
+        return await _generate(request, body, chat=True)
+
+    @app.post("/api/generate")
+    async def generate(request: Request):
+        body = _body(await request.body())
+        return await _generate(request, body, chat=False)
+
+    for path in ("/api/pull", "/api/push", "/api/create", "/api/copy", "/api/blobs/{digest}"):
+        app.add_api_route(path, _not_here, methods=["POST", "HEAD"])
+    app.add_api_route("/api/delete", _not_here, methods=["DELETE"])
+    for path in ("/api/embed", "/api/embeddings"):
+        app.add_api_route(path, _no_embeddings, methods=["POST"])
+
+    async def _generate(request: Request, body: dict, *, chat: bool):
+        t0 = time.monotonic()
+        if not isinstance(body.get("model"), str):
+            raise BadRequest("missing required parameter: 'model'", param="model")
+        eng = await models.get(body["model"])
+        key = "message" if chat else "response"
+        empty = {"role": "assistant", "content": ""} if chat else ""
+        msgs = body.get("messages") or []
+        if (chat and not msgs) or (not chat and not body.get("prompt")):
+            return {"model": eng.model_id, "created_at": _now(), key: empty, "done": True, "done_reason": "load"}
+        refuse_unsupported(body)
+        if chat:
+            if not isinstance(msgs, list) or not all(isinstance(m, dict) and isinstance(m.get("role"), str)
+                                                    and isinstance(m.get("content", ""), str) for m in msgs):
+                raise BadRequest("messages must be a list of {role, content} objects", param="messages")
+            text = eng.template.render([{"role": m["role"], "content": m.get("content") or ""} for m in msgs])
+        elif body.get("raw"):
+            text = str(body["prompt"])
+        else:
+            turns = ([{"role": "system", "content": str(body["system"])}] if body.get("system") else [])
+            text = eng.template.render(turns + [{"role": "user", "content": str(body["prompt"])}])
+        prompt = eng.encode_prompt(text)
+        sp, num_predict, stops = sampling(body.get("options"), eng.new_seed())
+        room = eng.n_ctx - len(prompt)
+        if room < 1:
+            raise ContextLengthExceeded(f"the prompt has {len(prompt)} tokens; the context holds {eng.n_ctx}")
+        req = GenRequest(new_id("ollama"), prompt, sp, min(num_predict or room, room), stops, qos_for(request))
+        streams = submit_all(eng, [req])
+        model = eng.model_id
+        if body.get("stream", True):
+            async def lines():
+                async for c in streams[0]:
+                    if c.error is not None:
+                        yield orjson.dumps({"error": getattr(c.error, "message", str(c.error))}) + b"\n"
+                        return
+                    piece = {"role": "assistant", "content": c.text} if chat else c.text
+                    out = {"model": model, "created_at": _now(), key: piece, "done": False}
+                    if c.finish is not None:
+                        out.update(final_fields(c, time.monotonic() - t0))
+                    yield orjson.dumps(out) + b"\n"
+            return sse(lines(), eng, [req], NDJSON)
+        choices = await collect(request, streams)
+        raise_first_error(choices)
+        c = choices[0]
+        text_out = "".join(c.text)
+        return {"model": model, "created_at": _now(),
+                key: {"role": "assistant", "content": text_out} if chat else text_out,
+                **final_fields(c.last, time.monotonic() - t0)}
+
+
+async def _not_here():
+    return error_response(501, "superfluid serves local model files: pull, push, create, copy and delete are not "
+                       "supported (use superfluid serve --model PATH)")
+
+
+async def _no_embeddings():
+    return error_response(400, "this model cannot embed")
