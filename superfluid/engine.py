@@ -297,7 +297,8 @@ class Engine:
         st.t_last = now
         chunk = Chunk(ev.job_id, text=text, tokens=[ev.token], finish=finish,
                       prompt_tokens=len(st.req.prompt), completion_tokens=st.n_out,
-                      cached_tokens=ev.cached, ttft_s=st.ttft_s if finish is not None else None)
+                      cached_tokens=ev.cached, ttft_s=st.ttft_s if finish is not None else None,
+                      stop_sequence=st.text.stopped_by)
         if ev.logprob is not None and ev.token not in self.tokenizer.eog:
             tt = self.tokenizer.token_text
             chunk.logprobs.append(TokenLogprob(ev.token, tt(ev.token), ev.logprob,

@@ -81,4 +81,5 @@ class Chunk:
     completion_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens whose KV was reused, not recomputed
     ttft_s: float | None = None  # on the last chunk: seconds from submit to the first token
+    stop_sequence: str | None = None  # on the last chunk: the caller's stop string that matched
     error: Exception | None = None

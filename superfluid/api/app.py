@@ -19,12 +19,12 @@ from .. import __version__
 from ..errors import BadRequest, Forbidden, PayloadTooLarge, SuperfluidError
 from ..ids import new_id
 from ..request import Qos
-from . import ollama
+from . import anthropic, ollama
 from . import openai as oa
 from .guard import Guard
 from .policy import KeyPolicy
 from .schema import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, ModelRequest, TokenizeRequest,
-                     parse)
+                     json_object, parse)
 from .streams import (ClientGone, chat_events, collect, completion_events, raise_first_error, record, sse,
                       submit_all)
 
@@ -117,6 +117,8 @@ def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Q
         request.scope.setdefault("state", {}).setdefault("access", {})["error"] = e.code or e.type
         if request.url.path.startswith("/api/"):
             return ollama.error_response(e.status, e.message)
+        if request.url.path.startswith("/v1/messages"):
+            return anthropic.error_response(e)
         return _error(e)
 
     @app.exception_handler(ClientGone)
@@ -148,6 +150,11 @@ def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Q
         return {"id": mid, "object": "model", "created": started, "owned_by": "superfluid", "meta": meta}
 
     ollama.add_routes(app, models, qos)
+
+    async def json_body(request: Request) -> dict:
+        return json_object(await request.body())
+
+    anthropic.add_routes(app, models, qos, json_body)
 
     @app.get("/health")
     async def health():

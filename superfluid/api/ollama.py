@@ -18,6 +18,7 @@ from fastapi.responses import Response
 from ..errors import BadRequest, ContextLengthExceeded
 from ..ids import new_id
 from ..request import Chunk, GenRequest, SamplingParams
+from .schema import json_object
 from .streams import collect, raise_first_error, sse, submit_all
 
 OLLAMA_VERSION = "0.12.0"  # the API level we follow
@@ -33,16 +34,6 @@ def _now() -> str:
 def error_response(status: int, message: str) -> Response:
     """Ollama's error shape: {"error": "message"}."""
     return Response(orjson.dumps({"error": message}), status_code=status, media_type="application/json")
-
-
-def _body(raw: bytes) -> dict:
-    try:
-        data = orjson.loads(raw or b"{}")
-    except orjson.JSONDecodeError as e:
-        raise BadRequest(f"the request body is not valid JSON: {e}") from None
-    if not isinstance(data, dict):
-        raise BadRequest("the request body must be a JSON object")
-    return data
 
 
 def _num(opts: dict, key: str, kind, default=None):
@@ -131,7 +122,7 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
 
     @app.post("/api/show")
     async def show(request: Request):
-        body = _body(await request.body())
+        body = json_object(await request.body())
         mid = models.resolve_id(body.get("model") or body.get("name"))
         eng = await models.get(mid)
         tok = eng.tokenizer
@@ -145,12 +136,12 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
 
     @app.post("/api/chat")
     async def chat(request: Request):
-        body = _body(await request.body())
+        body = json_object(await request.body())
         return await _generate(request, body, chat=True)
 
     @app.post("/api/generate")
     async def generate(request: Request):
-        body = _body(await request.body())
+        body = json_object(await request.body())
         return await _generate(request, body, chat=False)
 
     for path in ("/api/pull", "/api/push", "/api/create", "/api/copy", "/api/blobs/{digest}"):

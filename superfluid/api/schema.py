@@ -84,13 +84,19 @@ class DetokenizeRequest(_Body):
     tokens: list[int]
 
 
-def parse(cls: type[_Body], raw: bytes) -> _Body:
+def json_object(raw: bytes) -> dict:
+    """A request body that must be one JSON object."""
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
         raise BadRequest(f"the request body is not valid JSON: {e}") from None
     if not isinstance(data, dict):
         raise BadRequest("the request body must be a JSON object")
+    return data
+
+
+def parse(cls: type[_Body], raw: bytes) -> _Body:
+    data = json_object(raw)
     try:
         return cls.model_validate(data)
     except ValidationError as e:
