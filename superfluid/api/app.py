@@ -16,10 +16,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from .. import __version__
+from ..config import home
 from ..errors import BadRequest, Forbidden, PayloadTooLarge, SuperfluidError
 from ..ids import new_id
 from ..request import Qos
-from . import anthropic, ollama
+from . import anthropic, ollama, responses
 from . import openai as oa
 from .guard import Guard
 from .policy import KeyPolicy
@@ -155,6 +156,7 @@ def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Q
         return json_object(await request.body())
 
     anthropic.add_routes(app, models, qos, json_body)
+    responses.add_routes(app, models, qos, json_body, responses.ResponseStore(home() / "responses"))
 
     @app.get("/health")
     async def health():
