@@ -14,6 +14,7 @@ from fastapi.responses import Response
 from ..errors import BadRequest, ContextLengthExceeded, SuperfluidError
 from ..ids import new_id
 from ..request import Chunk, FinishReason, GenRequest, SamplingParams
+from .schema import number_in
 from .streams import collect, raise_first_error, sse, submit_all
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -63,13 +64,6 @@ def conversation(body: dict) -> list[dict]:
     return turns
 
 
-def _float(body: dict, key: str, lo: float, hi: float, default: float) -> float:
-    v = body.get(key, default)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
-        raise BadRequest(f"{key} must be a number in [{lo}, {hi}]", param=key)
-    return float(v)
-
-
 def gen_request(body: dict, prompt: list[int], n_ctx: int, seed: int, qos) -> GenRequest:
     mt = body.get("max_tokens")
     if isinstance(mt, bool) or not isinstance(mt, int) or mt < 1:
@@ -87,8 +81,8 @@ def gen_request(body: dict, prompt: list[int], n_ctx: int, seed: int, qos) -> Ge
     top_k = body.get("top_k", 0)
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
         raise BadRequest("top_k must be a non-negative integer", param="top_k")
-    sp = SamplingParams(temperature=_float(body, "temperature", 0, 1, 1.0), top_p=_float(body, "top_p", 0.001, 1, 1.0),
-                        top_k=top_k, seed=seed)
+    sp = SamplingParams(temperature=number_in(body, "temperature", 0, 1, 1.0),
+                        top_p=number_in(body, "top_p", 0.001, 1, 1.0), top_k=top_k, seed=seed)
     return GenRequest(new_id("msg"), prompt, sp, mt, tuple(stops), qos)
 
 

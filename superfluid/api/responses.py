@@ -20,6 +20,7 @@ from fastapi import FastAPI, Request
 from ..errors import BadRequest, ContextLengthExceeded, SuperfluidError
 from ..ids import new_id
 from ..request import FinishReason, GenRequest, SamplingParams
+from .schema import number_in
 from .streams import collect, raise_first_error, sse, submit_all
 
 
@@ -103,15 +104,6 @@ def turns(items: list[dict]) -> list[dict]:
              "content": "".join(p["text"] for p in it["content"])} for it in items]
 
 
-def _number(body: dict, key: str, lo: float, hi: float, default: float) -> float:
-    v = body.get(key, default)
-    if v is None:
-        return default
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
-        raise BadRequest(f"{key} must be a number in [{lo}, {hi}]", param=key)
-    return float(v)
-
-
 def add_routes(app: FastAPI, models, qos_for, body_of, store: ResponseStore) -> None:
     @app.post("/v1/responses")
     async def create(request: Request):
@@ -141,8 +133,8 @@ def add_routes(app: FastAPI, models, qos_for, body_of, store: ResponseStore) -> 
         if room < 1 or (mt or 1) > room:
             raise ContextLengthExceeded(f"the input has {len(prompt)} tokens; the context holds {eng.n_ctx}",
                                         param="input")
-        sp = SamplingParams(temperature=_number(body, "temperature", 0, 2, 1.0),
-                            top_p=_number(body, "top_p", 0.001, 1, 1.0), seed=eng.new_seed())
+        sp = SamplingParams(temperature=number_in(body, "temperature", 0, 2, 1.0, allow_null=True),
+                            top_p=number_in(body, "top_p", 0.001, 1, 1.0, allow_null=True), seed=eng.new_seed())
         rid = "resp_" + new_id("r").split("-", 1)[1]
         req = GenRequest(rid, prompt, sp, mt or room, (), qos_for(request))
         streams = submit_all(eng, [req])

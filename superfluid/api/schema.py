@@ -84,6 +84,16 @@ class DetokenizeRequest(_Body):
     tokens: list[int]
 
 
+def number_in(body: dict, key: str, lo: float, hi: float, default: float, *, allow_null: bool = False) -> float:
+    """A numeric field of a raw JSON body, range-checked (a 400 naming the field otherwise)."""
+    v = body.get(key, default)
+    if v is None and allow_null:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
+        raise BadRequest(f"{key} must be a number in [{lo}, {hi}]", param=key)
+    return float(v)
+
+
 def json_object(raw: bytes) -> dict:
     """A request body that must be one JSON object."""
     try:
