@@ -74,6 +74,10 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--no-tui", action="store_true", help="plain logs even on a terminal (the live monitor is shown only when stdout is a terminal)")
     s.add_argument("--log-format", choices=("text", "json"), default="text", help="log lines as text (default) or one JSON object per line")
     s.add_argument("--max-body", type=_positive, default=16 * 1024 * 1024, help="largest request body in bytes (default 16 MiB)")
+    s.add_argument("--sessions", metavar="DIR", help="session store directory (default: $SUPERFLUID_HOME/sessions, ~/.superfluid/sessions)")
+    s.add_argument("--sessions-cache", action="store_true", help="keep sessions in memory only: nothing survives a restart")
+    s.add_argument("--resume-grace", type=float, default=10.0, metavar="S", help="a streamed generation whose client disconnected keeps running S seconds so it can be resumed with Last-Event-ID (default 10; 0 cancels at once)")
+    s.add_argument("--sessions-max-mb", type=_positive, metavar="MB", help="the session store refuses writes (HTTP 500 store_error) once its file reaches MB")
     s.add_argument("--drain-timeout", type=float, default=300.0, help="on SIGUSR1 (superfluid stop --drain): seconds running requests get to finish (default 300)")
     la = sub.add_parser("launch", help="start a coding agent pointed at this server (serving first if needed)")
     la.add_argument("agent", nargs="?", help="claude, codex, opencode or ollama; none: list them")
@@ -114,7 +118,7 @@ def _policies(args: argparse.Namespace) -> list:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from .daemon import listen_socket, run
+    from .daemon import listen_socket, open_store, run
     from .runtime.registry import resolve
 
     try:
@@ -143,16 +147,24 @@ def _serve(args: argparse.Namespace) -> int:
     if not policies and not is_loopback_host(host):
         print(f"superfluid: warning: listening on {host} without --api-key: anyone who can reach "
               f"port {port} can use this server", file=sys.stderr)
+    tui = sys.stdout.isatty() and not args.no_tui and args.log_format == "text"
+    cfg = ServeConfig(ec, host, port, args.max_body, args.default_qos, tuple(policies), args.rate_limit,
+                      args.log_format, tui, args.drain_timeout, tuple(sources), args.model_dir,
+                      args.idle_timeout, args.sessions, args.sessions_cache, args.resume_grace,
+                      args.sessions_max_mb * 1024 * 1024 if args.sessions_max_mb else None)
+    try:
+        store = open_store(cfg)
+    except SuperfluidError as e:  # locked by another daemon, or not a store we can read
+        print(f"superfluid: {e.message}", file=sys.stderr)
+        return 1
     try:
         sock = listen_socket(host, port)
     except OSError as e:
+        store.close()
         print(f"superfluid: cannot listen on {host}:{port}: {e.strerror}", file=sys.stderr)
         return 1
     try:
-        tui = sys.stdout.isatty() and not args.no_tui and args.log_format == "text"
-        run(ServeConfig(ec, host, port, args.max_body, args.default_qos, tuple(policies), args.rate_limit,
-                        args.log_format, tui, args.drain_timeout, tuple(sources), args.model_dir,
-                        args.idle_timeout), sock)
+        run(cfg, sock, store)
     except ModelLoadError as e:
         print(f"superfluid: {e.message}", file=sys.stderr)
         return 2

@@ -56,3 +56,7 @@ class ServeConfig:
     models: tuple = ()  # runtime.registry.ModelSource: the first is the default
     model_dir: str | None = None  # more models, loaded on their first request
     idle_timeout: float | None = None  # unload a non-default model idle this long
+    sessions_dir: str | None = None  # the session store's directory (None: <home>/sessions)
+    sessions_cache: bool = False  # a throwaway in-memory store: nothing persists
+    resume_grace: float = 10.0  # a dropped stream keeps generating this long, to be resumed
+    store_max_bytes: int | None = None  # the session store refuses writes past this size

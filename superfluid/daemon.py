@@ -22,6 +22,8 @@ from .monitor.access import AccessLog
 from .monitor.metrics import Metrics
 from .monitor.tui import Dashboard, LiveMonitor, LogBuffer
 from .runtime.registry import available_memory, fit_context
+from .session.store import Store
+from .sessions import Sessions
 
 log = logging.getLogger("superfluid")
 
@@ -84,8 +86,20 @@ def build_engine(ec: EngineConfig) -> Engine:
     return Engine(ec, tok, n_ctx)
 
 
-async def serve(cfg: ServeConfig, sock: socket.socket) -> None:
+def open_store(cfg: ServeConfig) -> Store:
+    """The session store (a throwaway in-memory one with --sessions-cache). Raises
+    StoreLocked / StoreUnreadable with a line that names the directory or file."""
+    if cfg.sessions_cache:
+        return Store(None).open()
+    directory = cfg.sessions_dir or str(home() / "sessions")
+    return Store(directory, max_bytes=cfg.store_max_bytes).open()
+
+
+async def serve(cfg: ServeConfig, sock: socket.socket, store: Store) -> None:
+    sessions = Sessions(store, grace=cfg.resume_grace)
     models = Models(cfg.engine, build_engine, idle_timeout=cfg.idle_timeout)
+    models.sessions = sessions
+    models.on_load.append(lambda eng: setattr(eng, "log", sessions))
     for src in cfg.models:
         models.add(src)
     if cfg.model_dir:
@@ -127,14 +141,18 @@ async def serve(cfg: ServeConfig, sock: socket.socket) -> None:
         if monitor is not None:
             monitor.stop()
         await models.close()
+        await asyncio.sleep(0)  # let the engines' last log writes reach the store's queue
         pidfile.unlink(missing_ok=True)
         log.info("stopped")
 
 
-def run(cfg: ServeConfig, sock: socket.socket) -> None:
+def run(cfg: ServeConfig, sock: socket.socket, store: Store) -> None:
     try:
         import uvloop
         uvloop.install()
     except ImportError:
         pass
-    asyncio.run(serve(cfg, sock))
+    try:
+        asyncio.run(serve(cfg, sock, store))
+    finally:
+        store.close()

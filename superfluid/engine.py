@@ -15,6 +15,7 @@ from collections import deque
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from .codec.detok import TextStream
 from .codec.template import ChatTemplate
@@ -25,11 +26,22 @@ from .plan import StepPlan
 from .request import Chunk, FinishReason, GenRequest, Qos, TokenLogprob
 from .runtime.base import ModelInfo
 from .sched.scheduler import Job, Scheduler, TokenEvent
+from .session.events import Generated
 from .worker.supervisor import WorkerProcess, WorkerSpec
 
 log = logging.getLogger("superfluid.engine")
 
 PIPELINE_DEPTH = 2  # plans in flight to the worker
+
+
+class SessionLog(Protocol):
+    """Where a session-backed generation's tokens are committed (sessions.Sessions)."""
+
+    def commit(self, items: list[tuple[GenRequest, Generated]]) -> asyncio.Future:
+        """Queue one group commit for a step; resolves to one Event or error per item."""
+
+    def end(self, req: GenRequest, finish: FinishReason) -> None:
+        """A generation ended without a committed last token (cancel, worker loss)."""
 
 
 @dataclass(eq=False)
@@ -39,6 +51,8 @@ class _Stream:
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     n_out: int = 0
     done: bool = False
+    keep: bool = False  # the consumer going away does not cancel it (a resumable stream)
+    failed: bool = False  # its log commit failed: it ended with that error
     t_submit: float = field(default_factory=time.monotonic)
     ttft_s: float | None = None
     t_last: float = 0.0
@@ -72,6 +86,9 @@ class Engine:
         self._failures = 0
         self._gave_up = False
         self.steps = 0
+        self.log: SessionLog | None = None
+        self._deliveries: deque[tuple[asyncio.Future | None, list[tuple[_Stream, Chunk]]]] = deque()
+        self._deliverer: asyncio.Task | None = None
 
     @property
     def n_ctx(self) -> int:
@@ -97,6 +114,8 @@ class Engine:
                 await self._task
             except (asyncio.CancelledError, Exception):
                 pass
+        if self._deliverer is not None:
+            self._deliverer.cancel()
         for st in list(self._streams.values()):
             self._end(st, Chunk(st.req.id, finish=FinishReason.ERROR if error else FinishReason.CANCELLED,
                                 error=error, prompt_tokens=len(st.req.prompt), completion_tokens=st.n_out))
@@ -107,8 +126,8 @@ class Engine:
     def encode_prompt(self, text: str) -> list[int]:
         return self.tokenizer.encode_prompt(text)
 
-    def submit(self, req: GenRequest) -> AsyncIterator[Chunk]:
-        """Queue a generation; raises a typed error at once if it can never run."""
+    def check(self, req: GenRequest) -> None:
+        """Raise the typed error a request that can never run gets."""
         if not req.prompt:
             raise BadRequest("the prompt is empty", param="messages")
         if any(not self.tokenizer.valid(t) for t in req.prompt):
@@ -122,6 +141,10 @@ class Engine:
                 f"prompt, {req.max_tokens} for the completion).", param="messages")
         if req.id in self._streams:
             raise BadRequest(f"request id {req.id} is already running")
+
+    def submit(self, req: GenRequest) -> AsyncIterator[Chunk]:
+        """Queue a generation; raises a typed error at once if it can never run."""
+        self.check(req)
         self.last_used = time.monotonic()
         st = _Stream(req, TextStream(self.tokenizer.pieces, self.tokenizer.eog, req.stop))
         self._streams[req.id] = st
@@ -139,8 +162,18 @@ class Engine:
                 if chunk.finish is not None:
                     return
         finally:
-            if not st.done:
+            if not st.done and not st.keep:
                 self.cancel(st.req.id)
+
+    def keep_running(self, request_id: str) -> None:
+        """Its consumer going away no longer cancels it: someone else (a resumed stream,
+        a grace timer) decides."""
+        st = self._streams.get(request_id)
+        if st is not None:
+            st.keep = True
+
+    def running(self, request_id: str) -> bool:
+        return request_id in self._streams
 
     def cancel(self, request_id: str) -> bool:
         st = self._streams.pop(request_id, None)
@@ -148,6 +181,10 @@ class Engine:
             return False
         st.done = True
         self.sched.finish(request_id, FinishReason.CANCELLED)
+        if st.req.session is not None and self.log is not None:
+            self.log.end(st.req, FinishReason.CANCELLED)
+        self._push(st, Chunk(request_id, finish=FinishReason.CANCELLED, prompt_tokens=len(st.req.prompt),
+                             completion_tokens=st.n_out))
         self._wake.set()
         return True
 
@@ -206,8 +243,7 @@ class Engine:
             self.steps += 1
             self._adapt_budget(plan, result)
             self._fill(inflight)
-            for ev in events:
-                self._route(ev)
+            self._publish([o for o in map(self._prepare, events) if o is not None])
 
     def _adapt_budget(self, plan: StepPlan, result) -> None:
         """Size prefill chunks from the measured cost per token, so one step takes about
@@ -270,14 +306,73 @@ class Engine:
                                     completion_tokens=st.n_out))
 
     def _end(self, st: _Stream, chunk: Chunk) -> None:
+        """End a stream off the token path (worker lost, stopping): the log says how."""
         st.done = True
         self._streams.pop(st.req.id, None)
-        st.queue.put_nowait(chunk)
+        if st.req.session is not None and self.log is not None and chunk.finish is not None:
+            self.log.end(st.req, chunk.finish)
+        self._push(st, chunk)
 
-    def _route(self, ev: TokenEvent) -> None:
+    def _push(self, st: _Stream, chunk: Chunk) -> None:
+        """A chunk off the token path, behind any tokens still waiting for their commit."""
+        if self._deliveries:
+            self._deliveries.append((None, [(st, chunk)]))
+        else:
+            st.queue.put_nowait(chunk)
+
+    # -- tokens to clients: detokenize, commit to the log, then deliver -----------------
+    def _publish(self, outs: list[tuple[_Stream, Chunk]]) -> None:
+        """Tokens reach a client only after the log has them (one group commit per step).
+        The commit runs while the loop goes on with the next step; deliveries keep order."""
+        if not outs:
+            return
+        items = [(st.req, Generated(tuple(c.tokens), c.text, "content", c.finish.log_name if c.finish else None))
+                 for st, c in outs if st.req.session is not None]
+        fut = self.log.commit(items) if items and self.log is not None else None
+        if fut is None and not self._deliveries:
+            for st, c in outs:
+                st.queue.put_nowait(c)
+            return
+        self._deliveries.append((fut, outs))
+        if self._deliverer is None or self._deliverer.done():
+            self._deliverer = asyncio.create_task(self._deliver_loop(), name="engine-deliver")
+
+    async def _deliver_loop(self) -> None:
+        while self._deliveries:
+            fut, outs = self._deliveries[0]
+            results: list = []
+            if fut is not None:
+                try:
+                    results = await fut
+                except SuperfluidError as e:
+                    results = [e] * len(outs)
+            self._deliveries.popleft()
+            it = iter(results)
+            for st, c in outs:
+                if fut is not None and st.req.session is not None and self.log is not None:
+                    r = next(it, None)
+                    if isinstance(r, Exception):
+                        self._fail(st, r)
+                        continue
+                    c.event_id = r.id if r is not None else None
+                if not st.failed:
+                    st.queue.put_nowait(c)
+
+    def _fail(self, st: _Stream, err: Exception) -> None:
+        """Its tokens could not be committed: end it with the error, generate no more."""
+        if st.failed:
+            return
+        st.failed = st.done = True
+        self._streams.pop(st.req.id, None)
+        self.sched.finish(st.req.id, FinishReason.ERROR)
+        self._wake.set()
+        st.queue.put_nowait(Chunk(st.req.id, finish=FinishReason.ERROR, error=err,
+                                  prompt_tokens=len(st.req.prompt), completion_tokens=st.n_out))
+
+    def _prepare(self, ev: TokenEvent) -> tuple[_Stream, Chunk] | None:
         st = self._streams.get(ev.job_id)
         if st is None:
-            return
+            return None
         st.n_out += 1
         text = st.text.push(ev.token)
         finish = ev.finish
@@ -304,6 +399,6 @@ class Engine:
             chunk.logprobs.append(TokenLogprob(ev.token, tt(ev.token), ev.logprob,
                                                tuple((t, tt(t), lp) for t, lp in ev.top)))
         if finish is not None:
-            self._end(st, chunk)
-        else:
-            st.queue.put_nowait(chunk)
+            st.done = True
+            self._streams.pop(st.req.id, None)
+        return st, chunk

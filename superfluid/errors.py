@@ -75,3 +75,38 @@ class ModelLoadError(SuperfluidError):
     status = 400
     type = "invalid_request_error"
     code = "model_load_error"
+
+
+class SessionNotFound(SuperfluidError):
+    status = 404
+    type = "invalid_request_error"
+    code = "session_not_found"
+
+
+class SessionBusy(SuperfluidError):
+    """A session runs one generation (or turn change) at a time."""
+    status = 409
+    type = "invalid_request_error"
+    code = "session_busy"
+
+
+class StaleEpoch(SuperfluidError):
+    """An append from an owner whose epoch was bumped (a pre-crash or replaced owner)."""
+    status = 409
+    type = "invalid_request_error"
+    code = "stale_epoch"
+
+
+class StoreError(SuperfluidError):
+    """The session store could not commit (disk full, I/O error); nothing was half-written."""
+    code = "store_error"
+
+
+class StoreUnreadable(SuperfluidError):
+    """The session store on disk is not a store we can read; we refuse to touch it."""
+    code = "store_unreadable"
+
+
+class StoreLocked(SuperfluidError):
+    """Another daemon already owns the sessions directory."""
+    code = "store_locked"

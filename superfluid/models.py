@@ -31,6 +31,7 @@ class Models:
         self.engines: dict[str, Engine] = {}  # the loaded ones (a live dict: metrics read it)
         self.default: str | None = None
         self.on_load: list[Callable[[Engine], None]] = []
+        self.sessions = None  # sessions.Sessions, when the daemon has a session store
         self.announce = False  # log loads once the server is up (the banner covers the first ones)
         self._lock = asyncio.Lock()
 

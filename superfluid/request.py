@@ -23,6 +23,10 @@ class FinishReason(enum.IntEnum):
     STOP_SEQUENCE = 6  # a caller's stop string matched (OpenAI "stop", Anthropic "stop_sequence")
 
     @property
+    def log_name(self) -> str:
+        return self.name.lower()
+
+    @property
     def openai(self) -> str:
         return {FinishReason.LENGTH: "length", FinishReason.ERROR: "error"}.get(self, "stop")
 
@@ -59,6 +63,7 @@ class GenRequest:
     max_tokens: int
     stop: tuple[str, ...] = ()
     qos: Qos = Qos.AGENT
+    session: str | None = None  # the session whose log records this generation
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,3 +88,4 @@ class Chunk:
     ttft_s: float | None = None  # on the last chunk: seconds from submit to the first token
     stop_sequence: str | None = None  # on the last chunk: the caller's stop string that matched
     error: Exception | None = None
+    event_id: int | None = None  # the session-log event that committed these tokens

@@ -15,6 +15,7 @@ from ..errors import BadRequest, ContextLengthExceeded, SuperfluidError
 from ..ids import new_id
 from ..request import Chunk, FinishReason, GenRequest, SamplingParams
 from .schema import number_in
+from ..session.turns import prelude
 from .streams import collect, raise_first_error, sse, submit_all
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -132,9 +133,9 @@ def add_routes(app: FastAPI, models, qos_for, body_of) -> None:
     async def messages(request: Request):
         body = await body_of(request)
         eng = await models.get(_model(body))
-        prompt = eng.encode_prompt(eng.template.render(conversation(body)))
+        bodies, prompt = prelude(eng, conversation(body))
         req = gen_request(body, prompt, eng.n_ctx, eng.new_seed(), qos_for(request))
-        streams = submit_all(eng, [req])
+        streams = await submit_all(eng, [req], bodies, api="anthropic.messages", params={"response_id": req.id})
         if body.get("stream"):
             return sse(events(req.id, eng.model_id, len(prompt), streams[0]), eng, [req])
         choices = await collect(request, streams)

@@ -21,13 +21,14 @@ from ..errors import BadRequest, Forbidden, PayloadTooLarge, SuperfluidError
 from ..ids import new_id
 from ..request import Qos
 from . import anthropic, ollama, responses
+from . import sessions as sessions_api
 from . import openai as oa
 from .guard import Guard
 from .policy import KeyPolicy
 from .schema import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, ModelRequest, TokenizeRequest,
                      json_object, parse)
-from .streams import (ClientGone, chat_events, collect, completion_events, raise_first_error, record, sse,
-                      submit_all)
+from .streams import (ClientGone, chat_events, collect, completion_events, raise_first_error, record,
+                      session_header, sse, submit_all)
 
 log = logging.getLogger("superfluid.api")
 
@@ -156,6 +157,8 @@ def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Q
         return json_object(await request.body())
 
     anthropic.add_routes(app, models, qos, json_body)
+    if models.sessions is not None:
+        sessions_api.add_routes(app, models, qos)
     responses.add_routes(app, models, qos, json_body, responses.ResponseStore(home() / "responses"))
 
     @app.get("/health")
@@ -225,21 +228,23 @@ def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Q
     async def chat(request: Request):
         body = parse(ChatCompletionRequest, await request.body())
         eng = await engine_for(body.model)
-        prompt = oa.chat_prompt(eng, body)
+        bodies, prompt = oa.chat_prompt(eng, body)
         top = (body.top_logprobs or 0) if body.logprobs else -1
         rid = new_id("chatcmpl")
         reqs = oa.gen_requests(body, prompt, base_id=rid, n_ctx=eng.n_ctx, seed=eng.new_seed(),
                                default_max=None, top_logprobs=top, qos=qos(request),
                                max_tokens=body.max_completion_tokens)
-        streams = submit_all(eng, reqs)
+        streams = await submit_all(eng, reqs, bodies, api="chat.completions", params={"response_id": rid})
         rec = access_record(request, eng, reqs[0].qos)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return sse(chat_events(rid, eng.model_id, streams, body.logprobs, include_usage, rec), eng, reqs)
+            return sse(chat_events(rid, eng.model_id, streams, body.logprobs, include_usage, rec, reqs), eng, reqs)
         choices = await collect(request, streams)
         record(rec, [c.last for c in choices if c.last is not None])
         raise_first_error(choices)
-        return _json(oa.chat_response(rid, eng.model_id, choices, body.logprobs))
+        resp = _json(oa.chat_response(rid, eng.model_id, choices, body.logprobs))
+        resp.headers.update(session_header(reqs))
+        return resp
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -250,14 +255,17 @@ def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Q
         rid = new_id("cmpl")
         reqs = oa.gen_requests(body, prompt, base_id=rid, n_ctx=eng.n_ctx, seed=eng.new_seed(),
                                default_max=16, top_logprobs=top, qos=qos(request))
-        streams = submit_all(eng, reqs)
+        streams = await submit_all(eng, reqs, api="completions", params={"response_id": rid})
         rec = access_record(request, eng, reqs[0].qos)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return sse(completion_events(rid, eng.model_id, streams, top >= 0, include_usage, rec), eng, reqs)
+            return sse(completion_events(rid, eng.model_id, streams, top >= 0, include_usage, rec, reqs),
+                       eng, reqs)
         choices = await collect(request, streams)
         record(rec, [c.last for c in choices if c.last is not None])
         raise_first_error(choices)
-        return _json(oa.completion_response(rid, eng.model_id, choices, top >= 0))
+        resp = _json(oa.completion_response(rid, eng.model_id, choices, top >= 0))
+        resp.headers.update(session_header(reqs))
+        return resp
 
     return Guard(BodyLimit(app, max_body), policies=policies or [], loopback_bind=loopback_bind, ip_rpm=ip_rpm)

@@ -19,6 +19,7 @@ from ..errors import BadRequest, ContextLengthExceeded
 from ..ids import new_id
 from ..request import Chunk, GenRequest, SamplingParams
 from .schema import json_object
+from ..session.turns import prelude
 from .streams import collect, raise_first_error, sse, submit_all
 
 OLLAMA_VERSION = "0.12.0"  # the API level we follow
@@ -165,19 +166,19 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
             if not isinstance(msgs, list) or not all(isinstance(m, dict) and isinstance(m.get("role"), str)
                                                     and isinstance(m.get("content", ""), str) for m in msgs):
                 raise BadRequest("messages must be a list of {role, content} objects", param="messages")
-            text = eng.template.render([{"role": m["role"], "content": m.get("content") or ""} for m in msgs])
+            bodies, prompt = prelude(eng, [{"role": m["role"], "content": m.get("content") or ""} for m in msgs])
         elif body.get("raw"):
-            text = str(body["prompt"])
+            bodies, prompt = None, eng.encode_prompt(str(body["prompt"]))
         else:
             turns = ([{"role": "system", "content": str(body["system"])}] if body.get("system") else [])
-            text = eng.template.render(turns + [{"role": "user", "content": str(body["prompt"])}])
-        prompt = eng.encode_prompt(text)
+            bodies, prompt = prelude(eng, turns + [{"role": "user", "content": str(body["prompt"])}])
         sp, num_predict, stops = sampling(body.get("options"), eng.new_seed())
         room = eng.n_ctx - len(prompt)
         if room < 1:
             raise ContextLengthExceeded(f"the prompt has {len(prompt)} tokens; the context holds {eng.n_ctx}")
         req = GenRequest(new_id("ollama"), prompt, sp, min(num_predict or room, room), stops, qos_for(request))
-        streams = submit_all(eng, [req])
+        streams = await submit_all(eng, [req], bodies, api="ollama." + ("chat" if chat else "generate"),
+                                   params={"response_id": req.id})
         model = eng.model_id
         if body.get("stream", True):
             async def lines():

@@ -7,6 +7,7 @@ import time
 
 from ..errors import BadRequest, ContextLengthExceeded
 from ..request import Chunk, FinishReason, GenRequest, Qos, SamplingParams, TokenLogprob
+from ..session.turns import prelude
 from .schema import ChatCompletionRequest, CompletionRequest, Message, Sampling
 
 MAX_STOP_LEN = 256
@@ -30,9 +31,9 @@ def render_messages(messages: list[Message]) -> list[dict]:
     return out
 
 
-def chat_prompt(engine, body: ChatCompletionRequest) -> list[int]:
-    text = engine.template.render(render_messages(body.messages), add_generation_prompt=True)
-    return engine.encode_prompt(text)
+def chat_prompt(engine, body: ChatCompletionRequest) -> tuple[list, list[int]]:
+    """The prompt's session events (a Message per message, the opener) and its tokens."""
+    return prelude(engine, render_messages(body.messages))
 
 
 def completion_prompt(engine, body: CompletionRequest) -> list[int]:

@@ -21,6 +21,7 @@ from ..errors import BadRequest, ContextLengthExceeded, SuperfluidError
 from ..ids import new_id
 from ..request import FinishReason, GenRequest, SamplingParams
 from .schema import number_in
+from ..session.turns import prelude
 from .streams import collect, raise_first_error, sse, submit_all
 
 
@@ -125,7 +126,7 @@ def add_routes(app: FastAPI, models, qos_for, body_of, store: ResponseStore) -> 
         msgs = turns(conversation)
         if body.get("instructions"):
             msgs = [{"role": "system", "content": str(body["instructions"])}] + msgs
-        prompt = eng.encode_prompt(eng.template.render(msgs))
+        bodies, prompt = prelude(eng, msgs)
         room = eng.n_ctx - len(prompt)
         mt = body.get("max_output_tokens")
         if mt is not None and (isinstance(mt, bool) or not isinstance(mt, int) or mt < 1):
@@ -137,7 +138,7 @@ def add_routes(app: FastAPI, models, qos_for, body_of, store: ResponseStore) -> 
                             top_p=number_in(body, "top_p", 0.001, 1, 1.0, allow_null=True), seed=eng.new_seed())
         rid = "resp_" + new_id("r").split("-", 1)[1]
         req = GenRequest(rid, prompt, sp, mt or room, (), qos_for(request))
-        streams = submit_all(eng, [req])
+        streams = await submit_all(eng, [req], bodies, api="responses", params={"response_id": rid})
         base = {"id": rid, "object": "response", "created_at": int(time.time()), "model": eng.model_id,
                 "instructions": body.get("instructions"), "previous_response_id": body.get("previous_response_id"),
                 "max_output_tokens": mt, "temperature": sp.temperature, "top_p": sp.top_p,

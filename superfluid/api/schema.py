@@ -137,3 +137,59 @@ def _param(loc: tuple) -> str | None:
         else:
             break
     return ".".join(parts) or None
+
+
+# -- the native session API -----------------------------------------------------------------
+class SessionSampling(_Body):
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0)
+    min_p: float | None = Field(None, ge=0, le=1)
+    seed: int | None = Field(None, ge=0)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    repeat_penalty: float | None = Field(None, gt=0)
+    stop: Stop = None
+
+    def overrides(self) -> dict:
+        return {k: v for k in ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
+                               "frequency_penalty", "repeat_penalty") if (v := getattr(self, k)) is not None}
+
+    def stops(self) -> tuple[str, ...] | None:
+        return None if self.stop is None else ((self.stop,) if isinstance(self.stop, str) else tuple(self.stop))
+
+
+class SessionCreate(SessionSampling):
+    model: str | None = None
+    system: str | None = None
+    tools: list[dict] | None = None
+    title: Annotated[str, Field(max_length=512)] | None = None
+    raw: bool = False  # no chat template: messages are raw text, generation continues it
+
+
+class SessionMessage(_Body):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str
+
+
+class SessionToolResult(_Body):
+    call_id: str
+    content: str
+
+
+class SessionGenerate(SessionSampling):
+    max_tokens: int | None = Field(None, ge=1)
+    stream: bool = True
+
+
+class SessionFork(_Body):
+    at: int | None = None
+
+
+class SessionTrim(_Body):
+    to: int
+
+
+class SessionMetaBody(_Body):
+    title: Annotated[str, Field(max_length=512)] | None = None
+    archived: bool | None = None

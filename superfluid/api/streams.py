@@ -12,13 +12,23 @@ from fastapi.responses import StreamingResponse
 
 from ..errors import SuperfluidError, WorkerCrashed
 from ..request import Chunk, GenRequest
+from ..session.events import Message
 from . import openai as oa
-from .sse import DONE, event
+from .sse import DONE, cursor, event
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-def submit_all(engine, reqs: list[GenRequest]) -> list[AsyncIterator[Chunk]]:
+async def submit_all(engine, reqs: list[GenRequest], bodies: list | None = None, *, api: str,
+                     params: dict | None = None) -> list[AsyncIterator[Chunk]]:
+    """Submit a request's generations. With a session log, each is a session: `bodies` are
+    the prompt's events (one raw prompt message when not given), committed first."""
+    if engine.log is not None:
+        params = dict(params or {})
+        if bodies is None:
+            bodies = [Message("prompt", engine.tokenizer.decode(reqs[0].prompt), tuple(reqs[0].prompt))]
+            params["raw"] = True
+        return await engine.log.open_request(engine, reqs, bodies, api=api, params=params)
     streams: list = []
     try:
         for r in reqs:
@@ -94,8 +104,8 @@ class _EngineStream(StreamingResponse):
     up before the first event would otherwise leave them running unobserved."""
 
     def __init__(self, gen: AsyncIterator[bytes], on_close: Callable[[], None],
-                 media_type: str = "text/event-stream"):
-        super().__init__(gen, media_type=media_type, headers=SSE_HEADERS)
+                 media_type: str = "text/event-stream", headers: dict | None = None):
+        super().__init__(gen, media_type=media_type, headers={**SSE_HEADERS, **(headers or {})})
         self._on_close = on_close
 
     async def __call__(self, scope, receive, send):
@@ -105,10 +115,23 @@ class _EngineStream(StreamingResponse):
             self._on_close()
 
 
+def session_header(reqs: list[GenRequest]) -> dict:
+    ids = [r.session for r in reqs if r.session]
+    return {"x-superfluid-session": ",".join(ids)} if ids else {}
+
+
 def sse(gen: AsyncIterator[bytes], engine, reqs: list[GenRequest],
         media_type: str = "text/event-stream") -> StreamingResponse:
-    """A streamed response whose generations are cancelled however it ends."""
-    return _EngineStream(gen, lambda: [engine.cancel(r.id) for r in reqs], media_type)
+    """A streamed response whose generations are cancelled however it ends; a session's
+    generation instead gets the grace period to be resumed (Sessions.unwatch)."""
+    sessions = engine.log
+    if sessions is None or not all(r.session for r in reqs):
+        return _EngineStream(gen, lambda: [engine.cancel(r.id) for r in reqs], media_type)
+    watched = []
+    for r in reqs:
+        engine.keep_running(r.id)
+        watched.append(sessions.watch(r.session))
+    return _EngineStream(gen, lambda: [sessions.unwatch(g) for g in watched], media_type, session_header(reqs))
 
 
 def _error_event(c: Chunk) -> bytes:
@@ -128,8 +151,9 @@ def record(rec: dict | None, choices_done: list[Chunk]) -> None:
 
 
 async def _events(kind: str, rid: str, model: str, streams, want_logprobs: bool, include_usage: bool,
-                  rec: dict | None) -> AsyncIterator[bytes]:
-    """SSE events of a chat completion (kind "chat") or a completion ("text")."""
+                  rec: dict | None, sessions: list[str | None]) -> AsyncIterator[bytes]:
+    """SSE events of a chat completion (kind "chat") or a completion ("text"). Events with
+    committed tokens carry their log cursor as the SSE id."""
     created = int(time.time())
     chat = kind == "chat"
     if chat:
@@ -138,13 +162,16 @@ async def _events(kind: str, rid: str, model: str, streams, want_logprobs: bool,
     offsets = [0] * len(streams)
     finals: list[Chunk] = []
     async for i, c in merge(streams):
+        eid = cursor(sessions[i], c.event_id)
         if c.text or (want_logprobs and c.logprobs):
             if chat:
                 lp = oa.chat_logprobs(c.logprobs) if want_logprobs else None
-                yield event(oa.chat_chunk(rid, model, created, i, {"content": c.text}, logprobs=lp))
+                yield event(oa.chat_chunk(rid, model, created, i, {"content": c.text}, logprobs=lp),
+                            None if c.finish is not None else eid)
             else:
                 lp = oa.completion_logprobs(c.logprobs, offsets[i]) if want_logprobs else None
-                yield event(oa.completion_chunk(rid, model, created, i, c.text, logprobs=lp))
+                yield event(oa.completion_chunk(rid, model, created, i, c.text, logprobs=lp),
+                            None if c.finish is not None else eid)
             offsets[i] += len(c.text)
         if c.finish is not None:
             finals.append(c)
@@ -153,7 +180,7 @@ async def _events(kind: str, rid: str, model: str, streams, want_logprobs: bool,
             final = (oa.chat_chunk(rid, model, created, i, {}, c.finish.openai) if chat
                      else oa.completion_chunk(rid, model, created, i, "", c.finish.openai))
             final["usage"] = oa.usage(c.prompt_tokens, c.completion_tokens, c.cached_tokens)
-            yield event(final)
+            yield event(final, eid)
     record(rec, finals)
     if include_usage and finals:
         yield event({"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
@@ -163,9 +190,11 @@ async def _events(kind: str, rid: str, model: str, streams, want_logprobs: bool,
     yield DONE
 
 
-def chat_events(rid, model, streams, want_logprobs, include_usage, rec=None) -> AsyncIterator[bytes]:
-    return _events("chat", rid, model, streams, want_logprobs, include_usage, rec)
+def chat_events(rid, model, streams, want_logprobs, include_usage, rec=None, reqs=()) -> AsyncIterator[bytes]:
+    sessions = [r.session for r in reqs] or [None] * len(streams)
+    return _events("chat", rid, model, streams, want_logprobs, include_usage, rec, sessions)
 
 
-def completion_events(rid, model, streams, want_logprobs, include_usage, rec=None) -> AsyncIterator[bytes]:
-    return _events("text", rid, model, streams, want_logprobs, include_usage, rec)
+def completion_events(rid, model, streams, want_logprobs, include_usage, rec=None, reqs=()) -> AsyncIterator[bytes]:
+    sessions = [r.session for r in reqs] or [None] * len(streams)
+    return _events("text", rid, model, streams, want_logprobs, include_usage, rec, sessions)

@@ -1,0 +1,193 @@
+"""The native session API under /v1/sessions: create, append messages and tool results,
+generate (SSE), cancel, read events, subscribe, resume a dropped stream, list, inspect,
+fork, trim, title/archive and purge. Translation only: the work is in sessions.Sessions."""
+
+from __future__ import annotations
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.responses import Response, StreamingResponse
+
+from ..errors import BadRequest, SuperfluidError, WorkerCrashed
+from ..request import Qos, SamplingParams
+from ..sessions import sampling_dict
+from .resume import rest_of_generation, subscription
+from .schema import (SessionCreate, SessionFork, SessionGenerate, SessionMessage, SessionMetaBody, SessionToolResult,
+                     SessionTrim, parse)
+from .sse import DONE, cursor, event, parse_cursor
+from .streams import SSE_HEADERS, collect, raise_first_error, sse
+
+
+def _json(obj, status: int = 200) -> Response:
+    return Response(orjson.dumps(obj), status_code=status, media_type="application/json")
+
+
+def _int_query(request: Request, name: str, default: int | None) -> int | None:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise BadRequest(f"query parameter {name} must be an integer", param=name) from None
+
+
+def _after(request: Request, sid: str) -> int:
+    """The cursor to read after: Last-Event-ID ("session:event") or ?after=N."""
+    c = parse_cursor(request.headers.get("last-event-id"))
+    if c is not None:
+        if c[0] != sid:
+            raise BadRequest(f"Last-Event-ID {c[0]}:{c[1]} belongs to another session", param="Last-Event-ID")
+        return c[1]
+    return _int_query(request, "after", -1)  # type: ignore[return-value]
+
+
+def add_routes(app: FastAPI, models, qos_for) -> None:
+    sessions = models.sessions
+
+    async def summary(sid: str) -> dict:
+        st = await sessions.state(sid)
+        row = await sessions.row(sid)
+        return {**row.to_json(), "title": st.title, "archived": st.archived, "tokens": len(st.tokens),
+                "turn_open": st.turn_open, "last_finish": st.last_finish, "busy": sessions.busy(sid),
+                "params": st.params}
+
+    async def engine_of(sid: str):
+        st = await sessions.state(sid)
+        return await models.get(st.params.get("model"))
+
+    @app.post("/v1/sessions")
+    async def create(request: Request):
+        body = parse(SessionCreate, await request.body())
+        eng = await models.get(body.model)
+        sp = {**sampling_dict(SamplingParams()), **body.overrides()}
+        if body.seed is None:
+            sp["seed"] = eng.new_seed()
+        params = {"sampling": sp, "stop": list(body.stops() or ()), "raw": body.raw}
+        if body.tools:
+            params["tools"] = body.tools
+        msgs = [{"role": "prompt" if body.raw else "system", "content": body.system}] if body.system else []
+        st = await sessions.create(eng, params=params, messages=msgs, title=body.title)
+        return _json(await summary(st.id), 201)
+
+    @app.get("/v1/sessions")
+    async def list_sessions(request: Request):
+        limit = _int_query(request, "limit", 100)
+        if not limit or not 1 <= limit <= 1000:
+            raise BadRequest("limit must be between 1 and 1000", param="limit")
+        archived = request.query_params.get("archived")
+        before = request.query_params.get("before")
+        try:
+            rows = await sessions.store.sessions(limit=limit, before=float(before) if before else None,
+                                                 archived=None if archived is None else archived == "true")
+        except ValueError:
+            raise BadRequest("before must be a timestamp", param="before") from None
+        return _json({"object": "list", "data": [r.to_json() for r in rows]})
+
+    @app.get("/v1/sessions/{sid}")
+    async def inspect(sid: str):
+        return _json(await summary(sid))
+
+    @app.patch("/v1/sessions/{sid}")
+    async def set_meta(sid: str, request: Request):
+        body = parse(SessionMetaBody, await request.body())
+        await sessions.set_meta(sid, body.title, body.archived)
+        return _json(await summary(sid))
+
+    @app.delete("/v1/sessions/{sid}")
+    async def purge(sid: str):
+        await sessions.purge(sid)
+        return _json({"id": sid, "object": "session", "deleted": True})
+
+    @app.post("/v1/sessions/{sid}/messages")
+    async def append_message(sid: str, request: Request):
+        body = parse(SessionMessage, await request.body())
+        role = "system" if body.role == "developer" else body.role
+        st = await sessions.state(sid)
+        msg = {"role": "prompt" if st.params.get("raw") else role, "content": body.content}
+        evs = await sessions.append_message(await engine_of(sid), sid, msg)
+        return _json({"object": "list", "data": [e.to_json(sid) for e in evs]})
+
+    @app.post("/v1/sessions/{sid}/tool_results")
+    async def append_tool_result(sid: str, request: Request):
+        body = parse(SessionToolResult, await request.body())
+        evs = await sessions.append_message(await engine_of(sid), sid,
+                                            {"role": "tool", "content": body.content, "tool_call_id": body.call_id})
+        return _json({"object": "list", "data": [e.to_json(sid) for e in evs]})
+
+    @app.post("/v1/sessions/{sid}/generate")
+    async def generate(sid: str, request: Request):
+        body = parse(SessionGenerate, await request.body())
+        eng = await engine_of(sid)
+        req, stream = await sessions.generate(eng, sid, max_tokens=body.max_tokens, overrides=body.overrides(),
+                                              stop=body.stops(), qos=qos_for(request))
+        if body.stream:
+            return sse(_generated(sid, stream), eng, [req])
+        choices = await collect(request, [stream])
+        raise_first_error(choices)
+        c = choices[0]
+        return _json({"object": "session.generation", "session": sid, "text": "".join(c.text),
+                      "finish": c.finish.log_name if c.finish else None,
+                      "last_event_id": c.last.event_id if c.last else None,
+                      "usage": {"prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens,
+                                "cached_tokens": c.cached_tokens}})
+
+    @app.post("/v1/sessions/{sid}/cancel")
+    async def cancel(sid: str):
+        await sessions.state(sid)
+        return _json({"session": sid, "cancelled": sessions.cancel(sid)})
+
+    @app.get("/v1/sessions/{sid}/events")
+    async def events(sid: str, request: Request):
+        after = _after(request, sid)
+        limit = _int_query(request, "limit", 1000)
+        if not limit or not 1 <= limit <= 10000:
+            raise BadRequest("limit must be between 1 and 10000", param="limit")
+        await sessions.state(sid)
+        evs = await sessions.store.events(sid, after=after, limit=limit)
+        return _json({"object": "list", "data": [e.to_json(sid) for e in evs],
+                      "next": evs[-1].id if evs else None})
+
+    @app.get("/v1/sessions/{sid}/subscribe")
+    async def subscribe(sid: str, request: Request):
+        after = _after(request, sid)
+        await sessions.state(sid)
+        return StreamingResponse(subscription(sessions, sid, after), media_type="text/event-stream",
+                                 headers=SSE_HEADERS)
+
+    @app.get("/v1/sessions/{sid}/resume")
+    async def resume(sid: str, request: Request):
+        after = _after(request, sid)
+        await sessions.state(sid)
+        return StreamingResponse(rest_of_generation(sessions, sid, after), media_type="text/event-stream",
+                                 headers=SSE_HEADERS)
+
+    @app.post("/v1/sessions/{sid}/fork")
+    async def fork(sid: str, request: Request):
+        body = parse(SessionFork, await request.body() or b"{}")
+        st = await sessions.fork(sid, body.at)
+        return _json(await summary(st.id), 201)
+
+    @app.post("/v1/sessions/{sid}/trim")
+    async def trim(sid: str, request: Request):
+        body = parse(SessionTrim, await request.body())
+        await sessions.trim(sid, body.to)
+        return _json(await summary(sid))
+
+
+async def _generated(sid: str, stream):
+    """A native generation stream: each committed Generated event with its cursor as id,
+    then [DONE]."""
+    async for c in stream:
+        if c.error is not None:
+            err = c.error if isinstance(c.error, SuperfluidError) else WorkerCrashed(str(c.error))
+            yield event({"type": "error", "session": sid, **err.body()})
+        if c.event_id is not None or c.finish is not None:
+            yield event({"type": "generated", "session": sid, "id": c.event_id, "text": c.text, "tokens": c.tokens,
+                         "finish": c.finish.log_name if c.finish else None,
+                         **({"usage": {"prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens,
+                                       "cached_tokens": c.cached_tokens}} if c.finish else {})},
+                        cursor(sid, c.event_id))
+        if c.finish is not None:
+            break
+    yield DONE

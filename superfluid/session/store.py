@@ -1,0 +1,451 @@
+"""The session store: SQLite in WAL mode with synchronous=FULL, one writer thread.
+
+Every call runs on the writer thread. Writes that arrive together share one transaction
+and one fsync (group commit: the engine sends one write per scheduler step covering every
+lane). A failed commit (disk full, I/O error) rolls the whole transaction back and fails
+every write in it with StoreError; the store on disk stays consistent.
+
+Opening takes an exclusive lock on the directory (a second daemon is refused), refuses a
+file that is not a readable store (never overwriting it), and bumps the epoch of every
+live session, so no owner from before the restart can append."""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import logging
+import os
+import queue
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import BadRequest, SessionNotFound, StaleEpoch, StoreError, StoreLocked, StoreUnreadable, SuperfluidError
+from .events import Body, Created, EpochBump, Event, Generated, GenerationPrompt, Message, Meta, Purge, ToolResult, \
+    decode, encode
+
+log = logging.getLogger("superfluid.store")
+
+FORMAT = "superfluid-sessions-1"
+BATCH = 512  # most queued calls folded into one transaction
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS sessions (
+  id TEXT PRIMARY KEY, parent TEXT, fork_at INTEGER, model TEXT, api TEXT,
+  created REAL NOT NULL, updated REAL NOT NULL, epoch INTEGER NOT NULL, next_id INTEGER NOT NULL,
+  title TEXT, archived INTEGER NOT NULL DEFAULT 0, purged INTEGER NOT NULL DEFAULT 0,
+  generating INTEGER NOT NULL DEFAULT 0);
+CREATE INDEX IF NOT EXISTS sessions_created ON sessions (created);
+CREATE TABLE IF NOT EXISTS events (
+  session TEXT NOT NULL, id INTEGER NOT NULL, epoch INTEGER NOT NULL, ts REAL NOT NULL,
+  kind TEXT NOT NULL, body BLOB NOT NULL, PRIMARY KEY (session, id)) WITHOUT ROWID;
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRow:
+    id: str
+    parent: str | None
+    fork_at: int | None
+    model: str | None
+    api: str | None
+    created: float
+    updated: float
+    epoch: int
+    next_id: int
+    title: str | None
+    archived: bool
+    purged: bool
+    generating: bool
+
+    def to_json(self) -> dict:
+        return {"id": self.id, "object": "session", "model": self.model, "api": self.api,
+                "created": self.created, "updated": self.updated, "epoch": self.epoch,
+                "events": self.next_id, "title": self.title, "archived": self.archived,
+                "parent": self.parent, "fork_at": self.fork_at}
+
+
+_ROW = "id, parent, fork_at, model, api, created, updated, epoch, next_id, title, archived, purged, generating"
+
+
+def _row(r) -> SessionRow:
+    return SessionRow(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], bool(r[10]), bool(r[11]),
+                      bool(r[12]))
+
+
+@dataclass(frozen=True, slots=True)
+class Append:
+    """One event to append; `epoch`, when set, must be the session's current epoch."""
+    session: str
+    body: Body
+    epoch: int | None = None
+    expect_id: int | None = None  # when set, the id the event must get (no gaps after a failure)
+
+
+class _Call:
+    __slots__ = ("fn", "write", "fut", "loop")
+
+    def __init__(self, fn, write: bool, fut: asyncio.Future | None, loop):
+        self.fn, self.write, self.fut, self.loop = fn, write, fut, loop
+
+
+def _resolve(fut: asyncio.Future, value: Any, exc: BaseException | None) -> None:
+    if fut.done():
+        return
+    if exc is not None:
+        fut.set_exception(exc)
+    else:
+        fut.set_result(value)
+
+
+class Store:
+    def __init__(self, directory: str | Path | None, *, durable: bool = True, max_bytes: int | None = None):
+        """directory None: a throwaway in-memory store (nothing survives the process)."""
+        self.dir = Path(directory).expanduser() if directory is not None else None
+        self.path = self.dir / "sessions.db" if self.dir is not None else None
+        self.durable = durable and self.dir is not None
+        self.max_bytes = max_bytes
+        self.epoch = 0  # this opening's epoch: one more than the last opening's
+        self.recovered: list[str] = []  # sessions cut mid-generation by the last stop
+        self.commit_seconds: list[float] = []  # recent commit latencies (a ring, for stats)
+        self._lock_fd: int | None = None
+        self._conn: sqlite3.Connection | None = None
+        self._q: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    # -- opening -------------------------------------------------------------------------
+    def open(self) -> Store:
+        if self.dir is not None:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self._take_lock()
+        try:
+            self._conn = self._connect()
+            self._recover()
+        except BaseException:
+            self.close()
+            raise
+        self._thread = threading.Thread(target=self._run, name="session-store", daemon=True)
+        self._thread.start()
+        return self
+
+    def _take_lock(self) -> None:
+        assert self.dir is not None
+        fd = os.open(self.dir / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise StoreLocked(f"another superfluid daemon (pid {holder}) is using the sessions directory "
+                              f"{self.dir}; stop it, or give this one --sessions DIR") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_fd = fd
+
+    def _connect(self) -> sqlite3.Connection:
+        target = str(self.path) if self.path is not None else ":memory:"
+        existed = self.path is not None and self.path.exists() and self.path.stat().st_size > 0
+        try:
+            conn = sqlite3.connect(target, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as e:
+            raise StoreUnreadable(f"the session store {target} cannot be opened ({e})") from None
+        try:
+            if existed:
+                check = conn.execute("PRAGMA quick_check").fetchall()
+                if check != [("ok",)]:
+                    raise sqlite3.DatabaseError("; ".join(str(r[0]) for r in check[:3]))
+                tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+                fmt = conn.execute("SELECT value FROM meta WHERE key='format'").fetchone() \
+                    if "meta" in tables else None
+                if fmt is None or fmt[0] != FORMAT:
+                    raise sqlite3.DatabaseError(f"not a superfluid session store (format {fmt[0] if fmt else None})")
+            if self.path is not None:
+                conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute(f"PRAGMA synchronous={'FULL' if self.durable else 'OFF'}")
+            if self.max_bytes:
+                page = conn.execute("PRAGMA page_size").fetchone()[0]
+                conn.execute(f"PRAGMA max_page_count={max(16, self.max_bytes // page)}")
+            conn.executescript(SCHEMA)
+            conn.execute("INSERT OR IGNORE INTO meta VALUES ('format', ?)", (FORMAT,))
+        except sqlite3.DatabaseError as e:
+            conn.close()
+            raise StoreUnreadable(f"the session store {target} cannot be read ({e}); it was left untouched: "
+                                  f"move it away or start with --sessions DIR") from None
+        return conn
+
+    def _recover(self) -> None:
+        """Bump the store's epoch and every live session's; sessions that were generating
+        when the last owner stopped get an EpochBump event (their turn stays open)."""
+        conn = self._conn
+        assert conn is not None
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            row = conn.execute("SELECT value FROM meta WHERE key='epoch'").fetchone()
+            self.epoch = (int(row[0]) if row else 0) + 1
+            conn.execute("INSERT OR REPLACE INTO meta VALUES ('epoch', ?)", (str(self.epoch),))
+            cut = conn.execute("SELECT id, next_id FROM sessions WHERE generating=1 AND purged=0").fetchall()
+            conn.execute("UPDATE sessions SET epoch=? WHERE purged=0", (self.epoch,))
+            now = time.time()
+            for sid, nxt in cut:
+                kind, body = encode(EpochBump(self.epoch))
+                conn.execute("INSERT INTO events VALUES (?,?,?,?,?,?)", (sid, nxt, self.epoch, now, kind, body))
+                conn.execute("UPDATE sessions SET next_id=?, updated=?, generating=0 WHERE id=?", (nxt + 1, now, sid))
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        self.recovered = [sid for sid, _ in cut]
+        if cut:
+            log.info("session store: %d session(s) were cut mid-generation; their turns stay open", len(cut))
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._q.put(None)
+            self._thread.join()
+            self._thread = None
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    # -- the writer thread ---------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            first = self._q.get()
+            if first is None:
+                return
+            batch = [first]
+            stop = False
+            while len(batch) < BATCH:
+                try:
+                    nxt = self._q.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    stop = True
+                    break
+                batch.append(nxt)
+            self._run_batch(batch)
+            if stop:
+                return
+
+    def _run_batch(self, batch: list[_Call]) -> None:
+        conn = self._conn
+        assert conn is not None
+        results: list[tuple[_Call, Any, BaseException | None]] = []
+        writes = [c for c in batch if c.write]
+        if writes:
+            t0 = time.perf_counter()
+            done: list[tuple[_Call, Any, BaseException | None]] = []
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                for c in writes:
+                    conn.execute("SAVEPOINT call")
+                    try:
+                        done.append((c, c.fn(conn), None))
+                        conn.execute("RELEASE call")
+                    except SuperfluidError as e:  # this call's own fault: undo it alone
+                        conn.execute("ROLLBACK TO call")
+                        conn.execute("RELEASE call")
+                        done.append((c, None, e))
+                conn.execute("COMMIT")
+                results.extend(done)
+            except sqlite3.Error as e:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                err = StoreError(f"the session store could not commit ({e}); nothing of this request was saved")
+                log.error("session store: commit failed: %s", e)
+                results.extend((c, None, err) for c in writes)
+            self.commit_seconds.append(time.perf_counter() - t0)
+            if len(self.commit_seconds) > 4096:
+                del self.commit_seconds[:2048]
+        for c in batch:
+            if not c.write:
+                try:
+                    results.append((c, c.fn(conn), None))
+                except (SuperfluidError, sqlite3.Error) as e:
+                    results.append((c, None, e if isinstance(e, SuperfluidError) else StoreError(str(e))))
+        for c, value, exc in results:
+            if c.fut is not None:
+                c.loop.call_soon_threadsafe(_resolve, c.fut, value, exc)
+
+    def _call(self, fn: Callable[[sqlite3.Connection], Any], write: bool) -> asyncio.Future:
+        if self._thread is None:
+            raise StoreError("the session store is closed")
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self._q.put(_Call(fn, write, fut, loop))
+        return fut
+
+    def call_sync(self, fn: Callable[[sqlite3.Connection], Any], write: bool = False) -> Any:
+        """For code off the event loop (tests, tools): run fn on the writer thread, wait."""
+        box: dict = {}
+        ev = threading.Event()
+
+        class _Sync:
+            def call_soon_threadsafe(self, f, fut, value, exc):
+                box.update(value=value, exc=exc)
+                ev.set()
+
+        class _Fut:
+            def done(self):
+                return False
+
+        self._q.put(_Call(fn, write, _Fut(), _Sync()))  # type: ignore[arg-type]
+        ev.wait()
+        if box["exc"] is not None:
+            raise box["exc"]
+        return box["value"]
+
+    # -- operations ----------------------------------------------------------------------
+    # Writes are queued when called (not when awaited): the order of calls is the order of
+    # the log, whatever order the callers await in.
+    def create(self, sid: str, *, params: dict, model: str | None = None, api: str | None = None,
+               bodies: Sequence[Body] = (), parent: str | None = None,
+               fork_at: int | None = None) -> asyncio.Future:
+        """A new session with a Created event (and `bodies` after it), in one commit:
+        resolves to its events."""
+        return self._call(lambda c: self._create(c, sid, params, model, api, bodies, parent, fork_at), True)
+
+    def create_many(self, specs: list[dict]) -> asyncio.Future:
+        """Several sessions in one commit (a request's choices): dicts of create()'s args."""
+        return self._call(lambda c: [self._create(c, **s) for s in specs], True)
+
+    def append(self, items: Sequence[Append]) -> asyncio.Future:
+        """Append events, one commit for all: resolves to one Event or error per item. A
+        refused item (unknown session, stale epoch, a gap) does not stop the others."""
+        return self._call(lambda c: [self._append_one(c, it) for it in items], True)
+
+    async def append_one(self, item: Append) -> Event:
+        (res,) = await self.append([item])
+        if isinstance(res, SuperfluidError):
+            raise res
+        return res
+
+    async def events(self, sid: str, after: int = -1, limit: int | None = None) -> list[Event]:
+        return await self._call(lambda c: self._events(c, sid, after, None, limit), False)
+
+    async def session(self, sid: str) -> SessionRow:
+        return await self._call(lambda c: self._session(c, sid), False)
+
+    async def sessions(self, *, limit: int = 100, before: float | None = None,
+                       archived: bool | None = None) -> list[SessionRow]:
+        def q(c):
+            sql = f"SELECT {_ROW} FROM sessions WHERE purged=0"
+            args: list = []
+            if before is not None:
+                sql += " AND created < ?"
+                args.append(before)
+            if archived is not None:
+                sql += " AND archived=?"
+                args.append(int(archived))
+            sql += " ORDER BY created DESC LIMIT ?"
+            args.append(limit)
+            return [_row(r) for r in c.execute(sql, args)]
+        return await self._call(q, False)
+
+    # -- on the writer thread ------------------------------------------------------------
+    @staticmethod
+    def _session(c: sqlite3.Connection, sid: str) -> SessionRow:
+        r = c.execute(f"SELECT {_ROW} FROM sessions WHERE id=?", (sid,)).fetchone()
+        if r is None:
+            raise SessionNotFound(f"no session {sid}", param="session")
+        return _row(r)
+
+    def _create(self, c, sid, params, model=None, api=None, bodies=(), parent=None, fork_at=None) -> list[Event]:
+        first = 0
+        if parent is not None:
+            p = self._session(c, parent)
+            if fork_at is None or not 0 <= fork_at < p.next_id:
+                raise BadRequest(f"session {parent} has no event {fork_at} to fork at", param="at")
+            first = fork_at + 1
+        now = time.time()
+        try:
+            c.execute(f"INSERT INTO sessions ({_ROW}) VALUES (?,?,?,?,?,?,?,?,?,?,0,0,0)",
+                      (sid, parent, fork_at, model, api, now, now, self.epoch, first, None))
+        except sqlite3.IntegrityError:
+            raise BadRequest(f"session {sid} already exists") from None
+        out = [self._append_one(c, Append(sid, Created(parent, fork_at, params)), strict=True)]
+        out += [self._append_one(c, Append(sid, b), strict=True) for b in bodies]
+        return out  # type: ignore[return-value]
+
+    def _append_one(self, c, it: Append, strict: bool = False) -> Event | SuperfluidError:
+        r = c.execute("SELECT epoch, next_id, purged FROM sessions WHERE id=?", (it.session,)).fetchone()
+        err: SuperfluidError | None = None
+        if r is None:
+            err = SessionNotFound(f"no session {it.session}", param="session")
+        elif r[2] and not isinstance(it.body, Purge):
+            err = SessionNotFound(f"session {it.session} was purged", param="session")
+        elif it.epoch is not None and it.epoch != r[0]:
+            err = StaleEpoch(f"session {it.session} is at epoch {r[0]}, not {it.epoch}")
+        elif it.expect_id is not None and it.expect_id != r[1]:
+            err = StoreError(f"session {it.session}: an earlier write of this generation failed "
+                             f"(next event is {r[1]}, not {it.expect_id}); nothing more is appended")
+        if err is not None:
+            if strict:
+                raise err
+            return err
+        epoch, eid = r[0], r[1]
+        now = time.time()
+        kind, data = encode(it.body)
+        c.execute("INSERT INTO events VALUES (?,?,?,?,?,?)", (it.session, eid, epoch, now, kind, data))
+        b = it.body
+        sets = ["next_id=?", "updated=?"]
+        args: list = [eid + 1, now]
+        gen = _generating(b)
+        if gen is not None:
+            sets.append("generating=?")
+            args.append(int(gen))
+        if isinstance(b, Meta):
+            if b.title is not None:
+                sets.append("title=?")
+                args.append(b.title)
+            if b.archived is not None:
+                sets.append("archived=?")
+                args.append(int(b.archived))
+        elif isinstance(b, Purge):
+            sets.append("purged=1")
+        c.execute(f"UPDATE sessions SET {', '.join(sets)} WHERE id=?", (*args, it.session))
+        return Event(eid, epoch, now, b)
+
+    def _events(self, c, sid: str, after: int, upto: int | None, limit: int | None) -> list[Event]:
+        row = self._session(c, sid)
+        out: list[Event] = []
+        if row.parent is not None and row.fork_at is not None and after < row.fork_at:
+            out = self._events(c, row.parent, after, row.fork_at if upto is None else min(upto, row.fork_at), limit)
+            after = row.fork_at
+        if limit is not None and len(out) >= limit:
+            return out[:limit]
+        sql = "SELECT id, epoch, ts, kind, body FROM events WHERE session=? AND id>?"
+        args: list = [sid, after]
+        if upto is not None:
+            sql += " AND id<=?"
+            args.append(upto)
+        sql += " ORDER BY id"
+        if limit is not None:
+            sql += " LIMIT ?"
+            args.append(limit - len(out))
+        for eid, epoch, ts, kind, body in c.execute(sql, args):
+            try:
+                out.append(Event(eid, epoch, ts, decode(kind, body)))
+            except (ValueError, TypeError) as e:
+                raise StoreError(f"session {sid} event {eid} cannot be decoded ({e})") from None
+        return out
+
+
+def _generating(b: Body) -> bool | None:
+    """Whether the session is mid-generation after this event (None: unchanged)."""
+    if isinstance(b, GenerationPrompt):
+        return True
+    if isinstance(b, Generated):
+        return b.finish is None
+    if isinstance(b, (Message, ToolResult, EpochBump)):
+        return False
+    return None

@@ -1,0 +1,97 @@
+"""Token spans for a session's turns, from the model's own chat template.
+
+A chat template renders a whole conversation; a session needs each message's tokens on
+their own. A new message's span is the text the template renders after what the model has
+already seen (the session's context, detokenized with its special tokens), so a cut
+assistant turn is closed the way the template closes it. When a template renders earlier
+turns differently once a message is added (some drop old reasoning), the span falls back to
+the difference between the two renderings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import BadRequest
+from .events import GenerationPrompt, Message
+
+
+def context_text(tokenizer, tokens: list[int]) -> str:
+    return b"".join(tokenizer.token_text(t) for t in tokens).decode("utf-8", "replace")
+
+
+@dataclass
+class Turns:
+    """A growing conversation: its rendered messages, tokens and their text."""
+    tokenizer: object
+    template: object
+    template_kwargs: dict = field(default_factory=dict)
+    messages: list[dict] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    text: str = ""
+
+    @classmethod
+    def of(cls, engine, state=None, **template_kwargs) -> Turns:
+        t = cls(engine.tokenizer, engine.template, template_kwargs)
+        if state is not None:
+            t.messages = state.conversation(engine.tokenizer.decode)
+            t.tokens = list(state.tokens)
+            t.text = context_text(engine.tokenizer, t.tokens)
+        return t
+
+    def _render(self, messages: list[dict], gen: bool) -> str:
+        return self.template.render(messages, add_generation_prompt=gen, **self.template_kwargs)  # type: ignore[attr-defined]
+
+    def _span(self, full: str, previous: list[dict]) -> tuple[int, ...]:
+        tok = self.tokenizer
+        if not self.tokens:
+            return tuple(tok.encode_prompt(full))  # type: ignore[attr-defined]
+        if full.startswith(self.text):
+            rest = full[len(self.text):]
+        else:
+            prev = self._render(previous, False) if previous else ""
+            rest = full[len(prev):] if full.startswith(prev) else full
+        return tuple(tok.encode(rest, parse_special=True))  # type: ignore[attr-defined]
+
+    def _take(self, span: tuple[int, ...]) -> None:
+        self.tokens.extend(span)
+        self.text += context_text(self.tokenizer, list(span))
+
+    def message(self, msg: dict) -> Message:
+        """The event for a new message; the conversation grows by it."""
+        if msg.get("role") == "prompt":  # a raw completion prompt: no template
+            text = str(msg.get("content") or "")
+            enc = self.tokenizer.encode_prompt if not self.tokens else (
+                lambda s: self.tokenizer.encode(s, parse_special=True))  # type: ignore[attr-defined]
+            span = tuple(enc(text))  # type: ignore[operator]
+        else:
+            full = self._render(self.messages + [msg], False)
+            span = self._span(full, self.messages)
+            self.messages.append(msg)
+        self._take(span)
+        return Message(str(msg.get("role")), _text(msg.get("content")), span)
+
+    def opener(self) -> GenerationPrompt:
+        """The assistant-turn opener the template puts before a reply."""
+        if not self.messages:
+            raise BadRequest("the session has no messages to reply to", param="messages")
+        full = self._render(self.messages, True)
+        span = self._span(full, self.messages)
+        self._take(span)
+        return GenerationPrompt(span)
+
+
+def _text(content) -> str:
+    if isinstance(content, str):
+        return content
+    if content is None:
+        return ""
+    return str(content)
+
+
+def prelude(engine, messages: list[dict], **template_kwargs) -> tuple[list, list[int]]:
+    """A chat request's events (one Message per message, then the opener) and its prompt,
+    which is exactly the concatenation of their spans."""
+    t = Turns.of(engine, **template_kwargs)
+    bodies: list = [t.message(m) for m in messages]
+    bodies.append(t.opener())
+    return bodies, t.tokens
