@@ -113,6 +113,7 @@ class Store:
         self.epoch = 0  # this opening's epoch: one more than the last opening's
         self.recovered: list[str] = []  # sessions cut mid-generation by the last stop
         self.commit_seconds: list[float] = []  # recent commit latencies (a ring, for stats)
+        self.commits = 0  # transactions committed (each one fsync when durable)
         self._lock_fd: int | None = None
         self._conn: sqlite3.Connection | None = None
         self._q: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
@@ -256,6 +257,7 @@ class Store:
                         conn.execute("RELEASE call")
                         done.append((c, None, e))
                 conn.execute("COMMIT")
+                self.commits += 1
                 results.extend(done)
             except sqlite3.Error as e:
                 if conn.in_transaction:

@@ -9,6 +9,7 @@ the difference between the two renderings."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from ..errors import BadRequest
@@ -91,7 +92,40 @@ def _text(content) -> str:
 def prelude(engine, messages: list[dict], **template_kwargs) -> tuple[list, list[int]]:
     """A chat request's events (one Message per message, then the opener) and its prompt,
     which is exactly the concatenation of their spans."""
+    fast = _prelude_light(engine, messages, template_kwargs)
+    if fast is not None:
+        return fast
     t = Turns.of(engine, **template_kwargs)
     bodies: list = [t.message(m) for m in messages]
     bodies.append(t.opener())
     return bodies, t.tokens
+
+
+_MARK = re.compile("\x00(\\d+)\x00")
+
+
+def _prelude_light(engine, messages: list[dict], kw: dict) -> tuple[list, list[int]] | None:
+    """The same spans, rendering each prefix with short markers for the contents (an agent's
+    100-message history would otherwise be rendered 100 times in full). Valid only when the
+    template puts contents in verbatim, which one full rendering checks; None otherwise."""
+    contents = [m.get("content") for m in messages]
+    if not messages or not all(isinstance(c, str) and "\x00" not in c for c in contents):
+        return None
+    light = [{**m, "content": f"\x00{i}\x00"} for i, m in enumerate(messages)]
+    real = lambda text: _MARK.sub(lambda mm: contents[int(mm.group(1))], text)  # noqa: E731
+    render = engine.template.render
+    tok = engine.tokenizer
+    pieces: list[str] = []
+    prev = ""
+    for k in range(len(light) + 1):
+        full = render(light[:k + 1] if k < len(light) else light, add_generation_prompt=k == len(light), **kw)
+        if not full.startswith(prev):
+            return None
+        pieces.append(real(full[len(prev):]))
+        prev = full
+    if "".join(pieces) != render(messages, add_generation_prompt=True, **kw):
+        return None
+    spans = [tuple(tok.encode_prompt(pieces[0]))] + [tuple(tok.encode(p, parse_special=True)) for p in pieces[1:]]
+    bodies: list = [Message(str(m.get("role")), contents[i], spans[i]) for i, m in enumerate(messages)]
+    bodies.append(GenerationPrompt(spans[-1]))
+    return bodies, [t for sp in spans for t in sp]

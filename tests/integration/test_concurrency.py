@@ -50,14 +50,20 @@ def test_disconnect_frees_the_lane(daemon):
     body = {"model": MODEL, "max_tokens": 900, "stream": True, "ignore_eos": True,
             "messages": [{"role": "user", "content": "Write a very long essay."}]}
     with httpx.stream("POST", daemon.url + "/v1/chat/completions", json=body, timeout=60) as r:
+        sid = r.headers["x-superfluid-session"]
         lines = r.iter_lines()  # read a few events but keep the connection open
         got = 0
         while got < 5:
             got += next(lines).startswith("data: ")
         assert _running(daemon) == 1
         r.close()
-    # the client hung up long before 900 tokens: the lane must be free again
-    assert _wait_idle(daemon) == 0
+    # the client hung up long before 900 tokens: the generation is kept for the resume
+    # grace period (10 s by default), then cancelled and its lane freed
+    time.sleep(1.0)
+    assert _running(daemon) == 1
+    assert _wait_idle(daemon, timeout=30) == 0
+    log = httpx.get(f"{daemon.url}/v1/sessions/{sid}/events", timeout=10).json()["data"]
+    assert log[-1]["type"] == "generated" and log[-1]["finish"] == "cancelled"
 
 
 def test_non_streaming_disconnect_frees_the_lane(daemon):

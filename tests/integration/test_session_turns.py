@@ -1,0 +1,65 @@
+"""Per-message spans from the real model's chat template (SmolLM2's tokenizer, no worker):
+a request's prompt is exactly the concatenation of its events' spans, and it is what the
+template renders for the whole conversation."""
+
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from superfluid.codec.template import ChatTemplate
+from superfluid.codec.tokenizer import Tokenizer
+from superfluid.runtime.registry import embedded_model
+from superfluid.session.events import Event, Generated, GenerationPrompt, Message
+from superfluid.session.state import fold
+from superfluid.session.turns import Turns, prelude
+
+
+@pytest.fixture(scope="module")
+def engine():
+    tok = Tokenizer(embedded_model().path)
+    return SimpleNamespace(tokenizer=tok, template=ChatTemplate(tok.chat_template))
+
+
+CONVERSATIONS = [
+    [{"role": "user", "content": "Hi"}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name three colors."}],
+    [{"role": "user", "content": "héllo — ünïcode ✓"}, {"role": "assistant", "content": "ok"},
+     {"role": "user", "content": "again\n\nwith lines"}],
+]
+
+
+@pytest.mark.parametrize("msgs", CONVERSATIONS)
+def test_prelude_equals_the_whole_rendering(engine, msgs):
+    bodies, prompt = prelude(engine, msgs)
+    whole = engine.tokenizer.encode_prompt(engine.template.render(msgs, add_generation_prompt=True))
+    assert prompt == whole
+    assert [t for b in bodies for t in b.span] == prompt
+    assert isinstance(bodies[-1], GenerationPrompt)
+    assert [b.role for b in bodies[:-1]] == [m["role"] for m in msgs]
+
+
+def test_a_message_after_a_generated_turn_closes_it_as_the_template_would(engine):
+    tok = engine.tokenizer
+    msgs = [{"role": "user", "content": "Hi"}]
+    bodies, prompt = prelude(engine, msgs)
+    reply = tok.encode("Hello there!") + [tok.eos]  # what the model produced, end of turn included
+    events = [Event(0, 1, 0.0, Message("x", "", ()))]  # placeholder Created stand-in is not needed
+    from superfluid.session.events import Created
+    events = [Event(0, 1, 0.0, Created())] + [Event(i + 1, 1, 0.0, b) for i, b in enumerate(bodies)]
+    events.append(Event(len(events), 1, 0.0, Generated(tuple(reply), "Hello there!", finish="end_of_turn")))
+    st = fold("s", events)
+    turns = Turns.of(engine, st)
+    msg = turns.message({"role": "user", "content": "Bye"})
+    full = msgs + [{"role": "assistant", "content": "Hello there!"}, {"role": "user", "content": "Bye"}]
+    assert st.tokens + list(msg.span) == tok.encode_prompt(engine.template.render(full, add_generation_prompt=False))
+
+
+def test_prelude_cost_stays_small_for_long_agent_conversations(engine):
+    msgs = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"message {i} " + "word " * 200}
+            for i in range(100)]
+    t0 = time.perf_counter()
+    _, prompt = prelude(engine, msgs)
+    elapsed = time.perf_counter() - t0
+    assert prompt == engine.tokenizer.encode_prompt(engine.template.render(msgs, add_generation_prompt=True))
+    print(f"prelude of 100 messages / {len(prompt)} tokens: {elapsed * 1000:.1f} ms")
