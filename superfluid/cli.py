@@ -77,7 +77,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--sessions", metavar="DIR", help="session store directory (default: $SUPERFLUID_HOME/sessions, ~/.superfluid/sessions)")
     s.add_argument("--sessions-cache", action="store_true", help="keep sessions in memory only: nothing survives a restart")
     s.add_argument("--resume-grace", type=float, default=10.0, metavar="S", help="a streamed generation whose client disconnected keeps running S seconds so it can be resumed with Last-Event-ID (default 10; 0 cancels at once)")
-    s.add_argument("--sessions-max-mb", type=_positive, metavar="MB", help="the session store refuses writes (HTTP 500 store_error) once its file reaches MB")
+    s.add_argument("--sessions-max-mb", type=float, metavar="MB", help="the session store refuses writes (HTTP 500 store_error) once its file reaches MB")
     s.add_argument("--drain-timeout", type=float, default=300.0, help="on SIGUSR1 (superfluid stop --drain): seconds running requests get to finish (default 300)")
     la = sub.add_parser("launch", help="start a coding agent pointed at this server (serving first if needed)")
     la.add_argument("agent", nargs="?", help="claude, codex, opencode or ollama; none: list them")
@@ -151,7 +151,7 @@ def _serve(args: argparse.Namespace) -> int:
     cfg = ServeConfig(ec, host, port, args.max_body, args.default_qos, tuple(policies), args.rate_limit,
                       args.log_format, tui, args.drain_timeout, tuple(sources), args.model_dir,
                       args.idle_timeout, args.sessions, args.sessions_cache, args.resume_grace,
-                      args.sessions_max_mb * 1024 * 1024 if args.sessions_max_mb else None)
+                      int(args.sessions_max_mb * 1024 * 1024) if args.sessions_max_mb else None)
     try:
         store = open_store(cfg)
     except SuperfluidError as e:  # locked by another daemon, or not a store we can read

@@ -116,6 +116,7 @@ async def serve(cfg: ServeConfig, sock: socket.socket, store: Store) -> None:
     host, port = sock.getsockname()[:2]
     metrics = Metrics(engines)
     models.on_load.append(metrics.attach)
+    store.on_commit = metrics.commit.observe
     app = create_app(models, max_body=cfg.max_body_bytes, default_qos=cfg.default_qos,
                      metrics_registry=metrics.registry, policies=list(cfg.policies),
                      loopback_bind=is_loopback_host(host), ip_rpm=cfg.ip_rpm)

@@ -9,6 +9,7 @@ lost the connection can resume it (Last-Event-ID); nobody resuming in time cance
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import OrderedDict
 from collections.abc import AsyncIterator
@@ -47,7 +48,7 @@ class Sessions:
         self._states: OrderedDict[str, SessionState] = OrderedDict()
         self._gens: dict[str, _Gen] = {}  # by request id
         self._busy: dict[str, _Gen] = {}  # by session id
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._locks: dict[str, list] = {}  # session -> [lock, users]
         self._subs: dict[str, set[asyncio.Queue]] = {}
 
     # -- reading -------------------------------------------------------------------------
@@ -82,11 +83,21 @@ class Sessions:
     def live(self, sid: str) -> _Gen | None:
         return self._busy.get(sid)
 
-    def _lock(self, sid: str) -> asyncio.Lock:
-        lock = self._locks.get(sid)
-        if lock is None:
-            lock = self._locks[sid] = asyncio.Lock()
-        return lock
+    @contextlib.asynccontextmanager
+    async def _turn(self, sid: str):
+        """Changes to a session's turns (messages, opening a generation, trim) one at a
+        time: a span is computed from the context it will follow."""
+        entry = self._locks.get(sid)
+        if entry is None:
+            entry = self._locks[sid] = [asyncio.Lock(), 0]
+        entry[1] += 1
+        try:
+            async with entry[0]:
+                yield
+        finally:
+            entry[1] -= 1
+            if entry[1] == 0:
+                self._locks.pop(sid, None)
 
     # -- applying committed events ------------------------------------------------------
     def _applied(self, sid: str, events: list[Event]) -> None:
@@ -175,7 +186,7 @@ class Sessions:
 
     # -- verbs of the native API ---------------------------------------------------------
     async def append_message(self, engine, sid: str, msg: dict) -> list[Event]:
-        async with self._lock(sid):
+        async with self._turn(sid):
             self._idle(sid)
             st = await self.state(sid)
             turns = Turns.of(engine, st, **template_kwargs(st.params))
@@ -187,7 +198,7 @@ class Sessions:
     async def generate(self, engine, sid: str, *, max_tokens: int | None, overrides: dict,
                        stop: tuple[str, ...] | None, qos: Qos) -> tuple[GenRequest, AsyncIterator[Chunk]]:
         """Generate on a session: continue its open turn, or open a new assistant turn."""
-        async with self._lock(sid):
+        async with self._turn(sid):
             self._idle(sid)
             st = await self.state(sid)
             bodies: list[Body] = []
@@ -233,7 +244,7 @@ class Sessions:
         return await self.state(new)
 
     async def trim(self, sid: str, to: int) -> list[Event]:
-        async with self._lock(sid):
+        async with self._turn(sid):
             self._idle(sid)
             st = await self.state(sid)
             if not 0 <= to < st.next_id:

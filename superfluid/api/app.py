@@ -164,9 +164,10 @@ def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Q
     @app.get("/health")
     async def health():
         ready = models.default in engines and all(e.ready for e in engines.values())
-        return _json({"status": "ok" if ready else "unavailable",
-                      "models": {mid: e.status() for mid, e in engines.items()}},
-                     200 if ready else 503)
+        out = {"status": "ok" if ready else "unavailable", "models": {mid: e.status() for mid, e in engines.items()}}
+        if models.sessions is not None:
+            out["store"] = models.sessions.store.stats()
+        return _json(out, 200 if ready else 503)
 
     @app.get("/metrics")
     async def metrics():

@@ -54,6 +54,7 @@ class EngineCollector:
 
 
 ITL_BUCKETS = (0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5)
+COMMIT_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
 
 
 class Metrics:
@@ -71,6 +72,9 @@ class Metrics:
                                 ["path", "status"], registry=self.registry)
         self.errors = Counter("superfluid_errors", "requests that ended in an error, by type",
                               ["type"], registry=self.registry)
+        self.commit = Histogram("superfluid_store_commit_seconds",
+                                "session-store transactions (one fsync each; a step's tokens share one)",
+                                buckets=COMMIT_BUCKETS, registry=self.registry)
         for eng in engines.values():
             self.attach(eng)
 

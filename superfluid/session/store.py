@@ -114,6 +114,7 @@ class Store:
         self.recovered: list[str] = []  # sessions cut mid-generation by the last stop
         self.commit_seconds: list[float] = []  # recent commit latencies (a ring, for stats)
         self.commits = 0  # transactions committed (each one fsync when durable)
+        self.on_commit: Callable[[float], None] | None = None  # seconds per commit (metrics)
         self._lock_fd: int | None = None
         self._conn: sqlite3.Connection | None = None
         self._q: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
@@ -216,6 +217,15 @@ class Store:
             os.close(self._lock_fd)
             self._lock_fd = None
 
+    def stats(self) -> dict:
+        recent = sorted(self.commit_seconds[-1024:])
+
+        def pct(q: float) -> float | None:
+            return round(recent[min(len(recent) - 1, int(q * len(recent)))] * 1000, 3) if recent else None
+
+        return {"path": str(self.path) if self.path else None, "durable": self.durable, "epoch": self.epoch,
+                "commits": self.commits, "commit_p50_ms": pct(0.5), "commit_p99_ms": pct(0.99)}
+
     # -- the writer thread ---------------------------------------------------------------
     def _run(self) -> None:
         while True:
@@ -265,9 +275,12 @@ class Store:
                 err = StoreError(f"the session store could not commit ({e}); nothing of this request was saved")
                 log.error("session store: commit failed: %s", e)
                 results.extend((c, None, err) for c in writes)
-            self.commit_seconds.append(time.perf_counter() - t0)
+            took = time.perf_counter() - t0
+            self.commit_seconds.append(took)
             if len(self.commit_seconds) > 4096:
                 del self.commit_seconds[:2048]
+            if self.on_commit is not None:
+                self.on_commit(took)
         for c in batch:
             if not c.write:
                 try:

@@ -1,0 +1,163 @@
+"""Pull the plug: SIGKILL the daemon mid-generation, restart it on the same sessions
+directory, and check nothing acknowledged was lost or duplicated. Also: a second daemon and
+an unreadable store are refused at start, and a throwaway store keeps nothing."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from superfluid.client import Client
+
+from .daemon import Daemon
+
+PROMPT = "Write a long story about a lighthouse keeper and a storm."
+BUDGET = 60
+
+
+def _session(c: Client) -> str:
+    s = c.create(system="Be brief.", temperature=0)
+    c.append(s["id"], "user", PROMPT)
+    return s["id"]
+
+
+def _generated(c: Client, sid: str) -> list[dict]:
+    return [e for e in c.events(sid) if e["type"] == "generated"]
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("crash-home"))
+
+
+@pytest.fixture(scope="module")
+def reference(home):
+    d = Daemon(home=home)
+    try:
+        with Client(d.url) as c:
+            sid = _session(c)
+            out = c.generate(sid, max_tokens=BUDGET)
+            assert out["finish"] == "length"  # the story is longer than the budget: every kill point is mid-stream
+            return out["text"]
+    finally:
+        d.stop()
+
+
+@pytest.mark.parametrize("kill_after", [1, 7, 30])
+def test_sigkill_mid_stream_loses_nothing(home, reference, kill_after):
+    d = Daemon(home=home)
+    with Client(d.url) as c:
+        epoch_before = c.create(temperature=0)["epoch"]
+        sid = _session(c)
+        seen, last = [], None
+        for ev in c.stream(sid, max_tokens=BUDGET):
+            seen.append(ev["text"])
+            last = ev["id"]
+            if len(seen) >= kill_after:
+                os.kill(d.proc.pid, signal.SIGKILL)
+                break
+    d.proc.wait(10)
+    d = Daemon(home=home)  # the same sessions directory
+    try:
+        with Client(d.url) as c:
+            info = c.get(sid)
+            assert info["epoch"] > epoch_before  # the restart fenced the old owner
+            assert not info["busy"] and info["turn_open"]
+            gen = _generated(c, sid)
+            committed = "".join(e["text"] for e in gen)
+            assert committed.startswith("".join(seen))  # everything the client saw was committed first
+            assert len(gen) >= kill_after
+            assert c.events(sid)[-1]["type"] == "epoch_bump"
+            # the dropped stream resumes from the log: the committed rest, then the interruption
+            resumed = list(c.resume(sid, after=last))
+            rest = "".join(e.get("text", "") for _, e in resumed if e.get("type") == "generated")
+            assert "".join(seen) + rest == committed
+            assert resumed[-1][1]["type"] == "interrupted"
+            # continuing the session finishes the turn exactly as if nothing had happened
+            n_tokens = sum(len(e["span"]) for e in gen)
+            cont = c.generate(sid, max_tokens=BUDGET - n_tokens)
+            assert committed + cont["text"] == reference
+    finally:
+        d.stop()
+
+
+def _serve(home: str, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "superfluid.cli", "serve", "--port", "0", "--threads", "1",
+                           "--max-context", "512", *extra], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "SUPERFLUID_HOME": home})
+
+
+def test_a_second_daemon_on_the_same_sessions_is_refused(tmp_path):
+    d = Daemon(home=str(tmp_path))
+    try:
+        t0 = time.monotonic()
+        r = _serve(str(tmp_path))
+        assert r.returncode == 1
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and "sessions directory" in lines[0] and str(tmp_path) in lines[0]
+        assert time.monotonic() - t0 < 30  # refused before loading anything
+        assert d.health()["status"] == "ok"  # the first one is untouched
+    finally:
+        d.stop()
+
+
+def test_an_unreadable_store_is_refused_and_left_alone(tmp_path):
+    sessions = tmp_path / "sessions"
+    sessions.mkdir()
+    junk = os.urandom(8192)
+    (sessions / "sessions.db").write_bytes(junk)
+    r = _serve(str(tmp_path))
+    assert r.returncode == 1
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(sessions / "sessions.db") in lines[0]
+    assert (sessions / "sessions.db").read_bytes() == junk
+
+
+def test_a_throwaway_store_keeps_nothing(tmp_path):
+    d = Daemon("--sessions-cache", home=str(tmp_path))
+    try:
+        with Client(d.url) as c:
+            sid = _session(c)
+            assert c.generate(sid, max_tokens=4)["text"]
+            assert len(c.events(sid)) > 3
+    finally:
+        d.stop()
+    assert not (tmp_path / "sessions" / "sessions.db").exists()
+    d = Daemon("--sessions-cache", home=str(tmp_path))
+    try:
+        with Client(d.url) as c:
+            assert c.list() == []
+    finally:
+        d.stop()
+
+
+def test_a_full_store_fails_requests_with_a_typed_error_and_stays_whole(tmp_path):
+    import httpx
+    d = Daemon("--sessions-max-mb", "0.25", home=str(tmp_path))
+    try:
+        body = {"model": "SmolLM2-135M-Instruct", "max_tokens": 2, "temperature": 0,
+                "messages": [{"role": "user", "content": "lorem ipsum dolor " * 80}]}
+        ok, err = [], None
+        for _ in range(200):
+            r = httpx.post(d.url + "/v1/chat/completions", json=body, timeout=60)
+            if r.status_code != 200:
+                err = r
+                break
+            ok.append(r.headers["x-superfluid-session"])
+        assert err is not None, "the store never filled up"
+        assert err.status_code == 500 and err.json()["error"]["code"] == "store_error"
+        assert d.health()["status"] == "ok"  # the daemon keeps serving
+        with Client(d.url) as c:
+            for sid in ok[-3:]:  # what was acknowledged is all there
+                assert [e["type"] for e in c.events(sid)][-1] == "generated"
+    finally:
+        d.stop()
+    d = Daemon(home=str(tmp_path))  # and the store opens again (quick_check passes), whole
+    try:
+        with Client(d.url) as c:
+            assert len(c.events(ok[0])) >= 4
+    finally:
+        d.stop()
