@@ -16,6 +16,7 @@ from ..ids import new_id
 from ..request import Chunk, FinishReason, GenRequest, SamplingParams
 from .schema import number_in
 from ..session.turns import prelude
+from .sse import cursor
 from .streams import collect, raise_first_error, sse, submit_all
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -28,8 +29,9 @@ def error_response(e: SuperfluidError) -> Response:
     return Response(orjson.dumps(body), status_code=e.status, media_type="application/json")
 
 
-def _sse(event: str, data: dict) -> bytes:
-    return b"event: " + event.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+def _sse(event: str, data: dict, id: str | None = None) -> bytes:
+    head = b"id: " + id.encode() + b"\n" if id else b""
+    return head + b"event: " + event.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
 
 
 def _text(content, where: str) -> str:
@@ -98,7 +100,7 @@ def usage(c: Chunk, output_tokens: int) -> dict:
             "cache_read_input_tokens": c.cached_tokens, "cache_creation_input_tokens": 0}
 
 
-async def events(rid: str, model: str, prompt_tokens: int, stream) -> AsyncIterator[bytes]:
+async def events(rid: str, model: str, prompt_tokens: int, stream, session: str | None = None) -> AsyncIterator[bytes]:
     start = {"id": rid, "type": "message", "role": "assistant", "model": model, "content": [],
              "stop_reason": None, "stop_sequence": None,
              "usage": {"input_tokens": prompt_tokens, "output_tokens": 0}}
@@ -110,7 +112,8 @@ async def events(rid: str, model: str, prompt_tokens: int, stream) -> AsyncItera
     async for c in stream:
         if c.text:
             yield _sse("content_block_delta", {"type": "content_block_delta", "index": 0,
-                                               "delta": {"type": "text_delta", "text": c.text}})
+                                               "delta": {"type": "text_delta", "text": c.text}},
+                       cursor(session, c.event_id))
         if c.finish is not None:
             if c.error is not None:
                 err = c.error if isinstance(c.error, SuperfluidError) else SuperfluidError(str(c.error))
@@ -137,7 +140,7 @@ def add_routes(app: FastAPI, models, qos_for, body_of) -> None:
         req = gen_request(body, prompt, eng.n_ctx, eng.new_seed(), qos_for(request))
         streams = await submit_all(eng, [req], bodies, api="anthropic.messages", params={"response_id": req.id})
         if body.get("stream"):
-            return sse(events(req.id, eng.model_id, len(prompt), streams[0]), eng, [req])
+            return sse(events(req.id, eng.model_id, len(prompt), streams[0], req.session), eng, [req])
         choices = await collect(request, streams)
         raise_first_error(choices)
         c = choices[0].last

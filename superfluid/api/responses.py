@@ -22,6 +22,7 @@ from ..ids import new_id
 from ..request import FinishReason, GenRequest, SamplingParams
 from .schema import number_in
 from ..session.turns import prelude
+from .sse import cursor
 from .streams import collect, raise_first_error, sse, submit_all
 
 
@@ -161,7 +162,7 @@ def add_routes(app: FastAPI, models, qos_for, body_of, store: ResponseStore) -> 
             return resp
 
         if body.get("stream"):
-            return sse(_events(base, streams[0], finished), eng, [req])
+            return sse(_events(base, streams[0], finished, req.session), eng, [req])
         choices = await collect(request, streams)
         raise_first_error(choices)
         return finished("".join(choices[0].text), choices[0].last)
@@ -183,13 +184,14 @@ def add_routes(app: FastAPI, models, qos_for, body_of, store: ResponseStore) -> 
                 "last_id": its[-1]["id"] if its else None, "has_more": False}
 
 
-async def _events(base: dict, stream, finished) -> AsyncIterator[bytes]:
+async def _events(base: dict, stream, finished, session: str | None = None) -> AsyncIterator[bytes]:
     seq = 0
 
-    def ev(kind: str, **data) -> bytes:
+    def ev(kind: str, _id: str | None = None, **data) -> bytes:
         nonlocal seq
         seq += 1
-        return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(
+        head = b"id: " + _id.encode() + b"\n" if _id else b""
+        return head + b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(
             {"type": kind, "sequence_number": seq - 1, **data}) + b"\n\n"
 
     item_id = "msg_" + base["id"][5:]
@@ -205,7 +207,8 @@ async def _events(base: dict, stream, finished) -> AsyncIterator[bytes]:
     async for c in stream:
         if c.text:
             text.append(c.text)
-            yield ev("response.output_text.delta", item_id=item_id, output_index=0, content_index=0, delta=c.text)
+            yield ev("response.output_text.delta", cursor(session, c.event_id), item_id=item_id, output_index=0,
+                     content_index=0, delta=c.text)
         if c.finish is None:
             continue
         if c.error is not None:

@@ -219,3 +219,20 @@ def test_subscribe_gets_backlog_then_live_events_once(d, c):
     ids = [e["id"] for e in got]
     assert ids == list(range(2, ids[-1] + 1))  # from the cursor on, dense, no duplicates
     assert "".join(e["text"] for e in got if e["type"] == "generated") == out["text"]
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/messages", {"max_tokens": 8, "stream": True, "messages": [{"role": "user", "content": "Hi"}]}),
+    ("/v1/responses", {"max_output_tokens": 8, "stream": True, "input": "Hi"}),
+    ("/v1/completions", {"max_tokens": 8, "stream": True, "prompt": "Once upon a time"}),
+], ids=["anthropic", "responses", "completions"])
+def test_every_sse_api_tags_committed_tokens_with_their_cursor(d, path, body):
+    with httpx.stream("POST", d.url + path, json={"model": MODEL, "temperature": 0, **body}, timeout=60) as r:
+        assert r.status_code == 200
+        sid = r.headers["x-superfluid-session"]
+        ids = [eid for eid, _ in iter_sse(r.iter_lines()) if eid]
+    assert ids and all(i.startswith(sid + ":") for i in ids)
+    nums = [int(i.rsplit(":", 1)[1]) for i in ids]
+    assert nums == sorted(set(nums))
+    log = httpx.get(f"{d.url}/v1/sessions/{sid}/events", timeout=30).json()["data"]
+    assert {e["id"] for e in log if e["type"] == "generated"} >= set(nums)
