@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, fields
 from .errors import BadRequest, SessionBusy, SessionNotFound, StoreError, SuperfluidError
 from .ids import new_id
 from .request import Chunk, FinishReason, GenRequest, Qos, SamplingParams
-from .session.events import Body, Event, Generated, Meta, Purge, ToolResult, Trim
+from .session.events import Body, Event, Generated, Meta, Purge, ToolResult, ToolUse, Trim
 from .session.state import SessionState, apply, fold
 from .session.store import Append, SessionRow, Store
 from .session.turns import Turns
@@ -193,7 +193,9 @@ class Sessions:
             body: Body = turns.message(msg)
             if msg.get("role") == "tool":
                 body = ToolResult(str(msg.get("tool_call_id") or ""), body.text, body.span)  # type: ignore[union-attr]
-            return await self._append(sid, [body])
+            bodies = [body] + [ToolUse(c["function"]["name"], c["function"]["arguments"], c.get("id") or "")
+                               for c in msg.get("tool_calls") or ()]
+            return await self._append(sid, bodies)
 
     async def generate(self, engine, sid: str, *, max_tokens: int | None, overrides: dict,
                        stop: tuple[str, ...] | None, qos: Qos) -> tuple[GenRequest, AsyncIterator[Chunk]]:

@@ -167,9 +167,21 @@ class SessionCreate(SessionSampling):
     raw: bool = False  # no chat template: messages are raw text, generation continues it
 
 
+class ToolFunction(_Body):
+    name: str
+    arguments: str | dict = ""
+
+
+class ToolCallIn(_Body):
+    id: str = ""
+    type: Literal["function"] = "function"
+    function: ToolFunction
+
+
 class SessionMessage(_Body):
     role: Literal["system", "developer", "user", "assistant"]
-    content: str
+    content: str = ""
+    tool_calls: list[ToolCallIn] | None = None  # an assistant message's calls (role assistant only)
 
 
 class SessionToolResult(_Body):

@@ -104,7 +104,13 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
         body = parse(SessionMessage, await request.body())
         role = "system" if body.role == "developer" else body.role
         st = await sessions.state(sid)
-        msg = {"role": "prompt" if st.params.get("raw") else role, "content": body.content}
+        msg: dict = {"role": "prompt" if st.params.get("raw") else role, "content": body.content}
+        if body.tool_calls:
+            if role != "assistant":
+                raise BadRequest("only an assistant message has tool_calls", param="tool_calls")
+            msg["tool_calls"] = [{"id": c.id, "type": "function", "function": {
+                "name": c.function.name, "arguments": c.function.arguments if isinstance(c.function.arguments, str)
+                else orjson.dumps(c.function.arguments).decode()}} for c in body.tool_calls]
         evs = await sessions.append_message(await engine_of(sid), sid, msg)
         return _json({"object": "list", "data": [e.to_json(sid) for e in evs]})
 

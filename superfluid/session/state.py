@@ -68,7 +68,7 @@ class SessionState:
         for e in self.entries:
             if e.kind == "message":
                 msgs.append({"role": e.role, "content": e.text})
-                cur = None
+                cur = msgs[-1] if e.role == "assistant" else None  # its tool calls follow it
             elif e.kind == "generation_prompt":
                 cur = {"role": "assistant", "content": "", "_spans": []}
                 msgs.append(cur)

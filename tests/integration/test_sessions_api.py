@@ -109,6 +109,28 @@ def test_one_generation_at_a_time(c):
     assert c.generate(sid, max_tokens=3)["finish"] in ("length", "end_of_turn")
 
 
+def test_tool_calls_and_results_are_events(d, c):
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+                                               "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+    s = c.create(temperature=0, tools=tools)
+    sid = s["id"]
+    c.append(sid, "user", "What is the weather in Paris?")
+    r = httpx.post(f"{d.url}/v1/sessions/{sid}/messages", timeout=30, json={
+        "role": "assistant", "content": "",
+        "tool_calls": [{"id": "call_1", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]})
+    assert r.status_code == 200
+    evs = r.json()["data"]
+    assert [e["type"] for e in evs] == ["message", "tool_use"]
+    assert evs[1]["name"] == "get_weather" and evs[1]["call_id"] == "call_1" and "Paris" in evs[1]["arguments"]
+    res = c.tool_result(sid, "call_1", "18 C and sunny")
+    assert res[0]["type"] == "tool_result" and res[0]["call_id"] == "call_1" and res[0]["span"]
+    out = c.generate(sid, max_tokens=16)
+    assert out["text"] and out["finish"] in ("length", "end_of_turn")
+    r = httpx.post(f"{d.url}/v1/sessions/{sid}/messages", timeout=30, json={
+        "role": "user", "content": "x", "tool_calls": [{"function": {"name": "f"}}]})
+    assert r.status_code == 400
+
+
 def test_bad_input(d, c):
     with pytest.raises(APIError) as e:
         c.get("sess-doesnotexist")
