@@ -17,6 +17,8 @@ from collections.abc import Iterator
 
 import httpx
 
+_List = list  # the builtin, for annotations inside Client (which has a list method)
+
 
 class APIError(Exception):
     def __init__(self, status: int, body: dict):
@@ -81,14 +83,14 @@ class Client:
 
     # -- sessions ----------------------------------------------------------------------
     def create(self, *, model: str | None = None, system: str | None = None, title: str | None = None,
-               tools: list[dict] | None = None, raw: bool = False, **sampling) -> dict:
+               tools: _List[dict] | None = None, raw: bool = False, **sampling) -> dict:
         body = {"model": model, "system": system, "title": title, "tools": tools, "raw": raw, **sampling}
         return self._call("POST", "/v1/sessions", json={k: v for k, v in body.items() if v is not None})
 
     def get(self, session: str) -> dict:
         return self._call("GET", f"/v1/sessions/{session}")
 
-    def list(self, *, limit: int = 100, archived: bool | None = None) -> list[dict]:
+    def list(self, *, limit: int = 100, archived: bool | None = None) -> _List[dict]:
         params: dict = {"limit": limit}
         if archived is not None:
             params["archived"] = "true" if archived else "false"
@@ -101,11 +103,11 @@ class Client:
     def purge(self, session: str) -> dict:
         return self._call("DELETE", f"/v1/sessions/{session}")
 
-    def append(self, session: str, role: str, content: str) -> list[dict]:
+    def append(self, session: str, role: str, content: str) -> _List[dict]:
         return self._call("POST", f"/v1/sessions/{session}/messages",
                           json={"role": role, "content": content})["data"]
 
-    def tool_result(self, session: str, call_id: str, content: str) -> list[dict]:
+    def tool_result(self, session: str, call_id: str, content: str) -> _List[dict]:
         return self._call("POST", f"/v1/sessions/{session}/tool_results",
                           json={"call_id": call_id, "content": content})["data"]
 
@@ -126,7 +128,7 @@ class Client:
     def cancel(self, session: str) -> bool:
         return self._call("POST", f"/v1/sessions/{session}/cancel")["cancelled"]
 
-    def events(self, session: str, *, after: int = -1, limit: int | None = None) -> list[dict]:
+    def events(self, session: str, *, after: int = -1, limit: int | None = None) -> _List[dict]:
         params: dict = {"after": after}
         if limit is not None:
             params["limit"] = limit

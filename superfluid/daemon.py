@@ -60,7 +60,7 @@ class _Server(uvicorn.Server):
     def _on_signal(self, sig: int) -> None:
         if sig == signal.SIGUSR1:
             log.info("draining: no new requests; running ones have %.0f s to finish", self.drain_timeout)
-            self.config.timeout_graceful_shutdown = self.drain_timeout
+            self.config.timeout_graceful_shutdown = int(self.drain_timeout)
         elif self.should_exit:
             self.force_exit = True  # a second Ctrl-C: stop waiting for open streams
         self.should_exit = True
@@ -112,6 +112,7 @@ async def serve(cfg: ServeConfig, sock: socket.socket, store: Store) -> None:
         raise
     models.announce = True
     engines = models.engines
+    assert models.default is not None
     engine = engines[models.default]
     host, port = sock.getsockname()[:2]
     metrics = Metrics(engines)

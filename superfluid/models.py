@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from .config import EngineConfig
 from .engine import Engine
@@ -31,7 +32,7 @@ class Models:
         self.engines: dict[str, Engine] = {}  # the loaded ones (a live dict: metrics read it)
         self.default: str | None = None
         self.on_load: list[Callable[[Engine], None]] = []
-        self.sessions = None  # sessions.Sessions, when the daemon has a session store
+        self.sessions: Any = None  # sessions.Sessions, when the daemon has a session store
         self.announce = False  # log loads once the server is up (the banner covers the first ones)
         self._lock = asyncio.Lock()
 

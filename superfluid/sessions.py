@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field, fields
 
 from .errors import BadRequest, SessionBusy, SessionNotFound, StoreError, SuperfluidError
@@ -122,7 +122,7 @@ class Sessions:
         return evs
 
     # -- creating ------------------------------------------------------------------------
-    async def create(self, engine, *, params: dict, messages: list[dict] = (), title: str | None = None,
+    async def create(self, engine, *, params: dict, messages: Sequence[dict] = (), title: str | None = None,
                      api: str = "sessions") -> SessionState:
         sid = new_id("sess")
         params = {**params, "model": engine.model_id}
@@ -154,7 +154,7 @@ class Sessions:
         created = await self.store.create_many(specs)
         streams = []
         try:
-            for r, spec, evs in zip(reqs, specs, created):
+            for r, spec, evs in zip(reqs, specs, created, strict=True):
                 r.session = spec["sid"]
                 self._start(r, engine, evs[-1].id + 1)
                 streams.append(engine.submit(r))
@@ -283,7 +283,7 @@ class Sessions:
         except SuperfluidError as e:
             res = iter([e] * len(items))
         out: list = []
-        for (req, body), gen in zip(items, gens):
+        for (req, body), gen in zip(items, gens, strict=True):
             if gen is None:
                 out.append(StoreError(f"generation {req.id} has no session"))
                 continue

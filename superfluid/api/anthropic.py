@@ -101,7 +101,7 @@ def usage(c: Chunk, output_tokens: int) -> dict:
 
 
 async def events(rid: str, model: str, prompt_tokens: int, stream, session: str | None = None) -> AsyncIterator[bytes]:
-    start = {"id": rid, "type": "message", "role": "assistant", "model": model, "content": [],
+    start: dict = {"id": rid, "type": "message", "role": "assistant", "model": model, "content": [],
              "stop_reason": None, "stop_sequence": None,
              "usage": {"input_tokens": prompt_tokens, "output_tokens": 0}}
     yield _sse("message_start", {"type": "message_start", "message": start})
@@ -144,6 +144,7 @@ def add_routes(app: FastAPI, models, qos_for, body_of) -> None:
         choices = await collect(request, streams)
         raise_first_error(choices)
         c = choices[0].last
+        assert c is not None  # collect() returns only finished choices
         return {"id": req.id, "type": "message", "role": "assistant", "model": eng.model_id,
                 "content": [{"type": "text", "text": "".join(choices[0].text)}],
                 "stop_reason": stop_reason(c), "stop_sequence": c.stop_sequence,

@@ -37,7 +37,8 @@ class _Window:
     """Request timestamps within the last minute, for a requests-per-minute limit."""
 
     def __init__(self, limit: int):
-        self.limit, self.times = limit, deque()
+        self.limit = limit
+        self.times: deque[float] = deque()
 
     def admit(self, now: float) -> float:
         """0 if admitted (and counted), else seconds until a slot frees."""

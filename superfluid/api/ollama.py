@@ -195,6 +195,7 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
         choices = await collect(request, streams)
         raise_first_error(choices)
         c = choices[0]
+        assert c.last is not None  # collect() returns only finished choices
         text_out = "".join(c.text)
         return {"model": model, "created_at": _now(),
                 key: {"role": "assistant", "content": text_out} if chat else text_out,

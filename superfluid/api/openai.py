@@ -43,9 +43,10 @@ def completion_prompt(engine, body: CompletionRequest) -> list[int]:
             raise BadRequest("one prompt per request is supported", param="prompt")
         if isinstance(p[0], int):
             return list(p)  # type: ignore[arg-type]
-        p = p[0]
-        if isinstance(p, list):
-            return list(p)
+        first = p[0]
+        if isinstance(first, list):
+            return [int(t) for t in first]
+        p = first
     return engine.encode_prompt(p)  # type: ignore[arg-type]
 
 

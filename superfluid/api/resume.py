@@ -69,7 +69,7 @@ class _Format:
 async def _next(q: asyncio.Queue) -> Event | None:
     try:
         return await asyncio.wait_for(q.get(), PING_S)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return None
 
 

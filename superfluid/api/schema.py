@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal, TypeVar, Union
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -105,7 +105,10 @@ def json_object(raw: bytes) -> dict:
     return data
 
 
-def parse(cls: type[_Body], raw: bytes) -> _Body:
+B = TypeVar("B", bound=_Body)
+
+
+def parse(cls: type[B], raw: bytes) -> B:
     data = json_object(raw)
     try:
         return cls.model_validate(data)

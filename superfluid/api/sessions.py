@@ -9,7 +9,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
 from ..errors import BadRequest, SuperfluidError, WorkerCrashed
-from ..request import Qos, SamplingParams
+from ..request import SamplingParams
 from ..sessions import sampling_dict
 from .resume import rest_of_generation, subscription
 from .schema import (SessionCreate, SessionFork, SessionGenerate, SessionMessage, SessionMetaBody, SessionToolResult,

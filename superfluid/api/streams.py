@@ -126,12 +126,19 @@ def sse(gen: AsyncIterator[bytes], engine, reqs: list[GenRequest],
     generation instead gets the grace period to be resumed (Sessions.unwatch)."""
     sessions = engine.log
     if sessions is None or not all(r.session for r in reqs):
-        return _EngineStream(gen, lambda: [engine.cancel(r.id) for r in reqs], media_type)
+        def cancel() -> None:
+            for r in reqs:
+                engine.cancel(r.id)
+        return _EngineStream(gen, cancel, media_type)
     watched = []
     for r in reqs:
         engine.keep_running(r.id)
         watched.append(sessions.watch(r.session))
-    return _EngineStream(gen, lambda: [sessions.unwatch(g) for g in watched], media_type, session_header(reqs))
+
+    def unwatch() -> None:
+        for g in watched:
+            sessions.unwatch(g)
+    return _EngineStream(gen, unwatch, media_type, session_header(reqs))
 
 
 def _error_event(c: Chunk) -> bytes:

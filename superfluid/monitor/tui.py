@@ -11,6 +11,7 @@ import logging
 import statistics
 import time
 from collections import deque
+from typing import Any
 
 from rich.console import Group
 from rich.panel import Panel
@@ -102,10 +103,10 @@ class LiveMonitor:
 
     def __init__(self, dashboard: Dashboard):
         self.dashboard = dashboard
-        self._live = None
+        self._live: Any = None
         self._saved_handlers: list[logging.Handler] = []
-        self._term = None
-        self._task = None
+        self._term: Any = None
+        self._task: Any = None
 
     def start(self) -> None:
         import asyncio

@@ -258,8 +258,9 @@ class Scheduler:
         if src is not None and src.job is None and n > 0:
             slot, keep = src, n
         else:
-            slot = self.slots.evictable()
-            assert slot is not None, "a free lane always has a free slot"
+            free = self.slots.evictable()
+            assert free is not None, "a free lane always has a free slot"
+            slot = free
             keep = 0
             if src is not None:
                 copies.append(Copy(src.seq, slot.seq, n))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..errors import BadRequest
 from .events import GenerationPrompt, Message
@@ -23,8 +24,8 @@ def context_text(tokenizer, tokens: list[int]) -> str:
 @dataclass
 class Turns:
     """A growing conversation: its rendered messages, tokens and their text."""
-    tokenizer: object
-    template: object
+    tokenizer: Any
+    template: Any
     template_kwargs: dict = field(default_factory=dict)
     messages: list[dict] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
@@ -40,18 +41,18 @@ class Turns:
         return t
 
     def _render(self, messages: list[dict], gen: bool) -> str:
-        return self.template.render(messages, add_generation_prompt=gen, **self.template_kwargs)  # type: ignore[attr-defined]
+        return self.template.render(messages, add_generation_prompt=gen, **self.template_kwargs)
 
     def _span(self, full: str, previous: list[dict]) -> tuple[int, ...]:
         tok = self.tokenizer
         if not self.tokens:
-            return tuple(tok.encode_prompt(full))  # type: ignore[attr-defined]
+            return tuple(tok.encode_prompt(full))
         if full.startswith(self.text):
             rest = full[len(self.text):]
         else:
             prev = self._render(previous, False) if previous else ""
             rest = full[len(prev):] if full.startswith(prev) else full
-        return tuple(tok.encode(rest, parse_special=True))  # type: ignore[attr-defined]
+        return tuple(tok.encode(rest, parse_special=True))
 
     def _take(self, span: tuple[int, ...]) -> None:
         self.tokens.extend(span)
@@ -62,8 +63,8 @@ class Turns:
         if msg.get("role") == "prompt":  # a raw completion prompt: no template
             text = str(msg.get("content") or "")
             enc = self.tokenizer.encode_prompt if not self.tokens else (
-                lambda s: self.tokenizer.encode(s, parse_special=True))  # type: ignore[attr-defined]
-            span = tuple(enc(text))  # type: ignore[operator]
+                lambda s: self.tokenizer.encode(s, parse_special=True))
+            span = tuple(enc(text))
         else:
             full = self._render(self.messages + [msg], False)
             span = self._span(full, self.messages)
@@ -108,7 +109,7 @@ def _prelude_light(engine, messages: list[dict], kw: dict) -> tuple[list, list[i
     """The same spans, rendering each prefix with short markers for the contents (an agent's
     100-message history would otherwise be rendered 100 times in full). Valid only when the
     template puts contents in verbatim, which one full rendering checks; None otherwise."""
-    contents = [m.get("content") for m in messages]
+    contents: list[str] = [m.get("content") for m in messages]  # type: ignore[misc]
     if not messages or not all(isinstance(c, str) and "\x00" not in c for c in contents):
         return None
     light = [{**m, "content": f"\x00{i}\x00"} for i, m in enumerate(messages)]

@@ -110,8 +110,9 @@ def test_one_generation_at_a_time(c):
 
 
 def test_tool_calls_and_results_are_events(d, c):
-    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
-                                               "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+    params = {"type": "object", "properties": {"city": {"type": "string"}}}
+    tools = [{"type": "function",
+              "function": {"name": "get_weather", "description": "Weather in a city", "parameters": params}}]
     s = c.create(temperature=0, tools=tools)
     sid = s["id"]
     c.append(sid, "user", "What is the weather in Paris?")
@@ -197,7 +198,7 @@ def _resume(d, sid, last_id):
     with httpx.stream("GET", f"{d.url}/v1/sessions/{sid}/resume", headers={"Last-Event-ID": last_id},
                       timeout=60) as r:
         assert r.status_code == 200
-        for eid, data in iter_sse(r.iter_lines()):
+        for _, data in iter_sse(r.iter_lines()):
             if data == "[DONE]":
                 break
             ch = data["choices"][0]
