@@ -116,6 +116,14 @@ class Engine:
                 pass
         if self._deliverer is not None:
             self._deliverer.cancel()
+        # tokens still waiting for their commit are dropped: each of those streams ends
+        # with the error below (the log may hold more than its client saw, never less)
+        waiting = list(dict.fromkeys(st for _, outs in self._deliveries for st, _ in outs))
+        self._deliveries.clear()
+        for st in waiting:
+            if st.req.id not in self._streams and not st.failed:  # its last chunk was among them
+                st.queue.put_nowait(Chunk(st.req.id, finish=FinishReason.ERROR if error else FinishReason.CANCELLED,
+                                          error=error, prompt_tokens=len(st.req.prompt), completion_tokens=st.n_out))
         for st in list(self._streams.values()):
             self._end(st, Chunk(st.req.id, finish=FinishReason.ERROR if error else FinishReason.CANCELLED,
                                 error=error, prompt_tokens=len(st.req.prompt), completion_tokens=st.n_out))
@@ -343,7 +351,7 @@ class Engine:
             results: list = []
             if fut is not None:
                 try:
-                    results = await fut
+                    results = await asyncio.shield(fut)  # stopping us must not stop the log's bookkeeping
                 except SuperfluidError as e:
                     results = [e] * len(outs)
             self._deliveries.popleft()
