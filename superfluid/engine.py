@@ -17,9 +17,11 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from .codec.channels import Channels, reasoning_markers
 from .codec.detok import TextStream
 from .codec.template import ChatTemplate
 from .codec.tokenizer import Tokenizer
+from .codec.tools import detect as detect_tool_format
 from .config import EngineConfig
 from .errors import BadRequest, ContextLengthExceeded, SuperfluidError, WorkerCrashed, WorkerUnavailable
 from .plan import StepPlan
@@ -52,6 +54,7 @@ class _Stream:
     n_out: int = 0
     done: bool = False
     keep: bool = False  # the consumer going away does not cancel it (a resumable stream)
+    channels: Channels | None = None
     failed: bool = False  # its log commit failed: it ended with that error
     t_submit: float = field(default_factory=time.monotonic)
     ttft_s: float | None = None
@@ -67,6 +70,8 @@ class Engine:
         self.template = ChatTemplate(tokenizer.chat_template,
                                      bos=tt(tokenizer.bos).decode() if tokenizer.bos >= 0 else "",
                                      eos=tt(tokenizer.eos).decode() if tokenizer.eos >= 0 else "")
+        self.tool_format = detect_tool_format(self.template.source)
+        self.reasoning = reasoning_markers(self.template.source)
         self.spec = WorkerSpec(cfg.model_path, cfg.slots, n_ctx, cfg.threads, cfg.step_tokens)
         self.worker: WorkerProcess | None = None
         self.info: ModelInfo | None = None
@@ -154,7 +159,8 @@ class Engine:
         """Queue a generation; raises a typed error at once if it can never run."""
         self.check(req)
         self.last_used = time.monotonic()
-        st = _Stream(req, TextStream(self.tokenizer.pieces, self.tokenizer.eog, req.stop))
+        st = _Stream(req, TextStream(self.tokenizer.pieces, self.tokenizer.eog, req.stop),
+                     channels=Channels(req.channels) if req.channels is not None else None)
         self._streams[req.id] = st
         self.sched.add(Job(req.id, list(req.prompt), req.sampling, req.max_tokens, req.qos))
         if self._gave_up:  # a new request is the cue to try the worker again
@@ -334,7 +340,8 @@ class Engine:
         The commit runs while the loop goes on with the next step; deliveries keep order."""
         if not outs:
             return
-        items = [(st.req, Generated(tuple(c.tokens), c.text, "content", c.finish.log_name if c.finish else None))
+        items = [(st.req, Generated(tuple(c.tokens), c.text if c.raw is None else c.raw, "content",
+                                    c.finish.log_name if c.finish else None))
                  for st, c in outs if st.req.session is not None]
         fut = self.log.commit(items) if items and self.log is not None else None
         if fut is None and not self._deliveries:
@@ -389,6 +396,15 @@ class Engine:
             self.sched.finish(ev.job_id, finish)
         elif finish is not None:
             text += st.text.finish()
+        raw, reasoning, calls = text, "", []
+        if st.channels is not None:
+            parts = st.channels.feed(text)
+            if finish is not None:
+                end = st.channels.finish()
+                parts.content += end.content
+                parts.reasoning += end.reasoning
+                parts.calls += end.calls
+            text, reasoning, calls = parts.content, parts.reasoning, parts.calls
         now = time.monotonic()
         if st.n_out == 1:
             st.ttft_s = now - st.t_submit
@@ -401,7 +417,8 @@ class Engine:
         chunk = Chunk(ev.job_id, text=text, tokens=[ev.token], finish=finish,
                       prompt_tokens=len(st.req.prompt), completion_tokens=st.n_out,
                       cached_tokens=ev.cached, ttft_s=st.ttft_s if finish is not None else None,
-                      stop_sequence=st.text.stopped_by)
+                      stop_sequence=st.text.stopped_by, reasoning=reasoning, tool_calls=calls,
+                      raw=raw if st.channels is not None else None)
         if ev.logprob is not None and ev.token not in self.tokenizer.eog:
             tt = self.tokenizer.token_text
             chunk.logprobs.append(TokenLogprob(ev.token, tt(ev.token), ev.logprob,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 
 class Qos(enum.IntEnum):
@@ -44,11 +45,12 @@ class SamplingParams:
     repeat_penalty: float = 1.0
     top_logprobs: int = -1  # -1: no logprobs; 0: the chosen token's; n: plus the n best
     ignore_eos: bool = False
+    grammar: str = ""  # an llguidance grammar the output must match (codec/grammar.py); "" none
 
     def to_wire(self) -> list:
         return [self.temperature, self.top_p, self.top_k, self.min_p, self.seed,
                 self.presence_penalty, self.frequency_penalty, self.repeat_penalty,
-                self.top_logprobs, self.ignore_eos]
+                self.top_logprobs, self.ignore_eos, self.grammar]
 
     @classmethod
     def from_wire(cls, w: list) -> SamplingParams:
@@ -64,6 +66,7 @@ class GenRequest:
     stop: tuple[str, ...] = ()
     qos: Qos = Qos.AGENT
     session: str | None = None  # the session whose log records this generation
+    channels: Any = None  # codec.channels.ChannelSpec: split reasoning / tool calls from content
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,3 +92,6 @@ class Chunk:
     stop_sequence: str | None = None  # on the last chunk: the caller's stop string that matched
     error: Exception | None = None
     event_id: int | None = None  # the session-log event that committed these tokens
+    reasoning: str = ""  # reasoning-channel text (content is in `text`)
+    tool_calls: list = field(default_factory=list)  # codec.tools.ToolCall completed in this chunk
+    raw: str | None = None  # the model's text before channels were split out (None: same as text)

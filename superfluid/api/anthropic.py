@@ -1,6 +1,7 @@
-"""The Anthropic Messages API (`/v1/messages`), text part: translation onto GenRequest and
-from Chunks, with the exact streaming event grammar. Tool use, thinking and images are
-refused clearly until the tool-call dialect and grammar engine land."""
+"""The Anthropic Messages API (`/v1/messages`): translation onto the canonical chat request
+(text, tool_use and tool_result blocks, tools, tool_choice, thinking) and from Chunks
+(text, thinking and tool_use blocks), with the exact streaming event grammar. Images are
+refused: the models served take text only."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from ..errors import BadRequest, ContextLengthExceeded, SuperfluidError
 from ..ids import new_id
 from ..request import Chunk, FinishReason, GenRequest, SamplingParams
 from .schema import number_in
-from ..session.turns import prelude
+from .prompt import chat_prompt as build_chat_prompt
+from .prompt import template_options
 from .sse import cursor
 from .streams import collect, raise_first_error, sse, submit_all
 
@@ -46,11 +48,50 @@ def _text(content, where: str) -> str:
             out.append(b["text"])
         elif kind == "image":
             raise BadRequest("this model takes text only: image blocks are not supported", param=f"{where}.{i}")
-        elif kind in ("tool_use", "tool_result", "thinking", "redacted_thinking"):
-            raise BadRequest(f"{kind} blocks are not supported yet", param=f"{where}.{i}")
         else:
-            raise BadRequest(f"unknown content block {kind!r}", param=f"{where}.{i}")
+            raise BadRequest(f"unexpected content block {kind!r}", param=f"{where}.{i}")
     return "".join(out)
+
+
+def _blocks(m: dict, i: int) -> list[dict]:
+    """One Anthropic message as canonical messages: text, assistant tool calls (tool_use),
+    tool results (tool_result, each a `tool` message). Thinking blocks are not fed back."""
+    content = m.get("content", "")
+    where = f"messages.{i}.content"
+    if isinstance(content, str):
+        return [{"role": m["role"], "content": content}]
+    if not isinstance(content, list):
+        raise BadRequest(f"{where} must be a string or a list of content blocks", param=where)
+    text: list[str] = []
+    calls: list[dict] = []
+    results: list[dict] = []
+    for j, b in enumerate(content):
+        kind = b.get("type") if isinstance(b, dict) else None
+        if kind == "text" and isinstance(b.get("text"), str):
+            text.append(b["text"])
+        elif kind == "tool_use" and m["role"] == "assistant":
+            if not isinstance(b.get("name"), str) or not isinstance(b.get("input", {}), dict):
+                raise BadRequest("tool_use needs a name and an input object", param=f"{where}.{j}")
+            calls.append({"id": str(b.get("id") or ""), "type": "function", "function": {
+                "name": b["name"], "arguments": orjson.dumps(b.get("input", {})).decode()}})
+        elif kind == "tool_result" and m["role"] == "user":
+            inner = b.get("content", "")
+            body = inner if isinstance(inner, str) else _text(inner, f"{where}.{j}.content")
+            if b.get("is_error"):
+                body = "Error: " + body
+            results.append({"role": "tool", "tool_call_id": str(b.get("tool_use_id") or ""), "content": body})
+        elif kind in ("thinking", "redacted_thinking") and m["role"] == "assistant":
+            continue
+        elif kind == "image":
+            raise BadRequest("this model takes text only: image blocks are not supported", param=f"{where}.{j}")
+        else:
+            raise BadRequest(f"unexpected content block {kind!r} in a {m['role']} message", param=f"{where}.{j}")
+    out: list[dict] = results[:]
+    if calls:
+        out.append({"role": "assistant", "content": "".join(text) or None, "tool_calls": calls})
+    elif text or not results:
+        out.append({"role": m["role"], "content": "".join(text)})
+    return out
 
 
 def conversation(body: dict) -> list[dict]:
@@ -63,18 +104,40 @@ def conversation(body: dict) -> list[dict]:
     for i, m in enumerate(msgs):
         if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
             raise BadRequest("each message needs role 'user' or 'assistant'", param=f"messages.{i}.role")
-        turns.append({"role": m["role"], "content": _text(m.get("content", ""), f"messages.{i}.content")})
+        turns += _blocks(m, i)
     return turns
 
 
-def gen_request(body: dict, prompt: list[int], n_ctx: int, seed: int, qos) -> GenRequest:
+def tools_of(body: dict) -> tuple[list[dict] | None, object]:
+    """Anthropic tools and tool_choice in OpenAI's shapes."""
+    tools = body.get("tools")
+    if tools is None:
+        return None, None
+    if not isinstance(tools, list):
+        raise BadRequest("tools must be a list", param="tools")
+    out = []
+    for i, t in enumerate(tools):
+        if not isinstance(t, dict) or not isinstance(t.get("name"), str):
+            raise BadRequest("each tool needs a name and an input_schema", param=f"tools.{i}")
+        out.append({"type": "function", "function": {"name": t["name"], "description": t.get("description", ""),
+                                                      "parameters": t.get("input_schema") or {"type": "object"}}})
+    choice = body.get("tool_choice")
+    if choice is None:
+        return out, None
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    mapped = {"auto": "auto", "any": "required", "none": "none"}.get(kind or "")
+    if kind == "tool":
+        return out, {"type": "function", "function": {"name": choice.get("name")}}
+    if mapped is None:
+        raise BadRequest("tool_choice type must be auto, any, tool or none", param="tool_choice")
+    return out, mapped
+
+
+def gen_request(body: dict, prompt: list[int], n_ctx: int, seed: int, qos, grammar: str = "",
+                channels=None) -> GenRequest:
     mt = body.get("max_tokens")
     if isinstance(mt, bool) or not isinstance(mt, int) or mt < 1:
         raise BadRequest("max_tokens: a positive integer is required", param="max_tokens")
-    if body.get("tools"):
-        raise BadRequest("tools are not supported yet", param="tools")
-    if (body.get("thinking") or {}).get("type") == "enabled":
-        raise BadRequest("this model does not think", param="thinking")
     stops = body.get("stop_sequences") or []
     if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
         raise BadRequest("stop_sequences must be a list of strings", param="stop_sequences")
@@ -85,14 +148,36 @@ def gen_request(body: dict, prompt: list[int], n_ctx: int, seed: int, qos) -> Ge
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
         raise BadRequest("top_k must be a non-negative integer", param="top_k")
     sp = SamplingParams(temperature=number_in(body, "temperature", 0, 1, 1.0),
-                        top_p=number_in(body, "top_p", 0.001, 1, 1.0), top_k=top_k, seed=seed)
-    return GenRequest(new_id("msg"), prompt, sp, mt, tuple(stops), qos)
+                        top_p=number_in(body, "top_p", 0.001, 1, 1.0), top_k=top_k, seed=seed, grammar=grammar)
+    return GenRequest(new_id("msg"), prompt, sp, mt, tuple(stops), qos, channels=channels)
 
 
-def stop_reason(c: Chunk) -> str:
+def chat_prompt(eng, body: dict):
+    tools, choice = tools_of(body)
+    thinking = body.get("thinking")
+    enabled = isinstance(thinking, dict) and thinking.get("type") == "enabled"
+    return build_chat_prompt(eng, conversation(body), tools=tools, tool_choice=choice,
+                             template_kwargs=template_options(enable_thinking=True if enabled else None))
+
+
+def stop_reason(c: Chunk, made_calls: bool = False) -> str:
     if c.finish == FinishReason.STOP_SEQUENCE:
         return "stop_sequence"
-    return "max_tokens" if c.finish == FinishReason.LENGTH else "end_turn"
+    if c.finish == FinishReason.LENGTH:
+        return "max_tokens"
+    return "tool_use" if made_calls else "end_turn"
+
+
+def tool_id(call) -> str:
+    return "toolu_" + call.id.removeprefix("call_")
+
+
+def tool_use_block(call) -> dict:
+    try:
+        args = orjson.loads(call.arguments)
+    except orjson.JSONDecodeError:
+        args = {}
+    return {"type": "tool_use", "id": tool_id(call), "name": call.name, "input": args}
 
 
 def usage(c: Chunk, output_tokens: int) -> dict:
@@ -100,29 +185,75 @@ def usage(c: Chunk, output_tokens: int) -> dict:
             "cache_read_input_tokens": c.cached_tokens, "cache_creation_input_tokens": 0}
 
 
+class _Blocks:
+    """Content blocks of a streamed message, opened as output arrives: thinking, text,
+    tool_use (each call one block with its input as one input_json_delta)."""
+
+    def __init__(self) -> None:
+        self.index = -1
+        self.open_kind: str | None = None
+        self.calls = 0
+
+    def _open(self, block: dict) -> list[bytes]:
+        out = self.close()
+        self.index += 1
+        self.open_kind = block["type"]
+        return out + [_sse("content_block_start", {"type": "content_block_start", "index": self.index,
+                                                   "content_block": block})]
+
+    def close(self) -> list[bytes]:
+        if self.open_kind is None:
+            return []
+        self.open_kind = None
+        return [_sse("content_block_stop", {"type": "content_block_stop", "index": self.index})]
+
+    def delta(self, kind: str, delta: dict, eid: str | None = None) -> list[bytes]:
+        block = {"type": "thinking", "thinking": "", "signature": ""} if kind == "thinking" else \
+            {"type": "text", "text": ""}
+        out = [] if self.open_kind == kind else self._open(block)
+        return out + [_sse("content_block_delta", {"type": "content_block_delta", "index": self.index,
+                                                   "delta": delta}, eid)]
+
+    def call(self, call) -> list[bytes]:
+        self.calls += 1
+        out = self._open({"type": "tool_use", "id": tool_id(call), "name": call.name, "input": {}})
+        out.append(_sse("content_block_delta", {"type": "content_block_delta", "index": self.index,
+                                                "delta": {"type": "input_json_delta", "partial_json": call.arguments}}))
+        return out + self.close()
+
+
 async def events(rid: str, model: str, prompt_tokens: int, stream, session: str | None = None) -> AsyncIterator[bytes]:
     start: dict = {"id": rid, "type": "message", "role": "assistant", "model": model, "content": [],
-             "stop_reason": None, "stop_sequence": None,
-             "usage": {"input_tokens": prompt_tokens, "output_tokens": 0}}
+                   "stop_reason": None, "stop_sequence": None,
+                   "usage": {"input_tokens": prompt_tokens, "output_tokens": 0}}
     yield _sse("message_start", {"type": "message_start", "message": start})
-    yield _sse("content_block_start", {"type": "content_block_start", "index": 0,
-                                       "content_block": {"type": "text", "text": ""}})
     yield _sse("ping", {"type": "ping"})
+    blocks = _Blocks()
     last_ping = time.monotonic()
     async for c in stream:
+        out: list[bytes] = []
+        if c.reasoning:
+            out += blocks.delta("thinking", {"type": "thinking_delta", "thinking": c.reasoning})
         if c.text:
-            yield _sse("content_block_delta", {"type": "content_block_delta", "index": 0,
-                                               "delta": {"type": "text_delta", "text": c.text}},
-                       cursor(session, c.event_id))
+            out += blocks.delta("text", {"type": "text_delta", "text": c.text}, cursor(session, c.event_id))
+        for call in c.tool_calls:
+            out += blocks.call(call)
+        for o in out:
+            yield o
         if c.finish is not None:
             if c.error is not None:
                 err = c.error if isinstance(c.error, SuperfluidError) else SuperfluidError(str(c.error))
                 yield _sse("error", {"type": "error", "error": {"type": ERROR_TYPES.get(err.status, "api_error"),
                                                                 "message": err.message}})
                 return
-            yield _sse("content_block_stop", {"type": "content_block_stop", "index": 0})
+            if blocks.index < 0:  # nothing was said: one empty text block, as Anthropic sends
+                for o in blocks.delta("text", {"type": "text_delta", "text": ""}):
+                    yield o
+            for o in blocks.close():
+                yield o
             yield _sse("message_delta", {"type": "message_delta",
-                                         "delta": {"stop_reason": stop_reason(c), "stop_sequence": c.stop_sequence},
+                                         "delta": {"stop_reason": stop_reason(c, blocks.calls > 0),
+                                                   "stop_sequence": c.stop_sequence},
                                          "usage": usage(c, c.completion_tokens)})
             yield _sse("message_stop", {"type": "message_stop"})
             return
@@ -136,25 +267,33 @@ def add_routes(app: FastAPI, models, qos_for, body_of) -> None:
     async def messages(request: Request):
         body = await body_of(request)
         eng = await models.get(_model(body))
-        bodies, prompt = prelude(eng, conversation(body))
-        req = gen_request(body, prompt, eng.n_ctx, eng.new_seed(), qos_for(request))
-        streams = await submit_all(eng, [req], bodies, api="anthropic.messages", params={"response_id": req.id})
+        cp = chat_prompt(eng, body)
+        req = gen_request(body, cp.prompt, eng.n_ctx, eng.new_seed(), qos_for(request), cp.grammar, cp.channels)
+        streams = await submit_all(eng, [req], cp.bodies, api="anthropic.messages", params={"response_id": req.id})
         if body.get("stream"):
-            return sse(events(req.id, eng.model_id, len(prompt), streams[0], req.session), eng, [req])
+            return sse(events(req.id, eng.model_id, len(cp.prompt), streams[0], req.session), eng, [req])
         choices = await collect(request, streams)
         raise_first_error(choices)
-        c = choices[0].last
+        ch = choices[0]
+        c = ch.last
         assert c is not None  # collect() returns only finished choices
-        return {"id": req.id, "type": "message", "role": "assistant", "model": eng.model_id,
-                "content": [{"type": "text", "text": "".join(choices[0].text)}],
-                "stop_reason": stop_reason(c), "stop_sequence": c.stop_sequence,
+        content: list[dict] = []
+        reasoning = "".join(ch.reasoning)
+        if reasoning:
+            content.append({"type": "thinking", "thinking": reasoning, "signature": ""})
+        text = "".join(ch.text)
+        if text or not ch.tool_calls:
+            content.append({"type": "text", "text": text})
+        content += [tool_use_block(t) for t in ch.tool_calls]
+        return {"id": req.id, "type": "message", "role": "assistant", "model": eng.model_id, "content": content,
+                "stop_reason": stop_reason(c, bool(ch.tool_calls)), "stop_sequence": c.stop_sequence,
                 "usage": usage(c, c.completion_tokens)}
 
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(request: Request):
         body = await body_of(request)
         eng = await models.get(_model(body))
-        return {"input_tokens": len(eng.encode_prompt(eng.template.render(conversation(body))))}
+        return {"input_tokens": len(chat_prompt(eng, body).prompt)}
 
 
 def _model(body: dict) -> str:

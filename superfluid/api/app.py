@@ -159,7 +159,10 @@ def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Q
     anthropic.add_routes(app, models, qos, json_body)
     if models.sessions is not None:
         sessions_api.add_routes(app, models, qos)
-    responses.add_routes(app, models, qos, json_body, responses.ResponseStore(home() / "responses"))
+    if models.sessions is not None:
+        rstore = responses.ResponseStore(models.sessions.store, home() / "responses")
+        rstore.import_legacy()
+        responses.add_routes(app, models, qos, json_body, rstore)
 
     @app.get("/health")
     async def health():
@@ -229,13 +232,13 @@ def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Q
     async def chat(request: Request):
         body = parse(ChatCompletionRequest, await request.body())
         eng = await engine_for(body.model)
-        bodies, prompt = oa.chat_prompt(eng, body)
+        cp = oa.chat_prompt(eng, body)
         top = (body.top_logprobs or 0) if body.logprobs else -1
         rid = new_id("chatcmpl")
-        reqs = oa.gen_requests(body, prompt, base_id=rid, n_ctx=eng.n_ctx, seed=eng.new_seed(),
+        reqs = oa.gen_requests(body, cp.prompt, base_id=rid, n_ctx=eng.n_ctx, seed=eng.new_seed(),
                                default_max=None, top_logprobs=top, qos=qos(request),
-                               max_tokens=body.max_completion_tokens)
-        streams = await submit_all(eng, reqs, bodies, api="chat.completions", params={"response_id": rid})
+                               max_tokens=body.max_completion_tokens, grammar=cp.grammar, channels=cp.channels)
+        streams = await submit_all(eng, reqs, cp.bodies, api="chat.completions", params={"response_id": rid})
         rec = access_record(request, eng, reqs[0].qos)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)

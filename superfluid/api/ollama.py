@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+from dataclasses import replace
 from datetime import datetime, UTC
 
 import orjson
@@ -19,7 +20,9 @@ from ..errors import BadRequest, ContextLengthExceeded
 from ..ids import new_id
 from ..request import Chunk, GenRequest, SamplingParams
 from .schema import json_object
-from ..session.turns import prelude
+from ..codec import grammar
+from ..codec.tools import new_call_id
+from .prompt import chat_prompt, template_options
 from .streams import collect, raise_first_error, sse, submit_all
 
 OLLAMA_VERSION = "0.12.0"  # the API level we follow
@@ -75,13 +78,57 @@ def sampling(opts, seed: int) -> tuple[SamplingParams, int | None, tuple[str, ..
     return sp, (n if n is not None and n >= 0 else None), tuple(stop)
 
 
+def format_grammar(fmt: object) -> str:
+    """Ollama `format`: "json" or a JSON schema."""
+    if fmt is None or fmt == "":
+        return ""
+    if fmt == "json":
+        return grammar.json_object("format")
+    if isinstance(fmt, dict):
+        return grammar.json_schema(fmt, "format")
+    raise BadRequest("format must be \"json\" or a JSON schema object", param="format")
+
+
+def chat_messages(msgs: object) -> list[dict]:
+    """Ollama messages (tool calls with object arguments, `tool` results) in canonical form."""
+    if not isinstance(msgs, list):
+        raise BadRequest("messages must be a list of {role, content} objects", param="messages")
+    out = []
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or \
+                not isinstance(m.get("content") or "", str):
+            raise BadRequest("messages must be a list of {role, content} objects", param=f"messages.{i}")
+        msg: dict = {"role": m["role"], "content": m.get("content") or ""}
+        calls = m.get("tool_calls")
+        if calls:
+            if not isinstance(calls, list):
+                raise BadRequest("tool_calls must be a list", param=f"messages.{i}.tool_calls")
+            msg["tool_calls"] = []
+            for c in calls:
+                fn = c.get("function") if isinstance(c, dict) else None
+                if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+                    raise BadRequest("each tool call needs function.name", param=f"messages.{i}.tool_calls")
+                args = fn.get("arguments", {})
+                msg["tool_calls"].append({"id": str(c.get("id") or new_call_id()), "type": "function", "function": {
+                    "name": fn["name"], "arguments": args if isinstance(args, str) else orjson.dumps(args).decode()}})
+        if m["role"] == "tool":
+            msg["tool_call_id"] = str(m.get("tool_call_id") or m.get("tool_name") or "")
+        out.append(msg)
+    return out
+
+
+def ollama_calls(calls: list) -> list[dict]:
+    out = []
+    for t in calls:
+        try:
+            args = orjson.loads(t.arguments)
+        except orjson.JSONDecodeError:
+            args = {}
+        out.append({"function": {"name": t.name, "arguments": args}})
+    return out
+
+
 def refuse_unsupported(body: dict) -> None:
-    if body.get("format"):
-        raise BadRequest("structured output ('format') is not supported yet", param="format")
-    if body.get("tools"):
-        raise BadRequest("tools are not supported yet", param="tools")
-    if body.get("think"):
-        raise BadRequest("this model does not think ('think')", param="think")
     if body.get("images") or any(isinstance(m, dict) and m.get("images") for m in body.get("messages") or []):
         raise BadRequest("this model takes text only: images are not supported", param="images")
 
@@ -162,21 +209,29 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
         if (chat and not msgs) or (not chat and not body.get("prompt")):
             return {"model": eng.model_id, "created_at": _now(), key: empty, "done": True, "done_reason": "load"}
         refuse_unsupported(body)
+        g = format_grammar(body.get("format"))
+        think = body.get("think")
+        kw = template_options(enable_thinking=bool(think) if think is not None else None)
+        channels = None
         if chat:
-            if not isinstance(msgs, list) or not all(isinstance(m, dict) and isinstance(m.get("role"), str)
-                                                    and isinstance(m.get("content", ""), str) for m in msgs):
-                raise BadRequest("messages must be a list of {role, content} objects", param="messages")
-            bodies, prompt = prelude(eng, [{"role": m["role"], "content": m.get("content") or ""} for m in msgs])
+            # tool_choice is a superfluid extension (Ollama has none): "required" or a name forces a call
+            cp = chat_prompt(eng, chat_messages(msgs), tools=body.get("tools"), tool_choice=body.get("tool_choice"),
+                             grammar=g, template_kwargs=kw)
+            bodies, prompt, channels, g = cp.bodies, cp.prompt, cp.channels, cp.grammar
         elif body.get("raw"):
             bodies, prompt = None, eng.encode_prompt(str(body["prompt"]))
         else:
             turns = ([{"role": "system", "content": str(body["system"])}] if body.get("system") else [])
-            bodies, prompt = prelude(eng, turns + [{"role": "user", "content": str(body["prompt"])}])
+            cp = chat_prompt(eng, turns + [{"role": "user", "content": str(body["prompt"])}], grammar=g,
+                             template_kwargs=kw)
+            bodies, prompt, channels = cp.bodies, cp.prompt, cp.channels
         sp, num_predict, stops = sampling(body.get("options"), eng.new_seed())
+        sp = replace(sp, grammar=g)
         room = eng.n_ctx - len(prompt)
         if room < 1:
             raise ContextLengthExceeded(f"the prompt has {len(prompt)} tokens; the context holds {eng.n_ctx}")
-        req = GenRequest(new_id("ollama"), prompt, sp, min(num_predict or room, room), stops, qos_for(request))
+        req = GenRequest(new_id("ollama"), prompt, sp, min(num_predict or room, room), stops, qos_for(request),
+                         channels=channels)
         streams = await submit_all(eng, [req], bodies, api="ollama." + ("chat" if chat else "generate"),
                                    params={"response_id": req.id})
         model = eng.model_id
@@ -186,8 +241,15 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
                     if c.error is not None:
                         yield orjson.dumps({"error": getattr(c.error, "message", str(c.error))}) + b"\n"
                         return
-                    piece = {"role": "assistant", "content": c.text} if chat else c.text
+                    piece: dict | str = {"role": "assistant", "content": c.text} if chat else c.text
                     out = {"model": model, "created_at": _now(), key: piece, "done": False}
+                    if c.reasoning:
+                        if chat:
+                            piece["thinking"] = c.reasoning  # type: ignore[index]
+                        else:
+                            out["thinking"] = c.reasoning
+                    if chat and c.tool_calls:
+                        piece["tool_calls"] = ollama_calls(c.tool_calls)  # type: ignore[index]
                     if c.finish is not None:
                         out.update(final_fields(c, time.monotonic() - t0))
                     yield orjson.dumps(out) + b"\n"
@@ -197,9 +259,18 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
         c = choices[0]
         assert c.last is not None  # collect() returns only finished choices
         text_out = "".join(c.text)
-        return {"model": model, "created_at": _now(),
-                key: {"role": "assistant", "content": text_out} if chat else text_out,
-                **final_fields(c.last, time.monotonic() - t0)}
+        thinking = "".join(c.reasoning)
+        out: dict = {"model": model, "created_at": _now(),
+                     key: {"role": "assistant", "content": text_out} if chat else text_out,
+                     **final_fields(c.last, time.monotonic() - t0)}
+        if chat and c.tool_calls:
+            out[key]["tool_calls"] = ollama_calls(c.tool_calls)
+        if thinking:
+            if chat:
+                out[key]["thinking"] = thinking
+            else:
+                out["thinking"] = thinking
+        return out
 
 
 async def _not_here():

@@ -3,18 +3,21 @@ back into OpenAI objects (whole responses and stream chunks)."""
 
 from __future__ import annotations
 
+import json
 import time
 
 from ..errors import BadRequest, ContextLengthExceeded
 from ..request import Chunk, FinishReason, GenRequest, Qos, SamplingParams, TokenLogprob
-from ..session.turns import prelude
+from ..codec.tools import new_call_id
+from .prompt import ChatPrompt, response_format_grammar, template_options
+from .prompt import chat_prompt as build_chat_prompt
 from .schema import ChatCompletionRequest, CompletionRequest, Message, Sampling
 
 MAX_STOP_LEN = 256
 
 
 def render_messages(messages: list[Message]) -> list[dict]:
-    out = []
+    out: list[dict] = []
     for i, m in enumerate(messages):
         if isinstance(m.content, list):
             texts = []
@@ -27,13 +30,23 @@ def render_messages(messages: list[Message]) -> list[dict]:
         else:
             content = m.content or ""
         role = "system" if m.role == "developer" else m.role
-        out.append({"role": role, "content": content})
+        msg: dict = {"role": role, "content": content}
+        if m.tool_calls:
+            msg["tool_calls"] = [{"id": c.id or new_call_id(), "type": "function", "function": {
+                "name": c.function.name, "arguments": c.function.arguments if isinstance(c.function.arguments, str)
+                else json.dumps(c.function.arguments)}} for c in m.tool_calls]
+        if m.tool_call_id is not None:
+            msg["tool_call_id"] = m.tool_call_id
+        out.append(msg)
     return out
 
 
-def chat_prompt(engine, body: ChatCompletionRequest) -> tuple[list, list[int]]:
-    """The prompt's session events (a Message per message, the opener) and its tokens."""
-    return prelude(engine, render_messages(body.messages))
+def chat_prompt(engine, body: ChatCompletionRequest) -> ChatPrompt:
+    """The prompt's session events (a Message per message, the opener), its tokens, how
+    to split the output, and the grammar (tool_choice required / response_format)."""
+    return build_chat_prompt(engine, render_messages(body.messages), tools=body.tools, tool_choice=body.tool_choice,
+                             grammar=response_format_grammar(body.response_format),
+                             template_kwargs=template_options(body.chat_template_kwargs, body.reasoning_effort))
 
 
 def completion_prompt(engine, body: CompletionRequest) -> list[int]:
@@ -52,7 +65,7 @@ def completion_prompt(engine, body: CompletionRequest) -> list[int]:
 
 def gen_requests(body: Sampling, prompt: list[int], *, base_id: str, n_ctx: int, seed: int,
                  default_max: int | None, top_logprobs: int, qos: Qos,
-                 max_tokens: int | None = None) -> list[GenRequest]:
+                 max_tokens: int | None = None, grammar: str = "", channels=None) -> list[GenRequest]:
     stops = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     if any(len(s) > MAX_STOP_LEN for s in stops):
         raise BadRequest(f"stop strings are limited to {MAX_STOP_LEN} characters", param="stop")
@@ -71,8 +84,8 @@ def gen_requests(body: Sampling, prompt: list[int], *, base_id: str, n_ctx: int,
             top_k=body.top_k or 0, min_p=body.min_p or 0.0, seed=(base_seed + i) % (1 << 63),
             presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
             repeat_penalty=body.repeat_penalty, top_logprobs=top_logprobs,
-            ignore_eos=body.ignore_eos)
-        reqs.append(GenRequest(f"{base_id}-{i}", prompt, sp, mt, stops, qos))
+            ignore_eos=body.ignore_eos, grammar=grammar)
+        reqs.append(GenRequest(f"{base_id}-{i}", prompt, sp, mt, stops, qos, channels=channels))
     return reqs
 
 
@@ -118,9 +131,13 @@ class Choice:
         self.cached_tokens = 0
         self.last: Chunk | None = None
         self.error: Exception | None = None
+        self.reasoning: list[str] = []
+        self.tool_calls: list = []  # codec.tools.ToolCall
 
     def add(self, c: Chunk) -> None:
         self.text.append(c.text)
+        self.reasoning.append(c.reasoning)
+        self.tool_calls.extend(c.tool_calls)
         self.logprobs.extend(c.logprobs)
         if c.finish is not None:
             self.finish = c.finish
@@ -130,12 +147,31 @@ class Choice:
             self.error = c.error
 
 
+def finish_reason(finish: FinishReason | None, made_calls: bool) -> str | None:
+    if finish is None:
+        return None
+    if made_calls and finish in (FinishReason.END_OF_TURN, FinishReason.STOP_SEQUENCE, FinishReason.GRAMMAR):
+        return "tool_calls"
+    return finish.openai
+
+
+def chat_message(c: Choice) -> dict:
+    msg: dict = {"role": "assistant", "content": "".join(c.text)}
+    if c.tool_calls:
+        msg["tool_calls"] = [t.to_openai() for t in c.tool_calls]
+        msg["content"] = msg["content"] or None
+    reasoning = "".join(c.reasoning)
+    if reasoning:
+        msg["reasoning_content"] = reasoning
+    return msg
+
+
 def chat_response(rid: str, model: str, choices: list[Choice], want_logprobs: bool) -> dict:
     return {
         "id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
-        "choices": [{"index": i, "message": {"role": "assistant", "content": "".join(c.text)},
+        "choices": [{"index": i, "message": chat_message(c),
                      "logprobs": chat_logprobs(c.logprobs) if want_logprobs else None,
-                     "finish_reason": c.finish.openai if c.finish else None}
+                     "finish_reason": finish_reason(c.finish, bool(c.tool_calls))}
                     for i, c in enumerate(choices)],
         "usage": usage(choices[0].prompt_tokens, sum(c.completion_tokens for c in choices),
                        choices[0].cached_tokens),

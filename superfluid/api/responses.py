@@ -1,17 +1,14 @@
-"""The OpenAI Responses API (`/v1/responses`), text part: input as a string or message items,
-`instructions`, `previous_response_id` chains, `store` (responses survive a restart),
-streaming with the documented event sequence and `sequence_number`s, GET / DELETE /
-input_items. Function tools and structured `text.format` are refused clearly until the
-tool dialect and grammar engine land.
-
-Stored responses live in ResponseStore, one JSON file each under <home>/responses; moving
-them into the session log is a change to that class alone."""
+"""The OpenAI Responses API (`/v1/responses`): `input` as a string or items (messages,
+function_call, function_call_output), `instructions`, `previous_response_id` chains,
+function `tools` and `tool_choice`, `text.format` (text / json_object / json_schema),
+`store` (stored responses live in the session store, beside the request's session, and
+survive a restart), streaming with the documented event sequence and `sequence_number`s,
+GET / DELETE / input_items. The stream's event builder is api/response_events.py."""
 
 from __future__ import annotations
 
-import os
+import logging
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import orjson
@@ -20,10 +17,12 @@ from fastapi import FastAPI, Request
 from ..errors import BadRequest, ContextLengthExceeded, SuperfluidError
 from ..ids import new_id
 from ..request import FinishReason, GenRequest, SamplingParams
+from .prompt import chat_prompt, response_format_grammar
+from .response_events import events, output_items
 from .schema import number_in
-from ..session.turns import prelude
-from .sse import cursor
 from .streams import collect, raise_first_error, sse, submit_all
+
+log = logging.getLogger("superfluid.api")
 
 
 class ResponseNotFound(SuperfluidError):
@@ -33,35 +32,49 @@ class ResponseNotFound(SuperfluidError):
 
 
 class ResponseStore:
-    def __init__(self, directory: Path):
-        self.dir = directory
+    """Stored responses: a record {conversation, input_items, response} per id, in the
+    session store's `responses` table. Records written by earlier versions as JSON files
+    under <home>/responses are imported once."""
 
-    def _path(self, rid: str) -> Path:
+    def __init__(self, store, legacy_dir: Path | None = None):
+        self.store = store
+        self.legacy_dir = legacy_dir
+
+    def import_legacy(self) -> int:
+        d = self.legacy_dir
+        if d is None or not d.is_dir():
+            return 0
+        n = 0
+        for path in sorted(d.glob("resp_*.json")):
+            rid = path.stem
+            data = path.read_bytes()
+            self.store.call_sync(lambda c, rid=rid, data=data: c.execute(
+                "INSERT OR IGNORE INTO responses VALUES (?,?,?,?)", (rid, None, time.time(), data)), write=True)
+            path.rename(path.with_suffix(".imported"))
+            n += 1
+        if n:
+            log.info("imported %d stored responses from %s into the session store", n, d)
+        return n
+
+    @staticmethod
+    def _check(rid: str) -> None:
         if not rid.startswith("resp_") or not rid[5:].isalnum():
             raise ResponseNotFound(f"no response {rid!r}", param="response_id")
-        return self.dir / f"{rid}.json"
 
-    def put(self, record: dict) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        path = self._path(record["response"]["id"])
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "wb") as f:
-            f.write(orjson.dumps(record))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)  # atomic: a crash leaves the old file or the new one
+    async def put(self, record: dict, session: str | None) -> None:
+        await self.store.put_response(record["response"]["id"], session, orjson.dumps(record))
 
-    def get(self, rid: str) -> dict:
-        try:
-            return orjson.loads(self._path(rid).read_bytes())
-        except FileNotFoundError:
-            raise ResponseNotFound(f"no response {rid!r}", param="response_id") from None
+    async def get(self, rid: str) -> dict:
+        self._check(rid)
+        raw = await self.store.response(rid)
+        if raw is None:
+            raise ResponseNotFound(f"no response {rid!r}", param="response_id")
+        return orjson.loads(raw)
 
-    def delete(self, rid: str) -> None:
-        try:
-            self._path(rid).unlink()
-        except FileNotFoundError:
-            raise ResponseNotFound(f"no response {rid!r}", param="response_id") from None
+    async def delete(self, rid: str) -> None:
+        self._check(rid)
+        if not await self.store.delete_response(rid):
+            raise ResponseNotFound(f"no response {rid!r}", param="response_id")
 
 
 def _text_of(content, where: str) -> str:
@@ -82,16 +95,30 @@ def _text_of(content, where: str) -> str:
 
 
 def input_items(inp) -> list[dict]:
-    """Normalize `input` to message items {type, role, content: [{type, text}]}."""
+    """Normalize `input` to items: messages {type, role, content: [{type, text}]},
+    function_call {call_id, name, arguments} and function_call_output {call_id, output}."""
     if isinstance(inp, str):
         return [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": inp}]}]
     if not isinstance(inp, list) or not inp:
         raise BadRequest("input must be a string or a non-empty list of items", param="input")
-    items = []
+    items: list[dict] = []
     for i, it in enumerate(inp):
-        if not isinstance(it, dict) or it.get("type", "message") != "message":
-            kind = it.get("type") if isinstance(it, dict) else type(it).__name__
-            raise BadRequest(f"input item type {kind!r} is not supported yet", param=f"input.{i}")
+        kind = it.get("type", "message") if isinstance(it, dict) else type(it).__name__
+        if kind == "function_call":
+            if not isinstance(it.get("name"), str) or not isinstance(it.get("arguments", ""), str):
+                raise BadRequest("a function_call needs name and arguments (a JSON string)", param=f"input.{i}")
+            items.append({"type": "function_call", "call_id": str(it.get("call_id") or ""), "name": it["name"],
+                          "arguments": it.get("arguments", "")})
+            continue
+        if kind == "function_call_output":
+            out = it.get("output", "")
+            items.append({"type": "function_call_output", "call_id": str(it.get("call_id") or ""),
+                          "output": out if isinstance(out, str) else _text_of(out, f"input.{i}.output")})
+            continue
+        if kind == "reasoning":
+            continue  # earlier reasoning is not fed back
+        if kind != "message":
+            raise BadRequest(f"input item type {kind!r} is not supported", param=f"input.{i}")
         role = it.get("role")
         if role not in ("user", "assistant", "system", "developer"):
             raise BadRequest("role must be user, assistant, system or developer", param=f"input.{i}.role")
@@ -102,8 +129,42 @@ def input_items(inp) -> list[dict]:
 
 
 def turns(items: list[dict]) -> list[dict]:
-    return [{"role": "system" if it["role"] == "developer" else it["role"],
-             "content": "".join(p["text"] for p in it["content"])} for it in items]
+    """Items as canonical chat messages: function calls join the assistant turn before
+    them, outputs become tool messages."""
+    msgs: list[dict] = []
+    for it in items:
+        if it["type"] == "message":
+            msgs.append({"role": "system" if it["role"] == "developer" else it["role"],
+                         "content": "".join(p["text"] for p in it["content"])})
+        elif it["type"] == "function_call":
+            call = {"id": it["call_id"], "type": "function", "function": {"name": it["name"],
+                                                                          "arguments": it["arguments"] or "{}"}}
+            if msgs and msgs[-1]["role"] == "assistant":
+                msgs[-1].setdefault("tool_calls", []).append(call)
+            else:
+                msgs.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif it["type"] == "function_call_output":
+            msgs.append({"role": "tool", "tool_call_id": it["call_id"], "content": it["output"]})
+    return msgs
+
+
+def tools_of(body: dict) -> tuple[list[dict] | None, object]:
+    tools = body.get("tools")
+    if not tools:
+        return None, None
+    if not isinstance(tools, list):
+        raise BadRequest("tools must be a list", param="tools")
+    out = []
+    for i, t in enumerate(tools):
+        if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(t.get("name"), str):
+            raise BadRequest("only function tools are supported: {type: function, name, parameters}",
+                             param=f"tools.{i}")
+        out.append({"type": "function", "function": {"name": t["name"], "description": t.get("description") or "",
+                                                      "parameters": t.get("parameters") or {"type": "object"}}})
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        choice = {"type": "function", "function": {"name": choice.get("name")}}
+    return out, choice
 
 
 def add_routes(app: FastAPI, models, qos_for, body_of, store: ResponseStore) -> None:
@@ -112,115 +173,74 @@ def add_routes(app: FastAPI, models, qos_for, body_of, store: ResponseStore) -> 
         body = await body_of(request)
         if not isinstance(body.get("model"), str):
             raise BadRequest("missing required parameter: 'model'", param="model")
-        if body.get("tools"):
-            raise BadRequest("tools are not supported yet", param="tools")
-        fmt = ((body.get("text") or {}).get("format") or {}).get("type", "text")
-        if fmt != "text":
-            raise BadRequest(f"text.format {fmt!r} is not supported yet", param="text.format")
+        text_opts = body.get("text") if isinstance(body.get("text"), dict) else {}
+        grammar = response_format_grammar(text_opts.get("format"), "text.format")
         history: list[dict] = []
         if body.get("previous_response_id"):
-            prev = store.get(body["previous_response_id"])
-            history = prev["conversation"] + [o for o in prev["response"]["output"] if o["type"] == "message"]
+            prev = await store.get(body["previous_response_id"])
+            history = prev["conversation"] + [o for o in prev["response"]["output"]
+                                              if o["type"] in ("message", "function_call")]
         new_items = input_items(body.get("input"))
         conversation = history + new_items
         eng = await models.get(body["model"])
         msgs = turns(conversation)
         if body.get("instructions"):
             msgs = [{"role": "system", "content": str(body["instructions"])}] + msgs
-        bodies, prompt = prelude(eng, msgs)
-        room = eng.n_ctx - len(prompt)
+        tools, choice = tools_of(body)
+        cp = chat_prompt(eng, msgs, tools=tools, tool_choice=choice, grammar=grammar)
+        room = eng.n_ctx - len(cp.prompt)
         mt = body.get("max_output_tokens")
         if mt is not None and (isinstance(mt, bool) or not isinstance(mt, int) or mt < 1):
             raise BadRequest("max_output_tokens must be a positive integer", param="max_output_tokens")
         if room < 1 or (mt or 1) > room:
-            raise ContextLengthExceeded(f"the input has {len(prompt)} tokens; the context holds {eng.n_ctx}",
+            raise ContextLengthExceeded(f"the input has {len(cp.prompt)} tokens; the context holds {eng.n_ctx}",
                                         param="input")
         sp = SamplingParams(temperature=number_in(body, "temperature", 0, 2, 1.0, allow_null=True),
-                            top_p=number_in(body, "top_p", 0.001, 1, 1.0, allow_null=True), seed=eng.new_seed())
+                            top_p=number_in(body, "top_p", 0.001, 1, 1.0, allow_null=True), seed=eng.new_seed(),
+                            grammar=cp.grammar)
         rid = "resp_" + new_id("r").split("-", 1)[1]
-        req = GenRequest(rid, prompt, sp, mt or room, (), qos_for(request))
-        streams = await submit_all(eng, [req], bodies, api="responses", params={"response_id": rid})
+        req = GenRequest(rid, cp.prompt, sp, mt or room, (), qos_for(request), channels=cp.channels)
+        streams = await submit_all(eng, [req], cp.bodies, api="responses", params={"response_id": rid})
         base = {"id": rid, "object": "response", "created_at": int(time.time()), "model": eng.model_id,
                 "instructions": body.get("instructions"), "previous_response_id": body.get("previous_response_id"),
                 "max_output_tokens": mt, "temperature": sp.temperature, "top_p": sp.top_p,
-                "store": body.get("store", True) is not False, "tools": [], "tool_choice": "auto",
-                "parallel_tool_calls": False, "text": {"format": {"type": "text"}}, "metadata": {}}
+                "store": body.get("store", True) is not False, "tools": body.get("tools") or [],
+                "tool_choice": body.get("tool_choice") or "auto", "parallel_tool_calls": False,
+                "text": {"format": text_opts.get("format") or {"type": "text"}}, "metadata": {}}
         record = {"conversation": conversation, "input_items": new_items}
 
-        def finished(text: str, c) -> dict:
-            resp = {**base, "status": "completed" if c.finish != FinishReason.LENGTH else "incomplete",
-                    "incomplete_details": {"reason": "max_output_tokens"} if c.finish == FinishReason.LENGTH else None,
-                    "error": None,
-                    "output": [{"type": "message", "id": "msg_" + rid[5:], "status": "completed", "role": "assistant",
-                                "content": [{"type": "output_text", "text": text, "annotations": []}]}],
+        async def finished(text: str, reasoning: str, calls: list, c) -> dict:
+            cut = c.finish == FinishReason.LENGTH
+            resp = {**base, "status": "incomplete" if cut else "completed",
+                    "incomplete_details": {"reason": "max_output_tokens"} if cut else None, "error": None,
+                    "output": output_items(rid, text, reasoning, calls),
                     "usage": {"input_tokens": c.prompt_tokens,
                               "input_tokens_details": {"cached_tokens": c.cached_tokens},
                               "output_tokens": c.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
                               "total_tokens": c.prompt_tokens + c.completion_tokens}}
             if base["store"]:
-                store.put({**record, "response": resp})
+                await store.put({**record, "response": resp}, req.session)
             return resp
 
         if body.get("stream"):
-            return sse(_events(base, streams[0], finished, req.session), eng, [req])
+            return sse(events(base, streams[0], finished, req.session), eng, [req])
         choices = await collect(request, streams)
         raise_first_error(choices)
-        return finished("".join(choices[0].text), choices[0].last)
+        ch = choices[0]
+        return await finished("".join(ch.text), "".join(ch.reasoning), ch.tool_calls, ch.last)
 
     @app.get("/v1/responses/{rid}")
     async def retrieve(rid: str):
-        return store.get(rid)["response"]
+        return (await store.get(rid))["response"]
 
     @app.delete("/v1/responses/{rid}")
     async def delete(rid: str):
-        store.delete(rid)
+        await store.delete(rid)
         return {"id": rid, "object": "response.deleted", "deleted": True}
 
     @app.get("/v1/responses/{rid}/input_items")
     async def items(rid: str):
         its = [{**it, "id": f"msg_{rid[5:]}_{i}", "status": "completed"}
-               for i, it in enumerate(store.get(rid)["input_items"])]
+               for i, it in enumerate((await store.get(rid))["input_items"])]
         return {"object": "list", "data": its, "first_id": its[0]["id"] if its else None,
                 "last_id": its[-1]["id"] if its else None, "has_more": False}
-
-
-async def _events(base: dict, stream, finished, session: str | None = None) -> AsyncIterator[bytes]:
-    seq = 0
-
-    def ev(kind: str, _id: str | None = None, **data) -> bytes:
-        nonlocal seq
-        seq += 1
-        head = b"id: " + _id.encode() + b"\n" if _id else b""
-        return head + b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(
-            {"type": kind, "sequence_number": seq - 1, **data}) + b"\n\n"
-
-    item_id = "msg_" + base["id"][5:]
-    pending = {**base, "status": "in_progress", "output": [], "usage": None, "error": None,
-               "incomplete_details": None}
-    yield ev("response.created", response=pending)
-    yield ev("response.in_progress", response=pending)
-    yield ev("response.output_item.added", output_index=0,
-             item={"type": "message", "id": item_id, "status": "in_progress", "role": "assistant", "content": []})
-    yield ev("response.content_part.added", item_id=item_id, output_index=0, content_index=0,
-             part={"type": "output_text", "text": "", "annotations": []})
-    text = []
-    async for c in stream:
-        if c.text:
-            text.append(c.text)
-            yield ev("response.output_text.delta", cursor(session, c.event_id), item_id=item_id, output_index=0,
-                     content_index=0, delta=c.text)
-        if c.finish is None:
-            continue
-        if c.error is not None:
-            err = c.error if isinstance(c.error, SuperfluidError) else SuperfluidError(str(c.error))
-            failure = {"code": err.code or "server_error", "message": err.message}
-            yield ev("response.failed", response={**pending, "status": "failed", "error": failure})
-            return
-        full = "".join(text)
-        resp = finished(full, c)
-        part = {"type": "output_text", "text": full, "annotations": []}
-        yield ev("response.output_text.done", item_id=item_id, output_index=0, content_index=0, text=full)
-        yield ev("response.content_part.done", item_id=item_id, output_index=0, content_index=0, part=part)
-        yield ev("response.output_item.done", output_index=0, item=resp["output"][0])
-        yield ev("response.completed" if resp["status"] == "completed" else "response.incomplete", response=resp)
-        return

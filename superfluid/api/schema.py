@@ -24,10 +24,23 @@ class OtherPart(_Body):
     type: str
 
 
+class ToolFunction(_Body):
+    name: str
+    arguments: str | dict = ""
+
+
+class ToolCallIn(_Body):
+    id: str = ""
+    type: Literal["function"] = "function"
+    function: ToolFunction
+
+
 class Message(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart | OtherPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
 
 
 class StreamOptions(_Body):
@@ -60,6 +73,12 @@ class ChatCompletionRequest(Sampling):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
+    tools: list[dict] | None = None
+    tool_choice: str | dict | None = None
+    parallel_tool_calls: bool = True
+    response_format: dict | None = None
+    chat_template_kwargs: dict | None = None
+    reasoning_effort: str | None = None
 
 
 class CompletionRequest(Sampling):
@@ -168,17 +187,6 @@ class SessionCreate(SessionSampling):
     tools: list[dict] | None = None
     title: Annotated[str, Field(max_length=512)] | None = None
     raw: bool = False  # no chat template: messages are raw text, generation continues it
-
-
-class ToolFunction(_Body):
-    name: str
-    arguments: str | dict = ""
-
-
-class ToolCallIn(_Body):
-    id: str = ""
-    type: Literal["function"] = "function"
-    function: ToolFunction
 
 
 class SessionMessage(_Body):

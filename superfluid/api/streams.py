@@ -168,8 +168,19 @@ async def _events(kind: str, rid: str, model: str, streams, want_logprobs: bool,
             yield event(oa.chat_chunk(rid, model, created, i, {"role": "assistant", "content": ""}))
     offsets = [0] * len(streams)
     finals: list[Chunk] = []
+    calls = [0] * len(streams)  # tool calls streamed so far, per choice
     async for i, c in merge(streams):
         eid = cursor(sessions[i], c.event_id)
+        if chat and c.reasoning:
+            yield event(oa.chat_chunk(rid, model, created, i, {"reasoning_content": c.reasoning}))
+        if chat:
+            for call in c.tool_calls:
+                head = {"index": calls[i], "id": call.id, "type": "function",
+                        "function": {"name": call.name, "arguments": ""}}
+                yield event(oa.chat_chunk(rid, model, created, i, {"tool_calls": [head]}))
+                yield event(oa.chat_chunk(rid, model, created, i, {"tool_calls": [
+                    {"index": calls[i], "function": {"arguments": call.arguments}}]}))
+                calls[i] += 1
         if c.text or (want_logprobs and c.logprobs):
             if chat:
                 lp = oa.chat_logprobs(c.logprobs) if want_logprobs else None
@@ -184,7 +195,7 @@ async def _events(kind: str, rid: str, model: str, streams, want_logprobs: bool,
             finals.append(c)
             if c.error is not None:
                 yield _error_event(c)
-            final = (oa.chat_chunk(rid, model, created, i, {}, c.finish.openai) if chat
+            final = (oa.chat_chunk(rid, model, created, i, {}, oa.finish_reason(c.finish, calls[i] > 0)) if chat
                      else oa.completion_chunk(rid, model, created, i, "", c.finish.openai))
             final["usage"] = oa.usage(c.prompt_tokens, c.completion_tokens, c.cached_tokens)
             yield event(final, eid)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -38,6 +39,7 @@ class Runtime(ABC):
     def __init__(self) -> None:
         self._samplers: dict[int, LaneSampler] = {}
         self._last: dict[int, int] = {}  # seq -> its last sampled token (resolves PLACEHOLDER)
+        self._lltok: Any = None  # llguidance tokenizer, built on the first constrained lane
 
     @abstractmethod
     def open_lane(self, seq: int, keep: int) -> None: ...
@@ -52,6 +54,18 @@ class Runtime(ABC):
     def forward(self, runs: tuple[Run, ...]) -> dict[int, np.ndarray]:
         """Feed every run in one batch; return {seq: logits} for runs with sample=True."""
 
+    def grammar_matcher(self, grammar: str):
+        """A matcher for an llguidance grammar over this model's vocabulary. The tokenizer is
+        built once, on the first constrained lane (about a second for a 50k vocabulary)."""
+        import llguidance
+
+        if self._lltok is None:
+            self._lltok = self.grammar_tokenizer()
+        return llguidance.LLMatcher(self._lltok, grammar, log_level=0)
+
+    def grammar_tokenizer(self):
+        raise NotImplementedError(f"{type(self).__name__} has no grammar support")
+
     def close(self) -> None:
         """Release weights and KV."""
 
@@ -63,7 +77,8 @@ class Runtime(ABC):
             self.close_lane(seq)
         for o in plan.opens:
             self.open_lane(o.seq, o.keep)
-            self._samplers[o.seq] = LaneSampler(o.sampling, o.history, self.eog)
+            matcher = self.grammar_matcher(o.sampling.grammar) if o.sampling.grammar else None
+            self._samplers[o.seq] = LaneSampler(o.sampling, o.history, self.eog, matcher)
         for c in plan.copies:
             self.copy_lane(c.src, c.dst, c.n)
         sampled: list[Sampled] = []

@@ -54,6 +54,11 @@ class LlamaCppRuntime(Runtime):
                               n_ctx_train=ll.llama_model_n_ctx_train(self.model),
                               description=desc.value.decode(errors="replace"))
 
+    def grammar_tokenizer(self):
+        from llguidance.llamacpp import lltokenizer_from_vocab
+
+        return lltokenizer_from_vocab(self.vocab)
+
     def open_lane(self, seq: int, keep: int) -> None:
         ll.llama_memory_seq_rm(self.mem, seq, keep, -1)
 

@@ -34,23 +34,41 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
 
 
 class LaneSampler:
-    """Per-lane sampling state: the params and the counts of tokens generated so far."""
+    """Per-lane sampling state: the params, the counts of tokens generated so far and, for a
+    constrained lane, the grammar matcher (an llguidance LLMatcher that has consumed them)."""
 
-    def __init__(self, params: SamplingParams, history: tuple[int, ...], eog: np.ndarray):
+    def __init__(self, params: SamplingParams, history: tuple[int, ...], eog: np.ndarray, matcher=None):
         self.p = params
         self.eog = eog
+        self.matcher = matcher
         self.counts: dict[int, int] = {}
         for t in history:
             self.counts[t] = self.counts.get(t, 0) + 1
+        if matcher is not None and history:
+            matcher.consume_tokens(list(history))
+
+    def _masked(self, x: np.ndarray) -> np.ndarray:
+        """Only the tokens the grammar allows next (the end token once it is complete)."""
+        bits = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)
+        allowed = np.unpackbits(bits, bitorder="little")[:x.shape[0]].astype(bool)
+        if not allowed.any():  # the matcher failed: end the lane rather than run free
+            allowed[self.eog] = True
+        out = np.full(x.shape, -np.inf, dtype=np.float32)
+        out[allowed] = x[allowed]
+        return out
 
     def sample(self, seq: int, logits: np.ndarray, position: int) -> Sampled:
         p = self.p
         x = self._processed(logits)
+        if self.matcher is not None:
+            x = self._masked(x)
         if p.temperature <= 0.0:
             token = int(np.argmax(x))
         else:
             token = self._draw(x, uniform(p.seed, position))
         self.counts[token] = self.counts.get(token, 0) + 1
+        if self.matcher is not None:
+            self.matcher.consume_token(token)
         if p.top_logprobs < 0:
             return Sampled(seq, token)
         lp = log_softmax(logits)
@@ -68,7 +86,7 @@ class LaneSampler:
         if not (penal or p.ignore_eos):
             return logits
         x = np.array(logits, dtype=np.float32)
-        if p.ignore_eos and self.eog.size:
+        if p.ignore_eos and self.eog.size and not (self.matcher is not None and self.matcher.is_stopped()):
             x[self.eog] = -np.inf
         if penal:
             toks = np.fromiter(self.counts.keys(), dtype=np.int64)

@@ -44,6 +44,8 @@ CREATE INDEX IF NOT EXISTS sessions_created ON sessions (created);
 CREATE TABLE IF NOT EXISTS events (
   session TEXT NOT NULL, id INTEGER NOT NULL, epoch INTEGER NOT NULL, ts REAL NOT NULL,
   kind TEXT NOT NULL, body BLOB NOT NULL, PRIMARY KEY (session, id)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS responses (
+  id TEXT PRIMARY KEY, session TEXT, created REAL NOT NULL, record BLOB NOT NULL);
 """
 
 
@@ -365,6 +367,20 @@ class Store:
             args.append(limit)
             return [_row(r) for r in c.execute(sql, args)]
         return await self._call(q, False)
+
+    # -- stored Responses (OpenAI Responses API): a record per response, by id ------------
+    def put_response(self, rid: str, session: str | None, record: bytes) -> asyncio.Future:
+        return self._call(lambda c: c.execute("INSERT OR REPLACE INTO responses VALUES (?,?,?,?)",
+                                              (rid, session, time.time(), record)), True)
+
+    async def response(self, rid: str) -> bytes | None:
+        def q(c):
+            r = c.execute("SELECT record FROM responses WHERE id=?", (rid,)).fetchone()
+            return r[0] if r else None
+        return await self._call(q, False)
+
+    async def delete_response(self, rid: str) -> bool:
+        return await self._call(lambda c: c.execute("DELETE FROM responses WHERE id=?", (rid,)).rowcount > 0, True)
 
     # -- on the writer thread ------------------------------------------------------------
     @staticmethod

@@ -1,0 +1,108 @@
+"""The canonical chat request every API builds: messages (with tool calls and results),
+tools and tool_choice, a structured-output grammar and template options → the session
+events and prompt, how to split the output into channels, and the grammar to enforce."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from ..codec import grammar as gr
+from ..codec.channels import ChannelSpec
+from ..codec.tools import LLAMA3, MISTRAL, render, tool_list
+from ..errors import BadRequest
+from ..session.turns import context_text, prelude
+
+
+@dataclass
+class ChatPrompt:
+    bodies: list  # session events: a Message per message, then the opener
+    prompt: list[int]
+    channels: ChannelSpec
+    grammar: str  # "" when unconstrained
+
+
+def parse_tool_choice(choice: object, tools: list[dict]) -> tuple[str, str | None]:
+    """("auto" | "none" | "required", function name or None), from OpenAI's shapes."""
+    if choice is None:
+        return ("auto" if tools else "none"), None
+    if choice in ("auto", "none", "required"):
+        return str(choice), None
+    if isinstance(choice, dict):
+        fn: dict = choice["function"] if isinstance(choice.get("function"), dict) else {}
+        name = fn.get("name") or choice.get("name")
+        if isinstance(name, str) and name:
+            return "required", name
+    raise BadRequest("tool_choice must be 'auto', 'none', 'required' or {\"type\": \"function\", "
+                     "\"function\": {\"name\": ...}}", param="tool_choice")
+
+
+def _tool_grammar(engine, tools: list[dict], name: str | None) -> str:
+    fmt = engine.tool_format
+    if fmt is LLAMA3:
+        schema = gr.call_schema(tools, name)
+        opts = schema.get("anyOf", [schema])
+        for o in opts:
+            o["properties"]["parameters"] = o["properties"].pop("arguments")
+            o["required"] = ["name", "parameters"]
+        return gr.json_schema(opts[0] if len(opts) == 1 else {"anyOf": opts}, "tool_choice")
+    if fmt is MISTRAL:
+        return gr.tool_call(tools, name, "[TOOL_CALLS][", "]")
+    return gr.tool_call(tools, name, fmt.open + "\n", "\n" + fmt.close)
+
+
+def chat_prompt(engine, messages: list[dict], *, tools: list | None = None, tool_choice: object = None,
+                grammar: str = "", template_kwargs: dict | None = None) -> ChatPrompt:
+    tools = tool_list(tools) if tools else []
+    mode, name = parse_tool_choice(tool_choice, tools)
+    if mode == "required" and not tools:
+        raise BadRequest("tool_choice requires tools", param="tool_choice")
+    use_tools = tools if mode != "none" else []
+    fmt = engine.tool_format
+    msgs, extra = render(messages, use_tools, fmt)
+    kwargs = {**(template_kwargs or {}), **extra}
+    bodies, prompt = prelude(engine, msgs, **kwargs)
+    if mode == "required":
+        grammar = _tool_grammar(engine, use_tools, name)
+    reasoning = engine.reasoning
+    opener = context_text(engine.tokenizer, list(bodies[-1].span)) if bodies else ""
+    start_in = reasoning is not None and opener.rstrip().endswith(reasoning[0])
+    spec = ChannelSpec(fmt if use_tools else None, reasoning, start_in)
+    return ChatPrompt(bodies, prompt, spec, grammar)
+
+
+def response_format_grammar(fmt: object, param: str = "response_format") -> str:
+    """OpenAI response_format / Responses text.format → grammar ("" for text)."""
+    if fmt is None:
+        return ""
+    if not isinstance(fmt, dict) or not isinstance(fmt.get("type"), str):
+        raise BadRequest(f"{param} must be an object with a type", param=param)
+    kind = fmt["type"]
+    if kind == "text":
+        return ""
+    if kind == "json_object":
+        return gr.json_object(param)
+    if kind == "json_schema":
+        inner: dict = fmt["json_schema"] if isinstance(fmt.get("json_schema"), dict) else fmt  # Responses: flat
+        schema = inner.get("schema")
+        if schema is None:
+            raise BadRequest(f"{param}: json_schema needs a schema", param=param)
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except ValueError:
+                raise BadRequest(f"{param}: the schema is not JSON", param=param) from None
+        return gr.json_schema(schema, param)
+    raise BadRequest(f"{param} type {kind!r} is not supported: use text, json_object or json_schema", param=param)
+
+
+def template_options(chat_template_kwargs: object = None, reasoning_effort: object = None,
+                     enable_thinking: object = None) -> dict:
+    kw = dict(chat_template_kwargs) if isinstance(chat_template_kwargs, dict) else {}
+    if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, dict):
+        raise BadRequest("chat_template_kwargs must be an object", param="chat_template_kwargs")
+    if reasoning_effort is not None:
+        kw.setdefault("reasoning_effort", reasoning_effort)
+    if enable_thinking is not None:
+        kw.setdefault("enable_thinking", bool(enable_thinking))
+    return kw

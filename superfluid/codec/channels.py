@@ -1,0 +1,108 @@
+"""Generated text split into channels as it streams: reasoning (`<think>...</think>` and
+other markers a template defines), tool calls (codec/tools.py) and the content the user
+sees. Every API maps the channels onto its own shapes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .tools import ToolCall, ToolFormat, ToolStream, _partial_suffix
+
+THINK = ("<think>", "</think>")
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelSpec:
+    """How a request's output is split: tool-call format (None: no tools), reasoning
+    markers (None: none), and whether the reply starts inside the reasoning (the template's
+    opener already wrote the open marker)."""
+    tools: ToolFormat | None = None
+    reasoning: tuple[str, str] | None = None
+    start_in_reasoning: bool = False
+
+
+def reasoning_markers(template_source: str) -> tuple[str, str] | None:
+    return THINK if THINK[0] in template_source or THINK[1] in template_source else None
+
+
+@dataclass
+class Parts:
+    content: str = ""
+    reasoning: str = ""
+    calls: list[ToolCall] = field(default_factory=list)
+
+
+class Channels:
+    def __init__(self, spec: ChannelSpec):
+        self.spec = spec
+        self._tools = ToolStream(spec.tools) if spec.tools is not None else None
+        self._in_reasoning = spec.start_in_reasoning and spec.reasoning is not None
+        self._held = ""
+        self._strip = False  # newlines right after the close marker are layout, not content
+
+    @property
+    def cut_call(self) -> bool:
+        return self._tools is not None and self._tools.cut
+
+    @property
+    def n_calls(self) -> int:
+        return self._tools.calls if self._tools is not None else 0
+
+    def feed(self, text: str) -> Parts:
+        parts = Parts()
+        content = self._split_reasoning(text, parts)
+        self._content(content, parts, final=False)
+        return parts
+
+    def finish(self) -> Parts:
+        parts = Parts()
+        held, self._held = self._held, ""
+        if self._in_reasoning:
+            parts.reasoning += held
+        else:
+            self._content(held, parts, final=False)
+        self._content("", parts, final=True)
+        return parts
+
+    def _split_reasoning(self, text: str, parts: Parts) -> str:
+        if self.spec.reasoning is None:
+            return text
+        opn, cls = self.spec.reasoning
+        buf, self._held = self._held + text, ""
+        content = []
+        if self._strip and buf:
+            buf = buf.lstrip("\n")
+            self._strip = not buf
+        while buf:
+            marker = cls if self._in_reasoning else opn
+            i = buf.find(marker)
+            if i < 0:
+                keep = _partial_suffix(buf, marker)
+                piece, self._held = buf[:len(buf) - keep], buf[len(buf) - keep:]
+                if self._in_reasoning:
+                    parts.reasoning += piece
+                else:
+                    content.append(piece)
+                break
+            if self._in_reasoning:
+                parts.reasoning += buf[:i]
+            else:
+                content.append(buf[:i])
+            buf = buf[i + len(marker):]
+            if self._in_reasoning:
+                buf = buf.lstrip("\n")
+                self._strip = not buf
+            self._in_reasoning = not self._in_reasoning
+        return "".join(content)
+
+    def _content(self, text: str, parts: Parts, final: bool) -> None:
+        if self._tools is None:
+            parts.content += text
+            return
+        c, calls = self._tools.feed(text) if text else ("", [])
+        parts.content += c
+        parts.calls += calls
+        if final:
+            c, calls = self._tools.finish()
+            parts.content += c
+            parts.calls += calls
