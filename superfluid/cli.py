@@ -63,6 +63,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--max-context", type=_positive, help="tokens per lane (default: the model's trained window, capped to fit memory)")
     s.add_argument("--threads", type=_positive, default=default_threads(), help="llama.cpp threads (default: cores - 1)")
     s.add_argument("--step-tokens", type=_positive, default=256, help="token budget of one step: decodes plus prefill chunks (default 256)")
+    s.add_argument("--chat-template-file", metavar="FILE", help="a jinja chat template to use instead of the model's own (tool and reasoning markers are read from it)")
     s.add_argument("--kv-slots", type=_positive, help="KV sequences in the worker (default 2 x --max-batch); slots beyond the lanes keep finished and preempted prefixes warm")
     s.add_argument("--default-qos", type=_qos, default=Qos.AGENT, help="QoS class of requests without x-superfluid-qos: interactive, completion, agent (default) or background")
     s.add_argument("--class-lanes", type=_class_lanes, default=(), metavar="CLASS=N,...", help="most lanes a class may hold, e.g. background=2,agent=6")
@@ -135,10 +136,19 @@ def _serve(args: argparse.Namespace) -> int:
     if args.kv_slots is not None and args.kv_slots < args.max_batch:
         print("superfluid: --kv-slots must be at least --max-batch", file=sys.stderr)
         return 2
+    template = None
+    if args.chat_template_file:
+        try:
+            with open(args.chat_template_file, encoding="utf-8") as f:
+                template = f.read()
+        except OSError as e:
+            print(f"superfluid: cannot read --chat-template-file {args.chat_template_file}: {e.strerror}",
+                  file=sys.stderr)
+            return 2
     ec = EngineConfig(model_path=src.path, model_id=src.id, max_batch=args.max_batch,
                       max_context=args.max_context, threads=args.threads, step_tokens=step_tokens,
                       kv_slots=args.kv_slots, class_lanes=args.class_lanes,
-                      aging_steps=args.aging_steps, step_target_s=args.step_ms / 1000)
+                      aging_steps=args.aging_steps, step_target_s=args.step_ms / 1000, chat_template=template)
     try:
         policies = _policies(args)
     except PolicyError as e:

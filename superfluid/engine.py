@@ -67,7 +67,7 @@ class Engine:
         self.model_id = cfg.model_id
         self.tokenizer = tokenizer
         tt = tokenizer.token_text
-        self.template = ChatTemplate(tokenizer.chat_template,
+        self.template = ChatTemplate(cfg.chat_template or tokenizer.chat_template,
                                      bos=tt(tokenizer.bos).decode() if tokenizer.bos >= 0 else "",
                                      eos=tt(tokenizer.eos).decode() if tokenizer.eos >= 0 else "")
         self.tool_format = detect_tool_format(self.template.source)

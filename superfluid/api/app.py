@@ -208,6 +208,12 @@ def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Q
         await models.unload(mid, forget=True)
         return _json({"id": mid, "object": "model", "deleted": True})
 
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request):
+        body = json_object(await request.body())
+        eng = await engine_for(body.get("model") if isinstance(body.get("model"), str) else None)
+        raise BadRequest(f"the model {eng.model_id} cannot embed: it is a text-generation model", param="model")
+
     @app.post("/tokenize")
     async def tokenize(request: Request):
         body = parse(TokenizeRequest, await request.body())

@@ -17,7 +17,7 @@ from fastapi import FastAPI, Request
 from ..errors import BadRequest, ContextLengthExceeded, SuperfluidError
 from ..ids import new_id
 from ..request import FinishReason, GenRequest, SamplingParams
-from .prompt import chat_prompt, response_format_grammar
+from .prompt import chat_prompt, response_format_grammar, template_options
 from .response_events import events, output_items
 from .schema import number_in
 from .streams import collect, raise_first_error, sse, submit_all
@@ -187,7 +187,9 @@ def add_routes(app: FastAPI, models, qos_for, body_of, store: ResponseStore) -> 
         if body.get("instructions"):
             msgs = [{"role": "system", "content": str(body["instructions"])}] + msgs
         tools, choice = tools_of(body)
-        cp = chat_prompt(eng, msgs, tools=tools, tool_choice=choice, grammar=grammar)
+        effort = body.get("reasoning", {}).get("effort") if isinstance(body.get("reasoning"), dict) else None
+        cp = chat_prompt(eng, msgs, tools=tools, tool_choice=choice, grammar=grammar,
+                         template_kwargs=template_options(reasoning_effort=effort))
         room = eng.n_ctx - len(cp.prompt)
         mt = body.get("max_output_tokens")
         if mt is not None and (isinstance(mt, bool) or not isinstance(mt, int) or mt < 1):

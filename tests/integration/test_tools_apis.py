@@ -136,6 +136,7 @@ def test_responses_function_call_round_trip(client):
                                           "output": "5 C, snow"}])
     assert nxt.status in ("completed", "incomplete")
     assert any(o.type in ("message", "function_call") for o in nxt.output)
+    assert nxt.usage.input_tokens_details.cached_tokens > 0  # the chain's prefix was still warm
     items = client.responses.input_items.list(nxt.id)
     assert [i.type for i in items.data] == ["function_call_output"]
 
