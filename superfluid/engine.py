@@ -4,7 +4,8 @@
 The loop is three calls: plan = scheduler.schedule(); the worker runs it; events =
 scheduler.update(plan, result), with two plans in flight (see _loop). Around them: size
 prefill chunks from measured speed, respawn a dead worker (failing the lanes it held with
-a typed error), and route each token event to its request's stream."""
+a typed error), and turn each token event into a Chunk for its request's stream (delivery.py
+commits it to the session log first)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,6 @@ import secrets
 from collections import deque
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
-from typing import Protocol
 
 from .codec.channels import Channels, reasoning_markers
 from .codec.detok import TextStream
@@ -28,37 +27,13 @@ from .plan import StepPlan
 from .request import Chunk, FinishReason, GenRequest, Qos, TokenLogprob
 from .runtime.base import ModelInfo
 from .sched.scheduler import Job, Scheduler, TokenEvent
-from .session.events import Generated
+from .delivery import Deliveries, SessionLog
+from .delivery import Stream as _Stream
 from .worker.supervisor import WorkerProcess, WorkerSpec
 
 log = logging.getLogger("superfluid.engine")
 
 PIPELINE_DEPTH = 2  # plans in flight to the worker
-
-
-class SessionLog(Protocol):
-    """Where a session-backed generation's tokens are committed (sessions.Sessions)."""
-
-    def commit(self, items: list[tuple[GenRequest, Generated]]) -> asyncio.Future:
-        """Queue one group commit for a step; resolves to one Event or error per item."""
-
-    def end(self, req: GenRequest, finish: FinishReason) -> None:
-        """A generation ended without a committed last token (cancel, worker loss)."""
-
-
-@dataclass(eq=False)
-class _Stream:
-    req: GenRequest
-    text: TextStream
-    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
-    n_out: int = 0
-    done: bool = False
-    keep: bool = False  # the consumer going away does not cancel it (a resumable stream)
-    channels: Channels | None = None
-    failed: bool = False  # its log commit failed: it ended with that error
-    t_submit: float = field(default_factory=time.monotonic)
-    ttft_s: float | None = None
-    t_last: float = 0.0
 
 
 class Engine:
@@ -92,8 +67,7 @@ class Engine:
         self._gave_up = False
         self.steps = 0
         self.log: SessionLog | None = None
-        self._deliveries: deque[tuple[asyncio.Future | None, list[tuple[_Stream, Chunk]]]] = deque()
-        self._deliverer: asyncio.Task | None = None
+        self.out = Deliveries(lambda: self.log, self._fail)
 
     @property
     def n_ctx(self) -> int:
@@ -119,13 +93,9 @@ class Engine:
                 await self._task
             except (asyncio.CancelledError, Exception):
                 pass
-        if self._deliverer is not None:
-            self._deliverer.cancel()
         # tokens still waiting for their commit are dropped: each of those streams ends
         # with the error below (the log may hold more than its client saw, never less)
-        waiting = list(dict.fromkeys(st for _, outs in self._deliveries for st, _ in outs))
-        self._deliveries.clear()
-        for st in waiting:
+        for st in self.out.drop():
             if st.req.id not in self._streams and not st.failed:  # its last chunk was among them
                 st.queue.put_nowait(Chunk(st.req.id, finish=FinishReason.ERROR if error else FinishReason.CANCELLED,
                                           error=error, prompt_tokens=len(st.req.prompt), completion_tokens=st.n_out))
@@ -197,7 +167,7 @@ class Engine:
         self.sched.finish(request_id, FinishReason.CANCELLED)
         if st.req.session is not None and self.log is not None:
             self.log.end(st.req, FinishReason.CANCELLED)
-        self._push(st, Chunk(request_id, finish=FinishReason.CANCELLED, prompt_tokens=len(st.req.prompt),
+        self.out.push(st, Chunk(request_id, finish=FinishReason.CANCELLED, prompt_tokens=len(st.req.prompt),
                              completion_tokens=st.n_out))
         self._wake.set()
         return True
@@ -257,7 +227,7 @@ class Engine:
             self.steps += 1
             self._adapt_budget(plan, result)
             self._fill(inflight)
-            self._publish([o for o in map(self._prepare, events) if o is not None])
+            self.out.publish([o for o in map(self._prepare, events) if o is not None])
 
     def _adapt_budget(self, plan: StepPlan, result) -> None:
         """Size prefill chunks from the measured cost per token, so one step takes about
@@ -325,59 +295,11 @@ class Engine:
         self._streams.pop(st.req.id, None)
         if st.req.session is not None and self.log is not None and chunk.finish is not None:
             self.log.end(st.req, chunk.finish)
-        self._push(st, chunk)
-
-    def _push(self, st: _Stream, chunk: Chunk) -> None:
-        """A chunk off the token path, behind any tokens still waiting for their commit."""
-        if self._deliveries:
-            self._deliveries.append((None, [(st, chunk)]))
-        else:
-            st.queue.put_nowait(chunk)
-
-    # -- tokens to clients: detokenize, commit to the log, then deliver -----------------
-    def _publish(self, outs: list[tuple[_Stream, Chunk]]) -> None:
-        """Tokens reach a client only after the log has them (one group commit per step).
-        The commit runs while the loop goes on with the next step; deliveries keep order."""
-        if not outs:
-            return
-        items = [(st.req, Generated(tuple(c.tokens), c.text if c.raw is None else c.raw, "content",
-                                    c.finish.log_name if c.finish else None))
-                 for st, c in outs if st.req.session is not None]
-        fut = self.log.commit(items) if items and self.log is not None else None
-        if fut is None and not self._deliveries:
-            for st, c in outs:
-                st.queue.put_nowait(c)
-            return
-        self._deliveries.append((fut, outs))
-        if self._deliverer is None or self._deliverer.done():
-            self._deliverer = asyncio.create_task(self._deliver_loop(), name="engine-deliver")
-
-    async def _deliver_loop(self) -> None:
-        while self._deliveries:
-            fut, outs = self._deliveries[0]
-            results: list = []
-            if fut is not None:
-                try:
-                    results = await asyncio.shield(fut)  # stopping us must not stop the log's bookkeeping
-                except SuperfluidError as e:
-                    results = [e] * len(outs)
-            self._deliveries.popleft()
-            it = iter(results)
-            for st, c in outs:
-                if fut is not None and st.req.session is not None and self.log is not None:
-                    r = next(it, None)
-                    if isinstance(r, Exception):
-                        self._fail(st, r)
-                        continue
-                    c.event_id = r.id if r is not None else None
-                if not st.failed:
-                    st.queue.put_nowait(c)
+        self.out.push(st, chunk)
 
     def _fail(self, st: _Stream, err: Exception) -> None:
         """Its tokens could not be committed: end it with the error, generate no more."""
-        if st.failed:
-            return
-        st.failed = st.done = True
+        st.done = True
         self._streams.pop(st.req.id, None)
         self.sched.finish(st.req.id, FinishReason.ERROR)
         self._wake.set()

@@ -1,9 +1,6 @@
-"""The session store: SQLite in WAL mode with synchronous=FULL, one writer thread.
-
-Every call runs on the writer thread. Writes that arrive together share one transaction
-and one fsync (group commit: the engine sends one write per scheduler step covering every
-lane). A failed commit (disk full, I/O error) rolls the whole transaction back and fails
-every write in it with StoreError; the store on disk stays consistent.
+"""The session store: SQLite in WAL mode with synchronous=FULL, its schema and operations.
+Every call runs on one writer thread (session/writer.py: group commit, one fsync per
+transaction, a failed commit fails every write in it and leaves the store consistent).
 
 Opening takes an exclusive lock on the directory (a second daemon is refused), refuses a
 file that is not a readable store (never overwriting it), and bumps the epoch of every
@@ -15,9 +12,7 @@ import asyncio
 import fcntl
 import logging
 import os
-import queue
 import sqlite3
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -25,13 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BadRequest, SessionNotFound, StaleEpoch, StoreError, StoreLocked, StoreUnreadable, SuperfluidError
+from .writer import Writer
 from .events import Body, Created, EpochBump, Event, Generated, GenerationPrompt, Message, Meta, Purge, ToolResult, \
     decode, encode
 
 log = logging.getLogger("superfluid.store")
 
 FORMAT = "superfluid-sessions-1"
-BATCH = 512  # most queued calls folded into one transaction
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -89,22 +84,6 @@ class Append:
     expect_id: int | None = None  # when set, the id the event must get (no gaps after a failure)
 
 
-class _Call:
-    __slots__ = ("fn", "write", "fut", "loop")
-
-    def __init__(self, fn, write: bool, fut: asyncio.Future | None, loop):
-        self.fn, self.write, self.fut, self.loop = fn, write, fut, loop
-
-
-def _resolve(fut: asyncio.Future, value: Any, exc: BaseException | None) -> None:
-    if fut.done():
-        return
-    if exc is not None:
-        fut.set_exception(exc)
-    else:
-        fut.set_result(value)
-
-
 class Store:
     def __init__(self, directory: str | Path | None, *, durable: bool = True, max_bytes: int | None = None):
         """directory None: a throwaway in-memory store (nothing survives the process)."""
@@ -114,13 +93,10 @@ class Store:
         self.max_bytes = max_bytes
         self.epoch = 0  # this opening's epoch: one more than the last opening's
         self.recovered: list[str] = []  # sessions cut mid-generation by the last stop
-        self.commit_seconds: list[float] = []  # recent commit latencies (a ring, for stats)
-        self.commits = 0  # transactions committed (each one fsync when durable)
         self.on_commit: Callable[[float], None] | None = None  # seconds per commit (metrics)
         self._lock_fd: int | None = None
         self._conn: sqlite3.Connection | None = None
-        self._q: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
+        self._w: Writer | None = None
 
     # -- opening -------------------------------------------------------------------------
     def open(self) -> Store:
@@ -133,8 +109,7 @@ class Store:
         except BaseException:
             self.close()
             raise
-        self._thread = threading.Thread(target=self._run, name="session-store", daemon=True)
-        self._thread.start()
+        self._w = Writer(self._conn, on_commit=lambda s: self.on_commit(s) if self.on_commit else None)
         return self
 
     def _take_lock(self) -> None:
@@ -208,10 +183,9 @@ class Store:
             log.info("session store: %d session(s) were cut mid-generation; their turns stay open", len(cut))
 
     def close(self) -> None:
-        if self._thread is not None:
-            self._q.put(None)
-            self._thread.join()
-            self._thread = None
+        if self._w is not None:
+            self._w.close()
+            self._w = None
         if self._conn is not None:
             self._conn.close()
             self._conn = None
@@ -220,106 +194,23 @@ class Store:
             self._lock_fd = None
 
     def stats(self) -> dict:
-        recent = sorted(self.commit_seconds[-1024:])
-
-        def pct(q: float) -> float | None:
-            return round(recent[min(len(recent) - 1, int(q * len(recent)))] * 1000, 3) if recent else None
-
         return {"path": str(self.path) if self.path else None, "durable": self.durable, "epoch": self.epoch,
-                "commits": self.commits, "commit_p50_ms": pct(0.5), "commit_p99_ms": pct(0.99)}
+                **(self._w.stats() if self._w is not None else {})}
 
-    # -- the writer thread ---------------------------------------------------------------
-    def _run(self) -> None:
-        while True:
-            first = self._q.get()
-            if first is None:
-                return
-            batch = [first]
-            stop = False
-            while len(batch) < BATCH:
-                try:
-                    nxt = self._q.get_nowait()
-                except queue.Empty:
-                    break
-                if nxt is None:
-                    stop = True
-                    break
-                batch.append(nxt)
-            self._run_batch(batch)
-            if stop:
-                return
-
-    def _run_batch(self, batch: list[_Call]) -> None:
-        conn = self._conn
-        assert conn is not None
-        results: list[tuple[_Call, Any, BaseException | None]] = []
-        writes = [c for c in batch if c.write]
-        if writes:
-            t0 = time.perf_counter()
-            done: list[tuple[_Call, Any, BaseException | None]] = []
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-                for c in writes:
-                    conn.execute("SAVEPOINT call")
-                    try:
-                        done.append((c, c.fn(conn), None))
-                        conn.execute("RELEASE call")
-                    except SuperfluidError as e:  # this call's own fault: undo it alone
-                        conn.execute("ROLLBACK TO call")
-                        conn.execute("RELEASE call")
-                        done.append((c, None, e))
-                conn.execute("COMMIT")
-                self.commits += 1
-                results.extend(done)
-            except sqlite3.Error as e:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                err = StoreError(f"the session store could not commit ({e}); nothing of this request was saved")
-                log.error("session store: commit failed: %s", e)
-                results.extend((c, None, err) for c in writes)
-            took = time.perf_counter() - t0
-            self.commit_seconds.append(took)
-            if len(self.commit_seconds) > 4096:
-                del self.commit_seconds[:2048]
-            if self.on_commit is not None:
-                self.on_commit(took)
-        for c in batch:
-            if not c.write:
-                try:
-                    results.append((c, c.fn(conn), None))
-                except (SuperfluidError, sqlite3.Error) as e:
-                    results.append((c, None, e if isinstance(e, SuperfluidError) else StoreError(str(e))))
-        for c, value, exc in results:
-            if c.fut is not None:
-                c.loop.call_soon_threadsafe(_resolve, c.fut, value, exc)
+    @property
+    def commits(self) -> int:
+        return self._w.commits if self._w is not None else 0
 
     def _call(self, fn: Callable[[sqlite3.Connection], Any], write: bool) -> asyncio.Future:
-        if self._thread is None:
+        if self._w is None:
             raise StoreError("the session store is closed")
-        loop = asyncio.get_running_loop()
-        fut = loop.create_future()
-        self._q.put(_Call(fn, write, fut, loop))
-        return fut
+        return self._w.call(fn, write)
 
     def call_sync(self, fn: Callable[[sqlite3.Connection], Any], write: bool = False) -> Any:
-        """For code off the event loop (tests, tools): run fn on the writer thread, wait."""
-        box: dict = {}
-        ev = threading.Event()
-
-        class _Sync:
-            def call_soon_threadsafe(self, f, fut, value, exc):
-                box.update(value=value, exc=exc)
-                ev.set()
-
-        class _Fut:
-            def done(self):
-                return False
-
-        self._q.put(_Call(fn, write, _Fut(), _Sync()))  # type: ignore[arg-type]
-        ev.wait()
-        if box["exc"] is not None:
-            raise box["exc"]
-        return box["value"]
+        """For code off the event loop (startup imports, tools): run fn on the writer, wait."""
+        if self._w is None:
+            raise StoreError("the session store is closed")
+        return self._w.call_sync(fn, write)
 
     # -- operations ----------------------------------------------------------------------
     # Writes are queued when called (not when awaited): the order of calls is the order of
