@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 import logging
 import os
 import sys
@@ -29,6 +30,10 @@ def _hostport(s: str) -> tuple[str, int]:
     return host.strip("[]") or DEFAULT_HOST, int(port)
 
 
+def _hostports(s: str) -> tuple[tuple[str, int], ...]:
+    return tuple(_hostport(x.strip()) for x in s.split(",") if x.strip())
+
+
 def _qos(s: str) -> Qos:
     s = s.strip().lower()
     try:
@@ -47,6 +52,19 @@ def _class_lanes(s: str) -> tuple[tuple[int, int], ...]:
     return tuple(out)
 
 
+def _engine_flags(s: argparse.ArgumentParser) -> None:
+    """The flags of a model's engine (serve and node serve)."""
+    s.add_argument("--max-batch", type=_positive, default=8, help="lanes: sequences decoded together (default 8)")
+    s.add_argument("--max-context", type=_positive, help="tokens per lane (default: the model's trained window, capped to fit memory)")
+    s.add_argument("--threads", type=_positive, default=default_threads(), help="llama.cpp threads (default: cores - 1)")
+    s.add_argument("--step-tokens", type=_positive, default=256, help="token budget of one step: decodes plus prefill chunks (default 256)")
+    s.add_argument("--chat-template-file", metavar="FILE", help="a jinja chat template to use instead of the model's own (tool and reasoning markers are read from it)")
+    s.add_argument("--kv-slots", type=_positive, help="KV sequences in the worker (default 2 x --max-batch); slots beyond the lanes keep finished and preempted prefixes warm")
+    s.add_argument("--class-lanes", type=_class_lanes, default=(), metavar="CLASS=N,...", help="most lanes a class may hold, e.g. background=2,agent=6")
+    s.add_argument("--aging-steps", type=_positive, default=256, help="a waiting job rises one class every N steps (default 256)")
+    s.add_argument("--step-ms", type=_positive, default=250, help="prefill chunks are sized so a step takes about this long (default 250)")
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="superfluid", description="One serving daemon for local LLMs.")
     p.add_argument("--version", action="version", version=f"superfluid {__version__}")
@@ -59,16 +77,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--host", default=DEFAULT_HOST, help=f"listen address (default {DEFAULT_HOST})")
     s.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"listen port (default {DEFAULT_PORT})")
     s.add_argument("--http", type=_hostport, metavar="HOST:PORT", help="listen address and port in one")
-    s.add_argument("--max-batch", type=_positive, default=8, help="lanes: sequences decoded together (default 8)")
-    s.add_argument("--max-context", type=_positive, help="tokens per lane (default: the model's trained window, capped to fit memory)")
-    s.add_argument("--threads", type=_positive, default=default_threads(), help="llama.cpp threads (default: cores - 1)")
-    s.add_argument("--step-tokens", type=_positive, default=256, help="token budget of one step: decodes plus prefill chunks (default 256)")
-    s.add_argument("--chat-template-file", metavar="FILE", help="a jinja chat template to use instead of the model's own (tool and reasoning markers are read from it)")
-    s.add_argument("--kv-slots", type=_positive, help="KV sequences in the worker (default 2 x --max-batch); slots beyond the lanes keep finished and preempted prefixes warm")
+    _engine_flags(s)
     s.add_argument("--default-qos", type=_qos, default=Qos.AGENT, help="QoS class of requests without x-superfluid-qos: interactive, completion, agent (default) or background")
-    s.add_argument("--class-lanes", type=_class_lanes, default=(), metavar="CLASS=N,...", help="most lanes a class may hold, e.g. background=2,agent=6")
-    s.add_argument("--aging-steps", type=_positive, default=256, help="a waiting job rises one class every N steps (default 256)")
-    s.add_argument("--step-ms", type=_positive, default=250, help="prefill chunks are sized so a step takes about this long (default 250)")
     s.add_argument("--api-key", default=os.environ.get("SUPERFLUID_API_KEY"), help="require this key (Authorization: Bearer or x-api-key) on every route but /health (default: $SUPERFLUID_API_KEY)")
     s.add_argument("--key-policy", metavar="FILE", help="JSON file of named keys with QoS class, best class allowed, requests per minute, max concurrent requests, admin flag")
     s.add_argument("--rate-limit", type=_positive, metavar="RPM", help="requests per minute per client address")
@@ -79,7 +89,24 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--sessions-cache", action="store_true", help="keep sessions in memory only: nothing survives a restart")
     s.add_argument("--resume-grace", type=float, default=10.0, metavar="S", help="a streamed generation whose client disconnected keeps running S seconds so it can be resumed with Last-Event-ID (default 10; 0 cancels at once)")
     s.add_argument("--sessions-max-mb", type=float, metavar="MB", help="the session store refuses writes (HTTP 500 store_error) once its file reaches MB")
+    s.add_argument("--fleet", type=_hostports, default=(), metavar="HOST:PORT,...", help="fleet nodes to dial: the default model runs on them (this head keeps the tokenizer, template and session log)")
+    s.add_argument("--fleet-auth", metavar="TOKENFILE", help="the fleet token file (superfluid fleet token); without one, nodes must be on loopback")
+    s.add_argument("--fleet-policy", choices=("load-aware", "least-loaded", "round-robin"), default="load-aware", help="how sessions are placed on nodes (default load-aware)")
+    s.add_argument("--fleet-timeout", type=float, default=5.0, metavar="S", help="a node silent for S seconds is gone (default 5)")
+    s.add_argument("--fleet-grace", type=float, default=1.0, metavar="S", help="a gone node's generations move to another node after S seconds (default 1)")
     s.add_argument("--drain-timeout", type=float, default=300.0, help="on SIGUSR1 (superfluid stop --drain): seconds running requests get to finish (default 300)")
+    fl = sub.add_parser("fleet", help="fleet tools")
+    fl_sub = fl.add_subparsers(dest="fleet_command", required=True)
+    fl_sub.add_parser("token", help="create <home>/fleet/token (mode 0600) unless it exists, and print it")
+    nd = sub.add_parser("node", help="run a fleet node")
+    nd_sub = nd.add_subparsers(dest="node_command", required=True)
+    ns = nd_sub.add_parser("serve", help="serve a model to a fleet head over Link F (the head dials this node)")
+    ns.add_argument("model", nargs="?", help="path to a .gguf file (default: the embedded model)")
+    ns.add_argument("--model", dest="model_opt", metavar="PATH", help="the same, as an option")
+    ns.add_argument("--listen", type=_hostport, default=("127.0.0.1", 8454), metavar="HOST:PORT", help="where heads dial in (default 127.0.0.1:8454)")
+    ns.add_argument("--auth-file", metavar="TOKENFILE", help="the fleet token file; required to listen off loopback")
+    ns.add_argument("--lease", type=float, default=10.0, metavar="S", help="a head silent for S seconds loses its generations here (default 10)")
+    _engine_flags(ns)
     la = sub.add_parser("launch", help="start a coding agent pointed at this server (serving first if needed)")
     la.add_argument("agent", nargs="?", help="claude, codex, opencode or ollama; none: list them")
     la.add_argument("args", nargs="*", help="after --: the agent's own arguments")
@@ -118,6 +145,27 @@ def _policies(args: argparse.Namespace) -> list:
     return out
 
 
+def _engine_config(args: argparse.Namespace, src) -> EngineConfig | int:
+    """The engine's config from its flags, or the exit status after one clear line."""
+    step_tokens = max(args.step_tokens, args.max_batch)
+    if args.kv_slots is not None and args.kv_slots < args.max_batch:
+        print("superfluid: --kv-slots must be at least --max-batch", file=sys.stderr)
+        return 2
+    template = None
+    if args.chat_template_file:
+        try:
+            with open(args.chat_template_file, encoding="utf-8") as f:
+                template = f.read()
+        except OSError as e:
+            print(f"superfluid: cannot read --chat-template-file {args.chat_template_file}: {e.strerror}",
+                  file=sys.stderr)
+            return 2
+    return EngineConfig(model_path=src.path, model_id=src.id, max_batch=args.max_batch,
+                        max_context=args.max_context, threads=args.threads, step_tokens=step_tokens,
+                        kv_slots=args.kv_slots, class_lanes=args.class_lanes,
+                        aging_steps=args.aging_steps, step_target_s=args.step_ms / 1000, chat_template=template)
+
+
 def _serve(args: argparse.Namespace) -> int:
     from .daemon import listen_socket, open_store, run
     from .runtime.registry import resolve
@@ -132,23 +180,9 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     src = sources[0]
     host, port = args.http if args.http else (args.host, args.port)
-    step_tokens = max(args.step_tokens, args.max_batch)
-    if args.kv_slots is not None and args.kv_slots < args.max_batch:
-        print("superfluid: --kv-slots must be at least --max-batch", file=sys.stderr)
-        return 2
-    template = None
-    if args.chat_template_file:
-        try:
-            with open(args.chat_template_file, encoding="utf-8") as f:
-                template = f.read()
-        except OSError as e:
-            print(f"superfluid: cannot read --chat-template-file {args.chat_template_file}: {e.strerror}",
-                  file=sys.stderr)
-            return 2
-    ec = EngineConfig(model_path=src.path, model_id=src.id, max_batch=args.max_batch,
-                      max_context=args.max_context, threads=args.threads, step_tokens=step_tokens,
-                      kv_slots=args.kv_slots, class_lanes=args.class_lanes,
-                      aging_steps=args.aging_steps, step_target_s=args.step_ms / 1000, chat_template=template)
+    ec = _engine_config(args, src)
+    if isinstance(ec, int):
+        return ec
     try:
         policies = _policies(args)
     except PolicyError as e:
@@ -161,7 +195,19 @@ def _serve(args: argparse.Namespace) -> int:
     cfg = ServeConfig(ec, host, port, args.max_body, args.default_qos, tuple(policies), args.rate_limit,
                       args.log_format, tui, args.drain_timeout, tuple(sources), args.model_dir,
                       args.idle_timeout, args.sessions, args.sessions_cache, args.resume_grace,
-                      int(args.sessions_max_mb * 1024 * 1024) if args.sessions_max_mb else None)
+                      int(args.sessions_max_mb * 1024 * 1024) if args.sessions_max_mb else None,
+                      tuple(args.fleet), None, args.fleet_policy, args.fleet_timeout, args.fleet_grace)
+    if args.fleet:
+        from .fleet.commands import read_token
+        if args.fleet_auth is None and not all(is_loopback_host(h) for h, _ in args.fleet):
+            print("superfluid: --fleet nodes off loopback need --fleet-auth (a fleet token): the link would be "
+                  "plaintext", file=sys.stderr)
+            return 2
+        try:
+            cfg = replace(cfg, fleet_psk=read_token(args.fleet_auth) if args.fleet_auth else None)
+        except (OSError, ValueError) as e:
+            print(f"superfluid: cannot read --fleet-auth: {e}", file=sys.stderr)
+            return 2
     try:
         store = open_store(cfg)
     except SuperfluidError as e:  # locked by another daemon, or not a store we can read
@@ -184,6 +230,21 @@ def _serve(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         pass
     return 0
+
+
+def _node(args: argparse.Namespace) -> int:
+    from .fleet.commands import node_serve
+    from .runtime.registry import resolve
+    try:
+        src = resolve(args.model or args.model_opt)
+    except ModelLoadError as e:
+        print(f"superfluid: {e.message}", file=sys.stderr)
+        return 2
+    ec = _engine_config(args, src)
+    if isinstance(ec, int):
+        return ec
+    host, port = args.listen
+    return node_serve(ec, host, port, args.auth_file, args.lease)
 
 
 class _JsonFormatter(logging.Formatter):
@@ -213,6 +274,11 @@ def main(argv: list[str] | None = None) -> int:
         return _serve(args)
     if args.command == "top":
         return _top(args)
+    if args.command == "fleet":
+        from .fleet.commands import fleet_token
+        return fleet_token()
+    if args.command == "node":
+        return _node(args)
     if args.command == "launch":
         from .launch import launch, listing
         if not args.agent:

@@ -61,3 +61,8 @@ class ServeConfig:
     sessions_cache: bool = False  # a throwaway in-memory store: nothing persists
     resume_grace: float = 10.0  # a dropped stream keeps generating this long, to be resumed
     store_max_bytes: int | None = None  # the session store refuses writes past this size
+    fleet: tuple = ()  # (host, port) of nodes the head dials; the default model runs on them
+    fleet_psk: bytes | None = None  # SHA-256 of the fleet token (None: plaintext, loopback only)
+    fleet_policy: str = "load-aware"
+    fleet_timeout: float = 5.0  # a node silent this long is gone
+    fleet_grace: float = 1.0  # a gone node's generations move after this long

@@ -95,9 +95,26 @@ def open_store(cfg: ServeConfig) -> Store:
     return Store(directory, max_bytes=cfg.store_max_bytes).open()
 
 
+def build_fleet_engine(cfg: ServeConfig, store: Store):
+    """The head's engine for the default model: the tokenizer and template from the local
+    GGUF, generations on the fleet's nodes. Epochs start above every earlier run's
+    (the store's epoch, bumped at every start, in the high bits)."""
+    from .fleet.head import FleetEngine
+
+    def build(ec: EngineConfig) -> Engine:
+        if ec.model_id != cfg.engine.model_id:
+            return build_engine(ec)
+        tok = Tokenizer(ec.model_path)
+        return FleetEngine(ec, tok, tok.shape.n_ctx_train or 4096, list(cfg.fleet), cfg.fleet_psk,
+                           policy=cfg.fleet_policy, epoch_floor=store.epoch << 32, timeout=cfg.fleet_timeout,
+                           grace=cfg.fleet_grace)
+    return build
+
+
 async def serve(cfg: ServeConfig, sock: socket.socket, store: Store) -> None:
     sessions = Sessions(store, grace=cfg.resume_grace)
-    models = Models(cfg.engine, build_engine, idle_timeout=cfg.idle_timeout)
+    models = Models(cfg.engine, build_fleet_engine(cfg, store) if cfg.fleet else build_engine,
+                    idle_timeout=cfg.idle_timeout)
     models.sessions = sessions
     models.on_load.append(lambda eng: setattr(eng, "log", sessions))
     for src in cfg.models:
@@ -127,9 +144,13 @@ async def serve(cfg: ServeConfig, sock: socket.socket, store: Store) -> None:
     server.drain_timeout = cfg.drain_timeout
     shown = f"[{host}]" if ":" in host else host
     others = f" (+{len(models.sources) - 1} more)" if len(models.sources) > 1 else ""
-    print(f"superfluid {__version__}: serving {engine.model_id}{others} on http://{shown}:{port} "
-          f"({cfg.engine.max_batch} lanes, {cfg.engine.slots} KV slots x {engine.n_ctx} tokens, "
-          f"{cfg.engine.threads} thread{'s' if cfg.engine.threads != 1 else ''})", flush=True)
+    if cfg.fleet:
+        where = f"on a fleet of {len(cfg.fleet)} node(s), {'encrypted' if cfg.fleet_psk else 'plaintext (loopback)'}"
+    else:
+        where = (f"{cfg.engine.max_batch} lanes, {cfg.engine.slots} KV slots x {engine.n_ctx} tokens, "
+                 f"{cfg.engine.threads} thread{'s' if cfg.engine.threads != 1 else ''}")
+    print(f"superfluid {__version__}: serving {engine.model_id}{others} on http://{shown}:{port} ({where})",
+          flush=True)
     monitor = None
     if cfg.tui:
         monitor = LiveMonitor(Dashboard(engines, f"http://{shown}:{port}", LogBuffer()))

@@ -1,0 +1,88 @@
+"""`superfluid fleet token` and `superfluid node serve`: the fleet's command-line side."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import signal
+import sys
+from pathlib import Path
+
+from ..api.guard import is_loopback_host
+from ..config import EngineConfig, home
+from ..errors import SuperfluidError
+from ..link.noise import psk_of
+
+log = logging.getLogger("superfluid.node")
+
+
+def token_path() -> Path:
+    return home() / "fleet" / "token"
+
+
+def fleet_token() -> int:
+    """Create <home>/fleet/token (32 random bytes, hex, mode 0600) unless it exists; print it."""
+    path = token_path()
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32) + "\n")
+    print(path.read_text().strip())
+    return 0
+
+
+def read_token(path: str) -> bytes:
+    """The PSK from a token file. Raises OSError / ValueError with the reason."""
+    text = Path(path).expanduser().read_text().strip()
+    if len(text) < 16:
+        raise ValueError(f"{path} holds no fleet token (create one with `superfluid fleet token`)")
+    return psk_of(text)
+
+
+def node_serve(ec: EngineConfig, host: str, port: int, auth_file: str | None, lease_s: float) -> int:
+    if auth_file is None and not is_loopback_host(host):
+        print(f"superfluid: a node listening on {host} needs --auth-file (a fleet token); without one it may only "
+              f"listen on loopback", file=sys.stderr)
+        return 2
+    try:
+        psk = read_token(auth_file) if auth_file else None
+    except (OSError, ValueError) as e:
+        print(f"superfluid: cannot read --auth-file: {e}", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(_node(ec, host, port, psk, lease_s))
+    except SuperfluidError as e:
+        print(f"superfluid: {e.message}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        print(f"superfluid: cannot listen on {host}:{port}: {e.strerror}", file=sys.stderr)
+        return 1
+    return 0
+
+
+async def _node(ec: EngineConfig, host: str, port: int, psk: bytes | None, lease_s: float) -> None:
+    from ..daemon import build_engine
+    from .node import NodeServer
+
+    engine = build_engine(ec)
+    await engine.start()
+    server = None
+    try:
+        node = NodeServer(engine, psk, lease_s=lease_s)
+        server = await node.serve(host, port)
+        bound = server.sockets[0].getsockname()
+        print(f"superfluid node {node.node_id}: serving {engine.model_id} on {bound[0]}:{bound[1]} "
+              f"({'encrypted' if psk else 'plaintext, loopback only'}; {ec.max_batch} lanes x {engine.n_ctx} "
+              f"tokens)", flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+    finally:
+        if server is not None:
+            server.close()
+        await engine.close()

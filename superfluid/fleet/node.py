@@ -1,0 +1,207 @@
+"""A fleet node: one local Engine (scheduler + worker, nothing durable) behind Link F.
+
+The head dials in and sends GENERATE_REQ; each generation's chunks become numbered token
+events in a retry buffer (link/node_state.py) sent as they come and kept until the head
+acknowledges them, so a head that reconnects gets exactly the missing tail. The link's
+lease: a head silent for `lease_s` (it sends KEEPALIVE every second, idle or not) loses its
+generations on this node; they are cancelled (fenced), and the head re-places them."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+
+from ..codec.channels import ChannelSpec
+from ..codec import tools as tool_formats
+from ..errors import ProtocolError, SuperfluidError
+from ..link import messages as m
+from ..link.node_state import NodeState, RetryBuffer
+from ..request import Chunk, FinishReason, GenRequest, Qos, SamplingParams
+from .transport import Link
+
+log = logging.getLogger("superfluid.node")
+
+MAX_HANDSHAKES = 8  # connections mid-handshake at once; more are refused at once
+STATUS_EVERY = 2.0
+KEEPALIVE_EVERY = 1.0
+
+
+def spec_from_wire(w: dict | None) -> ChannelSpec | None:
+    if not w:
+        return None
+    fmt = {f.name: f for f in (tool_formats.HERMES, tool_formats.GENERIC, tool_formats.MISTRAL,
+                               tool_formats.LLAMA3)}.get(w.get("tools") or "")
+    r = w.get("reasoning")
+    return ChannelSpec(fmt, tuple(r) if r else None, bool(w.get("start_in")))  # type: ignore[arg-type]
+
+
+def spec_to_wire(s: ChannelSpec | None) -> dict | None:
+    if s is None:
+        return None
+    return {"tools": s.tools.name if s.tools else None, "reasoning": list(s.reasoning) if s.reasoning else None,
+            "start_in": s.start_in_reasoning}
+
+
+class NodeServer:
+    def __init__(self, engine, psk: bytes | None, *, node_id: str | None = None, lease_s: float = 10.0):
+        self.engine = engine
+        self.psk = psk
+        self.node_id = node_id or socket.gethostname()
+        self.lease_s = lease_s
+        self.state = NodeState()
+        self.link: Link | None = None
+        self.last_heard = time.monotonic()
+        self._pumps: dict[str, asyncio.Task] = {}  # gen -> task feeding its retry buffer
+        self._requests: dict[str, str] = {}  # gen -> engine request id
+        self._handshaking = 0
+        self._tasks: list[asyncio.Task] = []
+
+    async def serve(self, host: str, port: int) -> asyncio.Server:
+        server = await asyncio.start_server(self._on_connect, host, port)
+        self._tasks.append(asyncio.create_task(self._watchdog()))
+        return server
+
+    # -- connections ---------------------------------------------------------------------
+    async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        if self._handshaking >= MAX_HANDSHAKES:
+            writer.close()
+            return
+        self._handshaking += 1
+        try:
+            link = await Link.accept(reader, writer, self.psk)
+            kind, hello = await asyncio.wait_for(link.recv(), 5.0)
+            if kind != m.HELLO or m.VERSION not in (hello.get("versions") or []):
+                raise ProtocolError(f"expected HELLO with version {m.VERSION}, got message {kind}")
+        except SuperfluidError as e:
+            log.warning("refused a head at %s: %s", peer, e.message)
+            writer.close()
+            return
+        except (TimeoutError, ConnectionError, OSError) as e:
+            log.warning("a head at %s went away during the handshake: %s", peer, e or type(e).__name__)
+            writer.close()
+            return
+        finally:
+            self._handshaking -= 1
+        if self.link is not None:
+            self.link.close()  # a head that reconnects replaces its old link
+        self.link = link
+        self.last_heard = time.monotonic()
+        eng = self.engine
+        link.send(m.HELLO_ACK, {"version": m.VERSION, "node": self.node_id,
+                                "models": [{"id": eng.model_id, "n_ctx": eng.n_ctx, "lanes": eng.cfg.max_batch}],
+                                "status": self.status()})
+        log.info("head %s connected", link.peer)
+        ticker = asyncio.create_task(self._tick(link))
+        try:
+            while True:
+                kind, body = await link.recv()
+                self.last_heard = time.monotonic()
+                self._on_message(link, kind, body)
+                await link.writer.drain()
+        except SuperfluidError as e:
+            log.warning("dropping the link to %s: %s", link.peer, e.message)
+        except (ConnectionError, OSError):
+            log.info("head %s disconnected", link.peer)
+        finally:
+            ticker.cancel()
+            link.close()
+            if self.link is link:
+                self.link = None
+
+    async def _tick(self, link: Link) -> None:
+        n = 0
+        while not link.closed:
+            await asyncio.sleep(KEEPALIVE_EVERY)
+            n += 1
+            try:
+                link.send(m.KEEPALIVE, {})
+                if n % int(STATUS_EVERY / KEEPALIVE_EVERY) == 0:
+                    link.send(m.NODE_STATUS, self.status())
+            except ConnectionError:
+                return
+
+    async def _watchdog(self) -> None:
+        """The lease: generations of a head silent for lease_s are fenced (cancelled)."""
+        while True:
+            await asyncio.sleep(1.0)
+            if self._pumps and time.monotonic() - self.last_heard > self.lease_s:
+                log.warning("no word from the head for %.0f s: fencing its %d generation(s)",
+                            self.lease_s, len(self._pumps))
+                for gen in list(self._pumps):
+                    self._cancel(gen)
+                self.state.gens.clear()
+
+    def status(self) -> dict:
+        eng = self.engine
+        used, total = eng.kv_usage()
+        return {"lanes": eng.cfg.max_batch, "running": len(eng.sched.running), "waiting": len(eng.sched.waiting),
+                "kv_used": used, "kv_total": total}
+
+    # -- messages ------------------------------------------------------------------------
+    def _on_message(self, link: Link, kind: int, body: dict) -> None:
+        if kind == m.GENERATE_REQ:
+            self._generate(body)
+        elif kind == m.GENERATE_CANCEL:
+            if self.state.first_time(int(body["cmd"])):
+                self._cancel(str(body["gen"]))
+        elif kind == m.WATERMARK_ACK:
+            self.state.ack(str(body["gen"]), int(body["epoch"]), int(body["upto"]))
+        elif kind == m.RECONCILE:
+            view = {str(g): (int(v[0]), int(v[1])) for g, v in (body.get("gens") or {}).items()}
+            resend, missing = self.state.reconcile(view)
+            for buf, tail in resend:
+                if tail:
+                    self._send(buf, tail)
+            link.send(m.RECONCILE_ACK, {"missing": missing})
+        elif kind == m.SESSION_REVOKE:
+            for gen in self.state.revoke(str(body["session"]), int(body["epoch"])):
+                self._cancel(gen)
+                self.state.gens.pop(gen, None)
+
+    def _generate(self, b: dict) -> None:
+        gen, epoch, session = str(b["gen"]), int(b["epoch"]), str(b["session"])
+        if not self.state.first_time(int(b["cmd"])):
+            return
+        if not self.state.admit(session, epoch):
+            log.info("fenced a stale GENERATE_REQ for %s (epoch %d)", gen, epoch)
+            return
+        buf = self.state.open(gen, epoch)
+        req = GenRequest(f"{gen}@{epoch}", list(b["prompt"]), SamplingParams.from_wire(list(b["sampling"])),
+                         int(b["max_tokens"]), tuple(b.get("stop") or ()), Qos(int(b.get("qos", 2))),
+                         channels=spec_from_wire(b.get("channels")))
+        try:
+            stream = self.engine.submit(req)
+        except SuperfluidError as e:
+            self._send(buf, [buf.emit(m.chunk_to_wire(Chunk(req.id, finish=FinishReason.ERROR, error=e)), last=True)])
+            return
+        self._requests[gen] = req.id
+        self._pumps[gen] = asyncio.create_task(self._pump(gen, buf, stream))
+
+    async def _pump(self, gen: str, buf: RetryBuffer, stream) -> None:
+        try:
+            async for c in stream:
+                self._send(buf, [buf.emit(m.chunk_to_wire(c), last=c.finish is not None)])
+                if c.finish is not None:
+                    break
+        finally:
+            self._pumps.pop(gen, None)
+            self._requests.pop(gen, None)
+
+    def _send(self, buf: RetryBuffer, events: list) -> None:
+        if self.link is None:
+            return  # kept in the retry buffer: the head gets them after RECONCILE
+        try:
+            self.link.send(m.TOKEN_EVENTS, {"gen": buf.gen, "epoch": buf.epoch, "events": [list(e) for e in events]})
+        except ConnectionError:
+            pass
+
+    def _cancel(self, gen: str) -> None:
+        rid = self._requests.pop(gen, None)
+        if rid is not None:
+            self.engine.cancel(rid)
+        task = self._pumps.pop(gen, None)
+        if task is not None:
+            task.cancel()

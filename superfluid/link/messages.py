@@ -1,0 +1,72 @@
+"""Link F messages (msgpack bodies in the frame envelope). The head initiates; the node
+answers HELLO with HELLO_ACK (identity, models, capacity, limits), then:
+
+head -> node: GENERATE_REQ {cmd, gen, session, epoch, prompt, sampling, max_tokens, stop,
+              qos, channels}, GENERATE_CANCEL {cmd, gen}, WATERMARK_ACK {gen, epoch, upto},
+              RECONCILE {gens: {gen: [epoch, last_seq]}}, SESSION_REVOKE {session, epoch},
+              KEEPALIVE {} (it also renews every lease)
+node -> head: TOKEN_EVENTS {gen, epoch, events: [[seq, chunk]...]}, RECONCILE_ACK {gens
+              it no longer has}, NODE_STATUS {lanes, running, waiting, kv_used, kv_total,
+              decode_tps}, KEEPALIVE {}
+
+TOKEN_EVENTS are numbered densely per (generation, epoch) from 0; the head accepts only the
+next one and acknowledges a watermark; the node keeps what is not acknowledged and
+resends it after RECONCILE."""
+
+from __future__ import annotations
+
+import msgpack
+
+from ..codec.tools import ToolCall
+from ..errors import ProtocolError
+from ..request import Chunk, FinishReason, TokenLogprob
+
+VERSION = 1
+OPTIONAL_BIT = 0x8000
+
+HELLO, HELLO_ACK = 1, 2
+GENERATE_REQ, GENERATE_CANCEL, TOKEN_EVENTS, WATERMARK_ACK = 10, 11, 12, 13
+RECONCILE, RECONCILE_ACK, SESSION_REVOKE = 14, 15, 16
+NODE_STATUS, KEEPALIVE = 0x8000 | 20, 0x8000 | 21  # optional: a peer may ignore them
+KNOWN = {HELLO, HELLO_ACK, GENERATE_REQ, GENERATE_CANCEL, TOKEN_EVENTS, WATERMARK_ACK, RECONCILE,
+         RECONCILE_ACK, SESSION_REVOKE, NODE_STATUS, KEEPALIVE}
+
+
+def pack(body: dict) -> bytes:
+    return msgpack.packb(body, use_bin_type=True)
+
+
+def unpack(data: bytes) -> dict:
+    try:
+        body = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except Exception as e:  # msgpack raises several types on garbage
+        raise ProtocolError(f"a Link F body is not msgpack ({type(e).__name__})") from None
+    if not isinstance(body, dict):
+        raise ProtocolError("a Link F body must be a map")
+    return body
+
+
+def chunk_to_wire(c: Chunk) -> list:
+    err = None
+    if c.error is not None:
+        err = [getattr(c.error, "code", None) or "error", getattr(c.error, "message", str(c.error))]
+    return [c.text, list(c.tokens), int(c.finish) if c.finish is not None else None, c.prompt_tokens,
+            c.completion_tokens, c.cached_tokens, c.ttft_s, c.stop_sequence, c.reasoning,
+            [[t.id, t.name, t.arguments] for t in c.tool_calls], c.raw,
+            [[lp.token, lp.text, lp.logprob, [list(x) for x in lp.top]] for lp in c.logprobs], err]
+
+
+def chunk_from_wire(request_id: str, w: list) -> Chunk:
+    try:
+        (text, tokens, finish, pt, ct, cached, ttft, stop, reasoning, calls, raw, lps, err) = w
+        c = Chunk(request_id, text=text, tokens=list(tokens),
+                  finish=FinishReason(finish) if finish is not None else None, prompt_tokens=pt,
+                  completion_tokens=ct, cached_tokens=cached, ttft_s=ttft, stop_sequence=stop,
+                  reasoning=reasoning, tool_calls=[ToolCall(*t) for t in calls], raw=raw,
+                  logprobs=[TokenLogprob(t, bytes(b), lp, tuple(tuple(x) for x in top)) for t, b, lp, top in lps])
+    except (TypeError, ValueError) as e:
+        raise ProtocolError(f"a TOKEN_EVENTS chunk is malformed ({e})") from None
+    if err is not None:
+        from ..errors import WorkerCrashed
+        c.error = WorkerCrashed(f"the node reported: {err[1]}", code=str(err[0]))
+    return c

@@ -1,0 +1,95 @@
+"""The node side of Link F's session layer, pure: commands applied at most once, epochs
+that only go up (a stale one is fenced), and per-generation retry buffers of numbered
+token events kept until the head acknowledges them."""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+
+SEEN_COMMANDS = 4096  # command ids remembered for at-most-once
+
+
+@dataclass
+class RetryBuffer:
+    """One generation's token events: dense seq from 0, kept until acknowledged."""
+    gen: str
+    epoch: int
+    next_seq: int = 0
+    events: deque = field(default_factory=deque)  # (seq, payload), seq ascending
+    done: bool = False  # its last event was emitted
+
+    def emit(self, payload: object, last: bool = False) -> tuple[int, object]:
+        ev = (self.next_seq, payload)
+        self.events.append(ev)
+        self.next_seq += 1
+        self.done = self.done or last
+        return ev
+
+    def ack(self, upto: int) -> None:
+        while self.events and self.events[0][0] <= upto:
+            self.events.popleft()
+
+    def tail(self, after: int) -> list[tuple[int, object]]:
+        """Events after seq `after` (what a head that saw up to `after` is missing)."""
+        return [e for e in self.events if e[0] > after]
+
+    @property
+    def finished(self) -> bool:
+        """Every event emitted and acknowledged: the buffer can go."""
+        return self.done and not self.events
+
+
+class NodeState:
+    def __init__(self) -> None:
+        self.gens: dict[str, RetryBuffer] = {}
+        self.epochs: dict[str, int] = {}  # session -> highest epoch seen
+        self._seen: OrderedDict[int, None] = OrderedDict()
+
+    def first_time(self, cmd: int) -> bool:
+        """True once per command id: a resent command is not applied twice."""
+        if cmd in self._seen:
+            return False
+        self._seen[cmd] = None
+        if len(self._seen) > SEEN_COMMANDS:
+            self._seen.popitem(last=False)
+        return True
+
+    def admit(self, session: str, epoch: int) -> bool:
+        """A command for (session, epoch): refused if the session is already at a later
+        epoch (the sender is a fenced, older owner)."""
+        if epoch < self.epochs.get(session, -1):
+            return False
+        self.epochs[session] = epoch
+        return True
+
+    def revoke(self, session: str, epoch: int) -> list[str]:
+        """The head moved the session on: generations below `epoch` are fenced; returns them."""
+        self.epochs[session] = max(self.epochs.get(session, -1), epoch)
+        return [g for g, b in self.gens.items() if b.epoch < epoch and g.startswith(session + "/")]
+
+    def open(self, gen: str, epoch: int) -> RetryBuffer:
+        buf = self.gens.get(gen)
+        if buf is None or buf.epoch != epoch:
+            buf = self.gens[gen] = RetryBuffer(gen, epoch)
+        return buf
+
+    def ack(self, gen: str, epoch: int, upto: int) -> None:
+        buf = self.gens.get(gen)
+        if buf is not None and buf.epoch == epoch:
+            buf.ack(upto)
+            if buf.finished:
+                del self.gens[gen]
+
+    def reconcile(self, view: dict[str, tuple[int, int]]) -> tuple[list[tuple[RetryBuffer, list]], list[str]]:
+        """The head's view {gen: (epoch, last seq it has)} after a reconnect: the tails to
+        resend, and the generations the node no longer has (lost: the head re-places them)."""
+        resend, missing = [], []
+        for gen, (epoch, last) in view.items():
+            buf = self.gens.get(gen)
+            if buf is None or buf.epoch != epoch:
+                missing.append(gen)
+                continue
+            buf.ack(last)
+            resend.append((buf, buf.tail(last)))
+        return resend, missing

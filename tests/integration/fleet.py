@@ -1,0 +1,53 @@
+"""Start real fleet nodes (`superfluid node serve`) on loopback ports."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+from .daemon import free_port
+
+
+class Node:
+    def __init__(self, *args: str, max_context: int = 1024, auth_file: str | None = None):
+        self.port = free_port()
+        self.home = tempfile.mkdtemp(prefix="superfluid-node-")
+        cmd = [sys.executable, "-m", "superfluid.cli", "node", "serve", "--listen", f"127.0.0.1:{self.port}",
+               "--threads", "1", "--max-context", str(max_context), *args]
+        if auth_file:
+            cmd += ["--auth-file", auth_file]
+        self.log_path = os.path.join(self.home, "node.log")
+        self._log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, text=True,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1", "SUPERFLUID_HOME": self.home})
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"node exited: {self.log()}")
+            if "serving" in self.log():
+                return
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError("node did not start")
+
+    def log(self) -> str:
+        with open(self.log_path) as f:
+            return f.read()
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()

@@ -1,0 +1,163 @@
+"""A head and two node processes on loopback, driven through the head's HTTP API with the
+official openai client: the same tokens as one machine, placement spread, cancel through
+the fleet, a cut link (through a TCP proxy) and a killed node, each stream complete with
+every token once; a wrong token and a plaintext node off loopback refused."""
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from .conftest import MODEL
+from .daemon import Daemon, free_port
+from .fleet import Node
+from .proxy import Proxy
+
+STORY = [{"role": "user", "content": "Write a long story about a lighthouse keeper and a storm."}]
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    a, b = Node(), Node()
+    proxy = Proxy(a.port)  # the head reaches node A through a proxy that can cut the link
+    head = Daemon("--fleet", f"127.0.0.1:{proxy.port},127.0.0.1:{b.port}", "--resume-grace", "0")
+    yield head, a, b, proxy
+    head.stop()
+    proxy.close()
+    a.stop()
+    b.stop()
+
+
+def oc(d):
+    return openai.OpenAI(base_url=d.url + "/v1", api_key="x", max_retries=0, timeout=120)
+
+
+def nodes(head) -> list[dict]:
+    return next(iter(head.health()["models"].values()))["nodes"]
+
+
+def test_the_fleet_gives_the_tokens_one_machine_gives(fleet, client):
+    head = fleet[0]
+    kw = dict(model=MODEL, messages=STORY, max_tokens=40, temperature=0)
+    assert oc(head).chat.completions.create(**kw).choices[0].message.content == \
+        client.chat.completions.create(**kw).choices[0].message.content
+    assert all(n["up"] for n in nodes(head))
+
+
+def test_sessions_spread_over_the_nodes(fleet):
+    head = fleet[0]
+    seen: set[str] = set()
+    stop = threading.Event()
+
+    def one():
+        with httpx.stream("POST", head.url + "/v1/chat/completions", timeout=60,
+                          json={"model": MODEL, "messages": STORY, "max_tokens": 60, "stream": True}) as r:
+            for _ in r.iter_lines():
+                if stop.is_set():
+                    return
+
+    threads = [threading.Thread(target=one) for _ in range(4)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and len(seen) < 2:
+        seen |= {n["addr"] for n in nodes(head) if n["placed"] > 0}
+        time.sleep(0.05)
+    stop.set()
+    for t in threads:
+        t.join(60)
+    assert len(seen) == 2
+
+
+def test_cancel_reaches_the_node(fleet):
+    head = fleet[0]
+    with httpx.stream("POST", head.url + "/v1/chat/completions", timeout=60,
+                      json={"model": MODEL, "messages": STORY, "max_tokens": 900, "ignore_eos": True,
+                            "stream": True}) as r:
+        lines = r.iter_lines()
+        for _ in range(6):
+            next(lines)
+    deadline = time.monotonic() + 15  # the node reports every 2 s
+    while time.monotonic() < deadline:
+        if sum(n["placed"] for n in nodes(head)) == 0 and all(n["status"].get("running", 0) == 0
+                                                              for n in nodes(head)):
+            return
+        time.sleep(0.2)
+    pytest.fail(f"the node kept generating: {nodes(head)}")
+
+
+def stream_text(head, after_first=None, body_extra=None):
+    text, finish = "", None
+    stream = oc(head).chat.completions.create(model=MODEL, messages=STORY, max_tokens=80, temperature=0,
+                                              stream=True, **(body_extra or {}))
+    for i, ch in enumerate(stream):
+        if ch.choices:
+            text += ch.choices[0].delta.content or ""
+            finish = ch.choices[0].finish_reason or finish
+        if i == 8 and after_first is not None:
+            after_first()
+    return text, finish
+
+
+def test_a_cut_link_loses_and_repeats_nothing(fleet, client):
+    head, a, b, proxy = fleet
+    ref = client.chat.completions.create(model=MODEL, messages=STORY, max_tokens=80, temperature=0)
+    b.proc.send_signal(subprocess.signal.SIGSTOP)  # everything goes to A (behind the proxy) meanwhile
+    try:
+        text, finish = stream_text(head, after_first=proxy.cut)
+    finally:
+        b.proc.send_signal(subprocess.signal.SIGCONT)
+    assert proxy.cuts == 1
+    assert text == ref.choices[0].message.content
+    assert finish == ref.choices[0].finish_reason
+
+
+def test_a_killed_node_fails_over_with_one_continuous_stream(fleet, client):
+    head, a, b, proxy = fleet
+    ref = client.chat.completions.create(model=MODEL, messages=STORY, max_tokens=80, temperature=0)
+    deadline = time.monotonic() + 20
+    while not all(n["up"] for n in nodes(head)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    b.proc.send_signal(subprocess.signal.SIGSTOP)  # the stream lands on A; then A dies and B takes over
+    try:
+        def kill_a():
+            a.kill()
+            b.proc.send_signal(subprocess.signal.SIGCONT)
+        text, finish = stream_text(head, after_first=kill_a)
+    finally:
+        b.proc.send_signal(subprocess.signal.SIGCONT)
+    assert text == ref.choices[0].message.content
+    assert finish == ref.choices[0].finish_reason
+
+
+def test_a_wrong_token_is_refused_on_both_sides(tmp_path):
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    good.write_text("a" * 64)
+    bad.write_text("b" * 64)
+    node = Node(auth_file=str(good))
+    try:
+        r = subprocess.run([sys.executable, "-m", "superfluid.cli", "serve", "--port", str(free_port()),
+                            "--fleet", f"127.0.0.1:{node.port}", "--fleet-auth", str(bad), "--no-tui"],
+                           capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "SUPERFLUID_HOME": str(tmp_path / "home")})
+        assert r.returncode == 1
+        assert f"node 127.0.0.1:{node.port} refused the fleet token" in r.stderr
+        assert "--fleet-auth and the node's --auth-file differ" in r.stderr
+        time.sleep(0.5)
+        assert "refused a head" in node.log() and "fleet token differs" in node.log()
+    finally:
+        node.stop()
+
+
+def test_plaintext_is_for_loopback_only(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "superfluid.cli", "node", "serve", "--listen", "0.0.0.0:0"],
+                       capture_output=True, text=True, timeout=60, env={**os.environ, "SUPERFLUID_HOME": str(tmp_path)})
+    assert r.returncode == 2 and "--auth-file" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    r = subprocess.run([sys.executable, "-m", "superfluid.cli", "serve", "--fleet", "10.1.2.3:8454"],
+                       capture_output=True, text=True, timeout=60, env={**os.environ, "SUPERFLUID_HOME": str(tmp_path)})
+    assert r.returncode == 2 and "--fleet-auth" in r.stderr

@@ -1,0 +1,164 @@
+"""Link F's pure parts: the session-layer state machines under a hostile network
+(hypothesis drops, duplicates, reorders and disconnects), the secure channel, and fuzzing
+of everything that parses bytes from a peer."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from superfluid.errors import ProtocolError
+from superfluid.link.frame import Frame, FrameDecoder
+from superfluid.link.head_state import Counter, Tracker
+from superfluid.link.messages import chunk_from_wire, chunk_to_wire, pack, unpack
+from superfluid.link.node_state import NodeState
+from superfluid.link.noise import AuthFailed, SecureChannel, psk_of
+from superfluid.request import Chunk, FinishReason
+
+ACTIONS = st.lists(st.tuples(st.sampled_from(["deliver", "drop", "dup", "swap", "ack", "disconnect", "emit"]),
+                             st.integers(0, 3)), max_size=200)
+
+
+@settings(max_examples=300, deadline=None)
+@given(n=st.integers(1, 40), actions=ACTIONS)
+def test_every_event_arrives_exactly_once_in_order(n, actions):
+    node, head = NodeState(), Tracker("s/g", epoch=1)
+    buf = node.open("s/g", 1)
+    wire: list[tuple[int, int, int]] = []  # (epoch, seq, payload) in flight to the head
+    got: list[int] = []
+    emitted = 0
+
+    def emit():
+        nonlocal emitted
+        if emitted < n:
+            seq, payload = buf.emit(emitted, last=emitted == n - 1)
+            wire.append((1, seq, payload))
+            emitted += 1
+
+    def deliver(i):
+        e, seq, payload = wire.pop(i)
+        if head.accept(e, seq):
+            got.append(payload)
+
+    for act, k in actions:
+        if act == "emit":
+            emit()
+        elif act == "deliver" and wire:
+            deliver(min(k, len(wire) - 1))
+        elif act == "drop" and wire:
+            wire.pop(min(k, len(wire) - 1))
+        elif act == "dup" and wire:
+            wire.append(wire[min(k, len(wire) - 1)])
+        elif act == "swap" and len(wire) > 1:
+            wire[0], wire[-1] = wire[-1], wire[0]
+        elif act == "ack":
+            node.ack("s/g", 1, head.watermark)
+        elif act == "disconnect":  # everything in flight is lost; the head reconciles
+            wire.clear()
+            resend, missing = node.reconcile({"s/g": (1, head.watermark)})
+            assert not missing or buf.finished
+            for b, tail in resend:
+                wire += [(b.epoch, s, p) for s, p in tail]
+    while emitted < n:
+        emit()
+    for _ in range(3):  # the network heals: reconcile until everything is in
+        wire.clear()
+        resend, _ = node.reconcile({"s/g": (1, head.watermark)})
+        for b, tail in resend:
+            for s, p in tail:
+                if head.accept(b.epoch, s):
+                    got.append(p)
+    assert got == list(range(n))
+
+
+def test_stale_epochs_are_fenced_on_both_sides():
+    node = NodeState()
+    assert node.admit("s", 2) and node.admit("s", 2) and not node.admit("s", 1)
+    node.open("s/a", 1)
+    node.open("s/b", 3)
+    assert node.revoke("s", 3) == ["s/a"]
+    t = Tracker("s/a", 1)
+    t.replace(2)
+    assert not t.accept(1, 0) and t.accept(2, 0)
+    with pytest.raises(ValueError):
+        t.replace(2)
+
+
+def test_commands_apply_at_most_once():
+    node = NodeState()
+    assert node.first_time(7) and not node.first_time(7) and node.first_time(8)
+    c = Counter(41)
+    assert [c.next(), c.next()] == [42, 43]
+
+
+def test_a_finished_generation_is_forgotten_once_acknowledged():
+    node = NodeState()
+    b = node.open("s/g", 1)
+    b.emit("a")
+    b.emit("b", last=True)
+    node.ack("s/g", 1, 0)
+    assert "s/g" in node.gens
+    node.ack("s/g", 1, 1)
+    assert "s/g" not in node.gens
+    assert node.reconcile({"s/g": (1, 1)}) == ([], ["s/g"])
+
+
+def handshake(head_psk, node_psk):
+    h, n = SecureChannel(initiator=True, psk=head_psk), SecureChannel(initiator=False, psk=node_psk)
+    reply, _ = n.receive(h.start())
+    back, _ = h.receive(reply)
+    assert back == b""
+    return h, n
+
+
+def test_secure_channel_round_trip_and_big_frames():
+    h, n = handshake(psk_of("tok"), psk_of("tok"))
+    assert h.ready and n.ready
+    big = bytes(range(256)) * 1000  # spans several Noise records
+    _, plain = n.receive(h.send(big))
+    assert plain == big
+    _, plain = h.receive(n.send(b"back"))
+    assert plain == b"back"
+
+
+@pytest.mark.parametrize("head,node", [("a", "b"), (None, "b"), ("a", None)])
+def test_a_wrong_or_missing_token_fails_the_handshake(head, node):
+    with pytest.raises(AuthFailed):
+        handshake(psk_of(head) if head else None, psk_of(node) if node else None)
+
+
+def test_plaintext_mode():
+    h, n = handshake(None, None)
+    _, plain = n.receive(h.send(b"hello"))
+    assert plain == b"hello"
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.binary(max_size=400))
+def test_garbage_only_ever_raises_protocol_errors(data):
+    for psk in (None, psk_of("x")):
+        n = SecureChannel(initiator=False, psk=psk)
+        try:
+            n.receive(data)
+        except ProtocolError:
+            pass
+    try:
+        FrameDecoder(max_frame=1 << 16).feed(data)
+    except ProtocolError:
+        pass
+    try:
+        unpack(data)
+    except ProtocolError:
+        pass
+    try:
+        chunk_from_wire("r", unpack(data).get("c"))  # type: ignore[arg-type]
+    except (ProtocolError, AttributeError):
+        pass
+
+
+def test_chunks_survive_the_wire():
+    c = Chunk("r", text="hé", tokens=[1, 2], finish=FinishReason.LENGTH, prompt_tokens=3, completion_tokens=2,
+              cached_tokens=1, ttft_s=0.5, reasoning="hm")
+    back = chunk_from_wire("r", unpack(pack({"c": chunk_to_wire(c)}))["c"])
+    assert back == c
+    f = Frame(1, 12, body=pack({"x": 1}))
+    assert FrameDecoder().feed(f.encode()) == [f]
