@@ -44,6 +44,15 @@ def spec_to_wire(s: ChannelSpec | None) -> dict | None:
             "start_in": s.start_in_reasoning}
 
 
+class _Head:
+    """One head's connection; a generation belongs to the head that asked for it (or that
+    later reconciled it) and its lease runs on that head's last word."""
+
+    def __init__(self, link: Link):
+        self.link = link
+        self.last_heard = time.monotonic()
+
+
 class NodeServer:
     def __init__(self, engine, psk: bytes | None, *, node_id: str | None = None, lease_s: float = 10.0):
         self.engine = engine
@@ -51,8 +60,8 @@ class NodeServer:
         self.node_id = node_id or socket.gethostname()
         self.lease_s = lease_s
         self.state = NodeState()
-        self.link: Link | None = None
-        self.last_heard = time.monotonic()
+        self.heads: set[_Head] = set()
+        self._owner: dict[str, _Head] = {}  # gen -> the head its events go to
         self._pumps: dict[str, asyncio.Task] = {}  # gen -> task feeding its retry buffer
         self._requests: dict[str, str] = {}  # gen -> engine request id
         self._handshaking = 0
@@ -85,10 +94,8 @@ class NodeServer:
             return
         finally:
             self._handshaking -= 1
-        if self.link is not None:
-            self.link.close()  # a head that reconnects replaces its old link
-        self.link = link
-        self.last_heard = time.monotonic()
+        head = _Head(link)
+        self.heads.add(head)
         eng = self.engine
         link.send(m.HELLO_ACK, {"version": m.VERSION, "node": self.node_id,
                                 "models": [{"id": eng.model_id, "n_ctx": eng.n_ctx, "lanes": eng.cfg.max_batch}],
@@ -98,8 +105,8 @@ class NodeServer:
         try:
             while True:
                 kind, body = await link.recv()
-                self.last_heard = time.monotonic()
-                self._on_message(link, kind, body)
+                head.last_heard = time.monotonic()
+                self._on_message(head, kind, body)
                 await link.writer.drain()
         except SuperfluidError as e:
             log.warning("dropping the link to %s: %s", link.peer, e.message)
@@ -108,8 +115,7 @@ class NodeServer:
         finally:
             ticker.cancel()
             link.close()
-            if self.link is link:
-                self.link = None
+            self.heads.discard(head)
 
     async def _tick(self, link: Link) -> None:
         n = 0
@@ -124,15 +130,17 @@ class NodeServer:
                 return
 
     async def _watchdog(self) -> None:
-        """The lease: generations of a head silent for lease_s are fenced (cancelled)."""
+        """The lease: generations whose head has been silent for lease_s are fenced."""
         while True:
             await asyncio.sleep(1.0)
-            if self._pumps and time.monotonic() - self.last_heard > self.lease_s:
-                log.warning("no word from the head for %.0f s: fencing its %d generation(s)",
-                            self.lease_s, len(self._pumps))
-                for gen in list(self._pumps):
-                    self._cancel(gen)
-                self.state.gens.clear()
+            now = time.monotonic()
+            stale = [g for g, h in self._owner.items() if now - h.last_heard > self.lease_s]
+            if stale:
+                log.warning("no word from their head for %.0f s: fencing %d generation(s)", self.lease_s, len(stale))
+            for gen in stale:
+                self._cancel(gen)
+                self.state.gens.pop(gen, None)
+                self._owner.pop(gen, None)
 
     def status(self) -> dict:
         eng = self.engine
@@ -141,18 +149,23 @@ class NodeServer:
                 "kv_used": used, "kv_total": total}
 
     # -- messages ------------------------------------------------------------------------
-    def _on_message(self, link: Link, kind: int, body: dict) -> None:
+    def _on_message(self, head: _Head, kind: int, body: dict) -> None:
+        link = head.link
         if kind == m.GENERATE_REQ:
-            self._generate(body)
+            self._generate(head, body)
         elif kind == m.GENERATE_CANCEL:
             if self.state.first_time(int(body["cmd"])):
                 self._cancel(str(body["gen"]))
         elif kind == m.WATERMARK_ACK:
-            self.state.ack(str(body["gen"]), int(body["epoch"]), int(body["upto"]))
+            gen = str(body["gen"])
+            self.state.ack(gen, int(body["epoch"]), int(body["upto"]))
+            if gen not in self.state.gens:  # finished and acknowledged: forget it
+                self._owner.pop(gen, None)
         elif kind == m.RECONCILE:
             view = {str(g): (int(v[0]), int(v[1])) for g, v in (body.get("gens") or {}).items()}
             resend, missing = self.state.reconcile(view)
             for buf, tail in resend:
+                self._owner[buf.gen] = head  # the reconnected head takes its generations back
                 if tail:
                     self._send(buf, tail)
             link.send(m.RECONCILE_ACK, {"missing": missing})
@@ -160,8 +173,9 @@ class NodeServer:
             for gen in self.state.revoke(str(body["session"]), int(body["epoch"])):
                 self._cancel(gen)
                 self.state.gens.pop(gen, None)
+                self._owner.pop(gen, None)
 
-    def _generate(self, b: dict) -> None:
+    def _generate(self, head: _Head, b: dict) -> None:
         gen, epoch, session = str(b["gen"]), int(b["epoch"]), str(b["session"])
         if not self.state.first_time(int(b["cmd"])):
             return
@@ -169,6 +183,7 @@ class NodeServer:
             log.info("fenced a stale GENERATE_REQ for %s (epoch %d)", gen, epoch)
             return
         buf = self.state.open(gen, epoch)
+        self._owner[gen] = head
         req = GenRequest(f"{gen}@{epoch}", list(b["prompt"]), SamplingParams.from_wire(list(b["sampling"])),
                          int(b["max_tokens"]), tuple(b.get("stop") or ()), Qos(int(b.get("qos", 2))),
                          channels=spec_from_wire(b.get("channels")))
@@ -191,10 +206,11 @@ class NodeServer:
             self._requests.pop(gen, None)
 
     def _send(self, buf: RetryBuffer, events: list) -> None:
-        if self.link is None:
+        head = self._owner.get(buf.gen)
+        if head is None or head.link.closed:
             return  # kept in the retry buffer: the head gets them after RECONCILE
         try:
-            self.link.send(m.TOKEN_EVENTS, {"gen": buf.gen, "epoch": buf.epoch, "events": [list(e) for e in events]})
+            head.link.send(m.TOKEN_EVENTS, {"gen": buf.gen, "epoch": buf.epoch, "events": [list(e) for e in events]})
         except ConnectionError:
             pass
 

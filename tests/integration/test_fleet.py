@@ -4,14 +4,18 @@ the fleet, a cut link (through a TCP proxy) and a killed node, each stream compl
 every token once; a wrong token and a plaintext node off loopback refused."""
 
 import os
+import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
 import httpx
 import openai
 import pytest
+
+from superfluid.client import Client, iter_sse
 
 from .conftest import MODEL
 from .daemon import Daemon, free_port
@@ -23,7 +27,7 @@ STORY = [{"role": "user", "content": "Write a long story about a lighthouse keep
 
 @pytest.fixture(scope="module")
 def fleet():
-    a, b = Node(), Node()
+    a, b = Node("--lease", "3"), Node("--lease", "3")
     proxy = Proxy(a.port)  # the head reaches node A through a proxy that can cut the link
     head = Daemon("--fleet", f"127.0.0.1:{proxy.port},127.0.0.1:{b.port}", "--resume-grace", "0")
     yield head, a, b, proxy
@@ -115,6 +119,40 @@ def test_a_cut_link_loses_and_repeats_nothing(fleet, client):
     assert proxy.cuts == 1
     assert text == ref.choices[0].message.content
     assert finish == ref.choices[0].finish_reason
+
+
+def test_a_killed_head_restarts_resumes_from_its_log_and_the_node_fences_the_old_work(fleet, client):
+    _, _, b, _ = fleet
+    home = tempfile.mkdtemp(prefix="superfluid-head-")
+    h = Daemon("--fleet", f"127.0.0.1:{b.port}", home=home)
+    body = {"model": MODEL, "messages": STORY, "max_tokens": 900, "temperature": 0, "stream": True,
+            "ignore_eos": True}  # 15 s of work: only the lease (3 s here) can end it early
+    seen, last = [], None
+    with httpx.stream("POST", h.url + "/v1/chat/completions", json=body, timeout=60) as r:
+        sid = r.headers["x-superfluid-session"]
+        for eid, data in iter_sse(r.iter_lines()):
+            if isinstance(data, dict) and data["choices"] and data["choices"][0]["delta"].get("content"):
+                seen.append(data["choices"][0]["delta"]["content"])
+                last = eid
+                if len(seen) == 8:
+                    os.kill(h.proc.pid, signal.SIGKILL)
+                    break
+    h.proc.wait(10)
+    h2 = Daemon("--fleet", f"127.0.0.1:{b.port}", home=home)
+    try:
+        with Client(h2.url) as c:
+            committed = "".join(e["text"] for e in c.events(sid) if e["type"] == "generated")
+            rest = "".join(e["choices"][0]["delta"].get("content", "") for _, e in c.resume(sid, after=int(
+                last.rsplit(":", 1)[1])) if e.get("choices"))
+            assert "".join(seen) + rest == committed  # what was committed is all there, once
+            assert c.get(sid)["epoch"] >= 2
+        deadline = time.monotonic() + 20  # the old head's generation: fenced when its lease runs out
+        while time.monotonic() < deadline and nodes(h2)[0]["status"].get("running", 1) != 0:
+            time.sleep(0.5)
+        assert nodes(h2)[0]["status"]["running"] == 0
+        assert oc(h2).chat.completions.create(model=MODEL, messages=STORY, max_tokens=4).choices[0].message.content
+    finally:
+        h2.stop()
 
 
 def test_a_killed_node_fails_over_with_one_continuous_stream(fleet, client):
