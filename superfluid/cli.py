@@ -90,6 +90,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--resume-grace", type=float, default=10.0, metavar="S", help="a streamed generation whose client disconnected keeps running S seconds so it can be resumed with Last-Event-ID (default 10; 0 cancels at once)")
     s.add_argument("--sessions-max-mb", type=float, metavar="MB", help="the session store refuses writes (HTTP 500 store_error) once its file reaches MB")
     s.add_argument("--fleet", type=_hostports, default=(), metavar="HOST:PORT,...", help="fleet nodes to dial: the default model runs on them (this head keeps the tokenizer, template and session log)")
+    s.add_argument("--fleet-listen", type=_hostport, metavar="HOST:PORT", help="accept fleet nodes that join (superfluid node join HOST:PORT)")
     s.add_argument("--fleet-auth", metavar="TOKENFILE", help="the fleet token file (superfluid fleet token); without one, nodes must be on loopback")
     s.add_argument("--fleet-policy", choices=("load-aware", "least-loaded", "round-robin"), default="load-aware", help="how sessions are placed on nodes (default load-aware)")
     s.add_argument("--fleet-timeout", type=float, default=5.0, metavar="S", help="a node silent for S seconds is gone (default 5)")
@@ -107,6 +108,14 @@ def parser() -> argparse.ArgumentParser:
     ns.add_argument("--auth-file", metavar="TOKENFILE", help="the fleet token file; required to listen off loopback")
     ns.add_argument("--lease", type=float, default=10.0, metavar="S", help="a head silent for S seconds loses its generations here (default 10)")
     _engine_flags(ns)
+    nj = nd_sub.add_parser("join", help="serve a model to a fleet head by dialing it (the head needs --fleet-listen)")
+    nj.add_argument("head", type=_hostport, metavar="HOST:PORT", help="the head's --fleet-listen address")
+    nj.add_argument("model", nargs="?", help="path to a .gguf file (default: the embedded model)")
+    nj.add_argument("--model", dest="model_opt", metavar="PATH", help="the same, as an option")
+    nj.add_argument("--token", help="the fleet token (or --auth-file)")
+    nj.add_argument("--auth-file", metavar="TOKENFILE", help="a file holding the fleet token")
+    nj.add_argument("--lease", type=float, default=10.0, metavar="S", help="a head silent for S seconds loses its generations here (default 10)")
+    _engine_flags(nj)
     la = sub.add_parser("launch", help="start a coding agent pointed at this server (serving first if needed)")
     la.add_argument("agent", nargs="?", help="claude, codex, opencode or ollama; none: list them")
     la.add_argument("args", nargs="*", help="after --: the agent's own arguments")
@@ -196,8 +205,12 @@ def _serve(args: argparse.Namespace) -> int:
                       args.log_format, tui, args.drain_timeout, tuple(sources), args.model_dir,
                       args.idle_timeout, args.sessions, args.sessions_cache, args.resume_grace,
                       int(args.sessions_max_mb * 1024 * 1024) if args.sessions_max_mb else None,
-                      tuple(args.fleet), None, args.fleet_policy, args.fleet_timeout, args.fleet_grace)
-    if args.fleet:
+                      tuple(args.fleet), None, args.fleet_policy, args.fleet_timeout, args.fleet_grace,
+                      args.fleet_listen)
+    if args.fleet_listen and args.fleet_auth is None and not is_loopback_host(args.fleet_listen[0]):
+        print("superfluid: --fleet-listen off loopback needs --fleet-auth (a fleet token)", file=sys.stderr)
+        return 2
+    if args.fleet or args.fleet_listen:
         from .fleet.commands import read_token
         if args.fleet_auth is None and not all(is_loopback_host(h) for h, _ in args.fleet):
             print("superfluid: --fleet nodes off loopback need --fleet-auth (a fleet token): the link would be "
@@ -243,6 +256,10 @@ def _node(args: argparse.Namespace) -> int:
     ec = _engine_config(args, src)
     if isinstance(ec, int):
         return ec
+    if args.node_command == "join":
+        from .fleet.commands import node_join
+        head_host, head_port = args.head
+        return node_join(ec, head_host, head_port, args.token, args.auth_file, args.lease)
     host, port = args.listen
     return node_serve(ec, host, port, args.auth_file, args.lease)
 

@@ -66,3 +66,4 @@ class ServeConfig:
     fleet_policy: str = "load-aware"
     fleet_timeout: float = 5.0  # a node silent this long is gone
     fleet_grace: float = 1.0  # a gone node's generations move after this long
+    fleet_listen: tuple | None = None  # (host, port) where nodes join the head

@@ -107,13 +107,13 @@ def build_fleet_engine(cfg: ServeConfig, store: Store):
         tok = Tokenizer(ec.model_path)
         return FleetEngine(ec, tok, tok.shape.n_ctx_train or 4096, list(cfg.fleet), cfg.fleet_psk,
                            policy=cfg.fleet_policy, epoch_floor=store.epoch << 32, timeout=cfg.fleet_timeout,
-                           grace=cfg.fleet_grace)
+                           grace=cfg.fleet_grace, listen=cfg.fleet_listen)
     return build
 
 
 async def serve(cfg: ServeConfig, sock: socket.socket, store: Store) -> None:
     sessions = Sessions(store, grace=cfg.resume_grace)
-    models = Models(cfg.engine, build_fleet_engine(cfg, store) if cfg.fleet else build_engine,
+    models = Models(cfg.engine, build_fleet_engine(cfg, store) if cfg.fleet or cfg.fleet_listen else build_engine,
                     idle_timeout=cfg.idle_timeout)
     models.sessions = sessions
     models.on_load.append(lambda eng: setattr(eng, "log", sessions))
@@ -144,8 +144,10 @@ async def serve(cfg: ServeConfig, sock: socket.socket, store: Store) -> None:
     server.drain_timeout = cfg.drain_timeout
     shown = f"[{host}]" if ":" in host else host
     others = f" (+{len(models.sources) - 1} more)" if len(models.sources) > 1 else ""
-    if cfg.fleet:
-        where = f"on a fleet of {len(cfg.fleet)} node(s), {'encrypted' if cfg.fleet_psk else 'plaintext (loopback)'}"
+    if cfg.fleet or cfg.fleet_listen:
+        joins = f", nodes join at {cfg.fleet_listen[0]}:{cfg.fleet_listen[1]}" if cfg.fleet_listen else ""
+        crypto = "encrypted" if cfg.fleet_psk else "plaintext (loopback)"
+        where = f"on a fleet of {len(cfg.fleet)} dialed node(s){joins}, {crypto}"
     else:
         where = (f"{cfg.engine.max_batch} lanes, {cfg.engine.slots} KV slots x {engine.n_ctx} tokens, "
                  f"{cfg.engine.threads} thread{'s' if cfg.engine.threads != 1 else ''}")

@@ -42,6 +42,26 @@ def read_token(path: str) -> bytes:
     return psk_of(text)
 
 
+def node_join(ec: EngineConfig, host: str, port: int, token: str | None, auth_file: str | None,
+              lease_s: float) -> int:
+    """A node that dials the head (which still initiates the secure channel)."""
+    if token is None and auth_file is None and not is_loopback_host(host):
+        print(f"superfluid: joining a head at {host} needs --token or --auth-file (a fleet token); without one "
+              f"only a loopback head may be joined", file=sys.stderr)
+        return 2
+    try:
+        psk = psk_of(token) if token else (read_token(auth_file) if auth_file else None)
+    except (OSError, ValueError) as e:
+        print(f"superfluid: cannot read --auth-file: {e}", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(_node(ec, host, port, psk, lease_s, join=True))
+    except SuperfluidError as e:
+        print(f"superfluid: {e.message}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def node_serve(ec: EngineConfig, host: str, port: int, auth_file: str | None, lease_s: float) -> int:
     if auth_file is None and not is_loopback_host(host):
         print(f"superfluid: a node listening on {host} needs --auth-file (a fleet token); without one it may only "
@@ -63,7 +83,8 @@ def node_serve(ec: EngineConfig, host: str, port: int, auth_file: str | None, le
     return 0
 
 
-async def _node(ec: EngineConfig, host: str, port: int, psk: bytes | None, lease_s: float) -> None:
+async def _node(ec: EngineConfig, host: str, port: int, psk: bytes | None, lease_s: float, *,
+                join: bool = False) -> None:
     from ..daemon import build_engine
     from .node import NodeServer
 
@@ -72,17 +93,24 @@ async def _node(ec: EngineConfig, host: str, port: int, psk: bytes | None, lease
     server = None
     try:
         node = NodeServer(engine, psk, lease_s=lease_s)
-        server = await node.serve(host, port)
-        bound = server.sockets[0].getsockname()
-        print(f"superfluid node {node.node_id}: serving {engine.model_id} on {bound[0]}:{bound[1]} "
-              f"({'encrypted' if psk else 'plaintext, loopback only'}; {ec.max_batch} lanes x {engine.n_ctx} "
-              f"tokens)", flush=True)
+        how = f"{'encrypted' if psk else 'plaintext, loopback only'}; {ec.max_batch} lanes x {engine.n_ctx} tokens"
+        if join:
+            joining = asyncio.create_task(node.join(host, port))
+            print(f"superfluid node {node.node_id}: serving {engine.model_id} to the head at {host}:{port} ({how})",
+                  flush=True)
+        else:
+            server = await node.serve(host, port)
+            bound = server.sockets[0].getsockname()
+            print(f"superfluid node {node.node_id}: serving {engine.model_id} on {bound[0]}:{bound[1]} ({how})",
+                  flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
     finally:
+        if join:
+            joining.cancel()
         if server is not None:
             server.close()
         await engine.close()

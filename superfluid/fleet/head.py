@@ -49,7 +49,7 @@ class NodeConn:
 
     @property
     def addr(self) -> str:
-        return f"{self.host}:{self.port}"
+        return f"{self.host}:{self.port}" if self.port else f"{self.host} (joined)"
 
     def window(self, model_id: str) -> int:
         return max((int(x.get("n_ctx", 0)) for x in self.models if x.get("id") == model_id), default=0)
@@ -67,8 +67,11 @@ class _Placed:
 
 class FleetEngine(Engine):
     def __init__(self, cfg, tokenizer, n_ctx: int, nodes: list[tuple[str, int]], psk: bytes | None, *,
-                 policy: str = "load-aware", epoch_floor: int = 0, timeout: float = 5.0, grace: float = 1.0):
+                 policy: str = "load-aware", epoch_floor: int = 0, timeout: float = 5.0, grace: float = 1.0,
+                 listen: tuple[str, int] | None = None):
         super().__init__(cfg, tokenizer, n_ctx)
+        self.listen_at = listen
+        self._server: asyncio.Server | None = None
         self.nodes = [NodeConn(h, p) for h, p in nodes]
         self.psk = psk
         self.policy = policy
@@ -86,6 +89,12 @@ class FleetEngine(Engine):
         return any(n.up for n in self.nodes)
 
     async def start(self) -> None:
+        if self.listen_at is not None:
+            self._server = await self.listen(*self.listen_at)
+            if not self.nodes:
+                self._fit_window()
+                self._bg.append(asyncio.create_task(self._watch(), name="fleet-watch"))
+                return  # nodes join when they will; requests wait for none (503 until one has)
         self._bg = [asyncio.create_task(self._run_node(n), name=f"fleet-{n.addr}") for n in self.nodes]
         self._bg.append(asyncio.create_task(self._watch(), name="fleet-watch"))
         deadline = time.monotonic() + 120
@@ -103,6 +112,8 @@ class FleetEngine(Engine):
     async def close(self, error: SuperfluidError | None = None) -> None:
         for t in self._bg:
             t.cancel()
+        if self._server is not None:
+            self._server.close()
         finish = FinishReason.ERROR if error else FinishReason.CANCELLED
         for p in list(self._placed.values()):
             st = self._streams.get(p.req.id)
@@ -257,33 +268,76 @@ class FleetEngine(Engine):
                 if isinstance(e, ConnectionError) and "handshake" in str(e):
                     self._refused(n, "it closed the connection during the handshake: --fleet-auth and the node's "
                                      "--auth-file differ")
+                if isinstance(e, ConnectionRefusedError):  # nothing listens there: the node is down, not cut off
+                    for p in self._placed.values():
+                        if p.node is n:
+                            p.lost_at = 0.0
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
                 continue
             backoff = 0.1
-            n.link, n.up, n.refused = link, True, None
-            n.name, n.models = str(ack.get("node", "")), list(ack.get("models") or [])
-            n.status = ack.get("status") or {}
-            n.last_heard = time.monotonic()
-            log.info("fleet node %s (%s) is up", n.addr, n.name)
-            self._fit_window()
-            self._reconcile(n)
-            ticker = asyncio.create_task(self._keepalive(n, link))
-            try:
-                while True:
-                    kind, body = await link.recv()
-                    n.last_heard = time.monotonic()
-                    self._on_message(n, kind, body)
-            except (ConnectionError, OSError, SuperfluidError) as e:
-                log.warning("lost the link to node %s: %s", n.addr, getattr(e, "message", None) or e or "closed")
-            finally:
-                ticker.cancel()
-                link.close()
+            await self._session(n, link, ack)
+
+    async def _session(self, n: NodeConn, link: Link, ack: dict) -> None:
+        """One live link to a node (dialed or joined): reconcile, then read until it ends."""
+        n.link, n.up, n.refused = link, True, None
+        n.name, n.models = str(ack.get("node", "")), list(ack.get("models") or [])
+        n.status = ack.get("status") or {}
+        n.last_heard = time.monotonic()
+        log.info("fleet node %s (%s) is up", n.addr, n.name)
+        self._fit_window()
+        self._reconcile(n)
+        ticker = asyncio.create_task(self._keepalive(n, link))
+        try:
+            while True:
+                kind, body = await link.recv()
+                n.last_heard = time.monotonic()
+                self._on_message(n, kind, body)
+        except (ConnectionError, OSError, SuperfluidError) as e:
+            log.warning("lost the link to node %s: %s", n.addr, getattr(e, "message", None) or e or "closed")
+        finally:
+            ticker.cancel()
+            link.close()
+            if n.link is link:
                 n.up, n.link = False, None
                 now = time.monotonic()
                 for p in self._placed.values():
                     if p.node is n and p.lost_at is None:
                         p.lost_at = now
+
+    async def listen(self, host: str, port: int) -> asyncio.Server:
+        """Accept nodes that join (`superfluid node join`): the head still initiates the
+        secure channel; a node that joins again under the same name gets its generations
+        back (RECONCILE)."""
+        return await asyncio.start_server(self._on_join, host, port)
+
+    async def _on_join(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        try:
+            link = await Link.accept(reader, writer, self.psk, initiator=True)
+            link.send(m.HELLO, {"versions": [m.VERSION]})
+            kind, ack = await asyncio.wait_for(link.recv(), 10.0)
+            if kind != m.HELLO_ACK:
+                raise ConnectionError(f"expected HELLO_ACK, got message {kind}")
+        except AuthFailed as e:
+            log.error("a node at %s refused the fleet token: %s", peer, e.message)
+            writer.close()
+            return
+        except (TimeoutError, ConnectionError, OSError, SuperfluidError) as e:
+            if isinstance(e, ConnectionError) and "handshake" in str(e):
+                log.error("a node at %s refused the fleet token: the node's token and --fleet-auth differ", peer)
+            else:
+                log.warning("a node at %s went away while joining: %s", peer, getattr(e, "message", None) or e)
+            writer.close()
+            return
+        name = str(ack.get("node", "")) or f"{peer[0]}:{peer[1]}"
+        n = next((x for x in self.nodes if x.port == 0 and x.host == name), None)
+        if n is None:
+            n = NodeConn(name, 0)
+            self.nodes.append(n)
+        elif n.link is not None:
+            n.link.close()  # the node joined again: this link replaces the old one
+        await self._session(n, link, ack)
 
     def _refused(self, n: NodeConn, why: str) -> None:
         if n.refused is None:

@@ -74,26 +74,54 @@ class NodeServer:
 
     # -- connections ---------------------------------------------------------------------
     async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        peer = writer.get_extra_info("peername")
         if self._handshaking >= MAX_HANDSHAKES:
             writer.close()
             return
         self._handshaking += 1
         try:
+            link = await self._handshake(reader, writer)
+        finally:
+            self._handshaking -= 1
+        if link is not None:
+            await self._session(link)
+
+    async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> Link | None:
+        """The responder's side of the secure channel (the head always initiates), then HELLO."""
+        peer = writer.get_extra_info("peername")
+        try:
             link = await Link.accept(reader, writer, self.psk)
             kind, hello = await asyncio.wait_for(link.recv(), 5.0)
             if kind != m.HELLO or m.VERSION not in (hello.get("versions") or []):
                 raise ProtocolError(f"expected HELLO with version {m.VERSION}, got message {kind}")
+            return link
         except SuperfluidError as e:
             log.warning("refused a head at %s: %s", peer, e.message)
-            writer.close()
-            return
         except (TimeoutError, ConnectionError, OSError) as e:
             log.warning("a head at %s went away during the handshake: %s", peer, e or type(e).__name__)
-            writer.close()
-            return
-        finally:
-            self._handshaking -= 1
+        writer.close()
+        return None
+
+    async def join(self, host: str, port: int) -> None:
+        """Dial a head (`superfluid node join`) and serve it; dial again with backoff when
+        the link drops, forever."""
+        self._tasks.append(asyncio.create_task(self._watchdog()))
+        backoff = 0.2
+        while True:
+            try:
+                reader, writer = await asyncio.open_connection(host, port)
+            except OSError as e:
+                log.info("head %s:%d not reachable (%s); retrying", host, port, e.strerror or e)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
+            link = await self._handshake(reader, writer)
+            if link is not None:
+                backoff = 0.2
+                await self._session(link)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 5.0)
+
+    async def _session(self, link: Link) -> None:
         head = _Head(link)
         self.heads.add(head)
         eng = self.engine

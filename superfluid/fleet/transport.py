@@ -39,9 +39,13 @@ class Link:
 
     @classmethod
     async def accept(cls, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, psk: bytes | None,
-                     timeout: float = HANDSHAKE_TIMEOUT) -> Link:
-        link = cls(reader, writer, SecureChannel(initiator=False, psk=psk))
+                     timeout: float = HANDSHAKE_TIMEOUT, *, initiator: bool = False) -> Link:
+        """A link over a connection someone else opened. The head initiates the secure
+        channel whichever side dialed (a node that joins a head is the responder)."""
+        link = cls(reader, writer, SecureChannel(initiator=initiator, psk=psk))
         try:
+            if initiator:
+                writer.write(link.channel.start())
             await asyncio.wait_for(link._handshake(), timeout)
         except BaseException:
             link.close()

@@ -199,3 +199,63 @@ def test_plaintext_is_for_loopback_only(tmp_path):
     r = subprocess.run([sys.executable, "-m", "superfluid.cli", "serve", "--fleet", "10.1.2.3:8454"],
                        capture_output=True, text=True, timeout=60, env={**os.environ, "SUPERFLUID_HOME": str(tmp_path)})
     assert r.returncode == 2 and "--fleet-auth" in r.stderr
+
+
+def test_garbage_and_stalled_handshakes_never_hurt_a_node(fleet):
+    import socket
+    head, _, b, _ = fleet
+    for payload in [b"GET / HTTP/1.1\r\n\r\n", b"SFL1E" + b"\xff" * 300, b"SFL1P" + b"\xff\xff\xff\x7f" + b"x" * 64,
+                    b"SFL1X", b"\x00" * 1000]:
+        with socket.create_connection(("127.0.0.1", b.port), timeout=10) as s:
+            s.sendall(payload)
+            s.settimeout(10)
+            try:
+                assert s.recv(100) in (b"",)  # dropped, nothing answered
+            except (ConnectionResetError, TimeoutError):
+                pass
+    stalled = [socket.create_connection(("127.0.0.1", b.port)) for _ in range(3)]  # never finish a handshake
+    try:
+        assert oc(head).chat.completions.create(model=MODEL, messages=STORY, max_tokens=4).choices[0].message.content
+        assert "refused a head" in b.log() or "went away" in b.log()
+        assert all(n["up"] for n in nodes(head) if n["addr"].endswith(str(b.port)))
+    finally:
+        for s in stalled:
+            s.close()
+
+
+def test_nodes_can_join_a_listening_head_and_join_again(tmp_path, client):
+    tok = tmp_path / "token"
+    tok.write_text("c" * 64)
+    port = free_port()
+    env = {**os.environ, "SUPERFLUID_HOME": str(tmp_path / "n"), "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "superfluid.cli", "node", "join", f"127.0.0.1:{port}", "--threads", "1",
+           "--max-context", "1024"]
+    bad = subprocess.Popen(cmd + ["--token", "d" * 64], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True)
+    node = subprocess.Popen(cmd + ["--auth-file", str(tok)], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    # the nodes dial until the head listens; the head is healthy once one has joined
+    head = Daemon("--fleet-listen", f"127.0.0.1:{port}", "--fleet-auth", str(tok), home=str(tmp_path / "h"))
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(n["up"] for n in nodes(head)):
+            time.sleep(0.2)
+        assert [n["up"] for n in nodes(head)] == [True]  # the node with the wrong token never got in
+        kw = dict(model=MODEL, messages=STORY, max_tokens=30, temperature=0)
+        assert oc(head).chat.completions.create(**kw).choices[0].message.content == \
+            client.chat.completions.create(**kw).choices[0].message.content
+        node.terminate()
+        node.wait(20)
+        node = subprocess.Popen(cmd + ["--auth-file", str(tok)], env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)  # the same node (by name) joins again
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(n["up"] for n in nodes(head)):
+            time.sleep(0.2)
+        assert [n["up"] for n in nodes(head)] == [True]
+        assert oc(head).chat.completions.create(**kw).choices[0].message.content
+    finally:
+        for p in (bad, node):
+            p.terminate()
+            p.wait(20)
+        head.stop()
+    assert "refused a head" in bad.stdout.read()
