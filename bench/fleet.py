@@ -7,9 +7,10 @@
    ignored, distinct prompts), alternating rounds, median. Target: ratio >= 0.9.
 2. Failover gap: a stream runs on one of two nodes; that node is SIGKILLed; the longest
    silence the client sees in the next 60 tokens, counted from the kill (tokens already
-   on their way when it died arrive first; the gap is the head waiting --fleet-grace,
-   default 1 s, for the node to come back, then re-prefilling the prompt plus the delivered
-   tokens on the other node). Target: <= 1 s plus the re-prefill time."""
+   on their way when it died arrive first). A dead node refuses the head's redial, so its
+   work moves at once (a node that cannot be reached at all gets --fleet-grace, default 1 s);
+   the gap is mostly re-prefilling the prompt plus the delivered tokens on the other node.
+   Target: <= 1 s plus the re-prefill time."""
 
 from __future__ import annotations
 
@@ -88,7 +89,7 @@ def failover_gap(a) -> None:
             n1.stop()
             n2.stop()
     print(f"failover gap: median {statistics.median(gaps) * 1000:.0f} ms over {len(gaps)} rounds "
-          f"(--fleet-grace 1 s + re-prefill of ~60 tokens)")
+          f"(includes re-prefilling the prompt and the 20 delivered tokens)")
 
 
 def main() -> None:

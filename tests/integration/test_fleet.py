@@ -29,7 +29,8 @@ STORY = [{"role": "user", "content": "Write a long story about a lighthouse keep
 def fleet():
     a, b = Node("--lease", "3"), Node("--lease", "3")
     proxy = Proxy(a.port)  # the head reaches node A through a proxy that can cut the link
-    head = Daemon("--fleet", f"127.0.0.1:{proxy.port},127.0.0.1:{b.port}", "--resume-grace", "0")
+    head = Daemon("--fleet", f"127.0.0.1:{proxy.port},127.0.0.1:{b.port}", "--resume-grace", "0",
+                  "--fleet-timeout", "2")
     yield head, a, b, proxy
     head.stop()
     proxy.close()
@@ -51,6 +52,19 @@ def test_the_fleet_gives_the_tokens_one_machine_gives(fleet, client):
     assert oc(head).chat.completions.create(**kw).choices[0].message.content == \
         client.chat.completions.create(**kw).choices[0].message.content
     assert all(n["up"] for n in nodes(head))
+
+
+def test_forced_tool_calls_and_grammars_work_through_the_fleet(fleet):
+    import json
+    params = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"],
+              "additionalProperties": False}
+    r = oc(fleet[0]).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Weather in Paris?"}], temperature=0, max_tokens=60,
+        tools=[{"type": "function", "function": {"name": "get_weather", "parameters": params}}],
+        tool_choice="required")
+    (call,) = r.choices[0].message.tool_calls
+    assert call.function.name == "get_weather" and set(json.loads(call.function.arguments)) == {"city"}
+    assert r.choices[0].finish_reason == "tool_calls"
 
 
 def test_sessions_spread_over_the_nodes(fleet):
@@ -153,6 +167,28 @@ def test_a_killed_head_restarts_resumes_from_its_log_and_the_node_fences_the_old
         assert oc(h2).chat.completions.create(model=MODEL, messages=STORY, max_tokens=4).choices[0].message.content
     finally:
         h2.stop()
+
+
+def test_a_node_that_comes_back_after_being_replaced_delivers_nothing_stale(fleet, client):
+    head, a, b, proxy = fleet
+    ref = client.chat.completions.create(model=MODEL, messages=STORY, max_tokens=80, temperature=0)
+    deadline = time.monotonic() + 20
+    while not all(n["up"] for n in nodes(head)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    b.proc.send_signal(signal.SIGSTOP)  # the stream lands on A ...
+
+    def freeze_a():  # ... then A freezes (not dead: its port still accepts) and B takes over
+        a.proc.send_signal(signal.SIGSTOP)
+        b.proc.send_signal(signal.SIGCONT)
+    try:
+        text, finish = stream_text(head, after_first=freeze_a)
+    finally:
+        b.proc.send_signal(signal.SIGCONT)
+        a.proc.send_signal(signal.SIGCONT)  # A comes back with a stale generation in its buffer
+    assert text == ref.choices[0].message.content and finish == ref.choices[0].finish_reason
+    time.sleep(5)  # A's old link is gone: its stale generation is fenced by its lease, never delivered
+    assert "fencing" in a.log()
+    assert sum(n["placed"] for n in nodes(head)) == 0
 
 
 def test_a_killed_node_fails_over_with_one_continuous_stream(fleet, client):
