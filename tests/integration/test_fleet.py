@@ -295,3 +295,14 @@ def test_nodes_can_join_a_listening_head_and_join_again(tmp_path, client):
             p.wait(20)
         head.stop()
     assert "refused a head" in bad.stdout.read()
+
+
+def test_fleet_token_is_created_once_private_and_printed(tmp_path):
+    env = {**os.environ, "SUPERFLUID_HOME": str(tmp_path)}
+    run = [sys.executable, "-m", "superfluid.cli", "fleet", "token"]
+    first = subprocess.run(run, capture_output=True, text=True, env=env, timeout=60)
+    again = subprocess.run(run, capture_output=True, text=True, env=env, timeout=60)
+    path = tmp_path / "fleet" / "token"
+    assert first.returncode == 0 and len(first.stdout.strip()) == 64 and int(first.stdout.strip(), 16) >= 0
+    assert again.stdout == first.stdout == path.read_text()
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
