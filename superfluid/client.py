@@ -145,8 +145,10 @@ class Client:
         for _, data in self._stream("GET", f"/v1/sessions/{session}/subscribe", params={"after": after}):
             yield data  # type: ignore[misc]
 
-    def resume(self, session: str, *, after: int) -> Iterator[tuple[str | None, dict]]:
+    def resume(self, session: str, *, after: int, continue_cut: bool = True) -> Iterator[tuple[str | None, dict]]:
         """The rest of a generation after event `after` (Last-Event-ID), in the format of
-        the API that started it: (cursor, event) pairs."""
+        the API that started it: (cursor, event) pairs. A request's generation that a
+        restart cut off is continued to its budget unless continue_cut is False."""
         yield from self._stream("GET", f"/v1/sessions/{session}/resume",  # type: ignore[misc]
-                                headers={"Last-Event-ID": f"{session}:{after}"})
+                                headers={"Last-Event-ID": f"{session}:{after}"},
+                                params={} if continue_cut else {"continue": "false"})

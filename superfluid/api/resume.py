@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from ..request import FinishReason
 from ..session.events import EpochBump, Event, Generated, ToolUse
@@ -73,8 +73,12 @@ async def _next(q: asyncio.Queue) -> Event | None:
         return None
 
 
-async def rest_of_generation(sessions, sid: str, after: int) -> AsyncIterator[bytes]:
-    """The generation's events after event `after`, live while it runs, then [DONE]."""
+async def rest_of_generation(sessions, sid: str, after: int,
+                             resume: Callable[[], Awaitable[object]] | None = None) -> AsyncIterator[bytes]:
+    """The generation's events after event `after`, live while it runs, then [DONE]. A
+    generation a restart cut off is continued by `resume` (which starts generating on the
+    session again and returns its watcher, or None when it cannot), so the stream still
+    ends with the whole generation; without it, it ends with an `interrupted` event."""
     q = sessions.subscribe(sid)
     gen = sessions.watch(sid)  # a live generation: this stream now counts as its watcher
     try:
@@ -94,6 +98,13 @@ async def rest_of_generation(sessions, sid: str, after: int) -> AsyncIterator[by
             return (fmt.interrupted(), True) if isinstance(b, EpochBump) else ([], True)
 
         for ev in backlog:
+            if isinstance(ev.body, EpochBump) and resume is not None:
+                started = await resume()
+                if started is not None:  # the rest comes live, from the continuation
+                    sessions.unwatch(gen)
+                    gen = started
+                    last = ev.id
+                    break
             out, ended = take(ev)
             for o in out:
                 yield o

@@ -165,8 +165,24 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
     async def resume(sid: str, request: Request):
         after = _after(request, sid)
         await sessions.state(sid)
-        return StreamingResponse(rest_of_generation(sessions, sid, after), media_type="text/event-stream",
-                                 headers=SSE_HEADERS)
+        go_on = request.query_params.get("continue", "true") != "false"
+        qos = qos_for(request)
+
+        async def continue_cut():
+            """An API request's generation cut by a restart: generate the rest of its
+            budget on the session (greedy, the tokens an uncut run would have given)."""
+            st = await sessions.state(sid)
+            budget = st.params.get("max_tokens")
+            if not go_on or budget is None or sessions.busy(sid) or int(budget) - st.turn_tokens < 1:
+                return None
+            eng = await models.get(st.params.get("model"))
+            req, _ = await sessions.generate(eng, sid, max_tokens=int(budget) - st.turn_tokens, overrides={},
+                                             stop=None, qos=qos)
+            eng.keep_running(req.id)  # nobody reads its chunks: the resumed stream reads the log
+            return sessions.watch(sid)
+
+        return StreamingResponse(rest_of_generation(sessions, sid, after, continue_cut),
+                                 media_type="text/event-stream", headers=SSE_HEADERS)
 
     @app.post("/v1/sessions/{sid}/fork")
     async def fork(sid: str, request: Request):

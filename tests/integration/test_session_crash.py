@@ -161,3 +161,43 @@ def test_a_full_store_fails_requests_with_a_typed_error_and_stays_whole(tmp_path
             assert len(c.events(ok[0])) >= 4
     finally:
         d.stop()
+
+
+def test_a_resumed_stream_of_a_cut_request_finishes_the_generation(tmp_path, client):
+    """A chat completion streamed when the daemon died: reconnecting with Last-Event-ID
+    after the restart gives the committed rest, then the daemon generates the remainder of
+    the request's budget; greedy, seen + resumed == an uninterrupted run."""
+    import httpx
+
+    from superfluid.client import iter_sse
+    body = {"model": "SmolLM2-135M-Instruct", "max_tokens": BUDGET, "temperature": 0,
+            "messages": [{"role": "user", "content": PROMPT}]}
+    ref = client.chat.completions.create(**body).choices[0].message.content
+    d = Daemon(home=str(tmp_path))
+    seen, last = [], None
+    with httpx.stream("POST", d.url + "/v1/chat/completions", json={**body, "stream": True}, timeout=60) as r:
+        sid = r.headers["x-superfluid-session"]
+        for eid, data in iter_sse(r.iter_lines()):
+            if isinstance(data, dict) and data["choices"] and data["choices"][0]["delta"].get("content"):
+                seen.append(data["choices"][0]["delta"]["content"])
+                last = eid
+                if len(seen) == 10:
+                    os.kill(d.proc.pid, signal.SIGKILL)
+                    break
+    d.proc.wait(10)
+    d = Daemon(home=str(tmp_path))
+    try:
+        rest, finish = [], None
+        with httpx.stream("GET", f"{d.url}/v1/sessions/{sid}/resume", headers={"Last-Event-ID": last},
+                          timeout=60) as r:
+            for _, data in iter_sse(r.iter_lines()):
+                if data == "[DONE]":
+                    break
+                assert "error" not in data, data
+                ch = data["choices"][0]
+                rest.append(ch["delta"].get("content", ""))
+                finish = ch["finish_reason"] or finish
+        assert "".join(seen + rest) == ref
+        assert finish == "length"
+    finally:
+        d.stop()
