@@ -292,7 +292,10 @@ class FleetEngine(Engine):
             while True:
                 kind, body = await link.recv()
                 n.last_heard = time.monotonic()
-                self._on_message(n, kind, body)
+                try:
+                    self._on_message(n, kind, body)
+                except (KeyError, TypeError, ValueError, AttributeError) as e:
+                    raise m.malformed(kind, e) from None
         except (ConnectionError, OSError, SuperfluidError) as e:
             log.warning("lost the link to node %s: %s", n.addr, getattr(e, "message", None) or e or "closed")
         finally:

@@ -134,7 +134,10 @@ class NodeServer:
             while True:
                 kind, body = await link.recv()
                 head.last_heard = time.monotonic()
-                self._on_message(head, kind, body)
+                try:
+                    self._on_message(head, kind, body)
+                except (KeyError, TypeError, ValueError, AttributeError) as e:
+                    raise m.malformed(kind, e) from None
                 await link.writer.drain()
         except SuperfluidError as e:
             log.warning("dropping the link to %s: %s", link.peer, e.message)

@@ -46,6 +46,11 @@ def unpack(data: bytes) -> dict:
     return body
 
 
+def malformed(kind: int, e: Exception) -> ProtocolError:
+    """A message whose body lacks a field or has a wrong type: fatal for the link only."""
+    return ProtocolError(f"message {kind} has a malformed body ({type(e).__name__}: {e})")
+
+
 def chunk_to_wire(c: Chunk) -> list:
     err = None
     if c.error is not None:

@@ -306,3 +306,31 @@ def test_fleet_token_is_created_once_private_and_printed(tmp_path):
     assert first.returncode == 0 and len(first.stdout.strip()) == 64 and int(first.stdout.strip(), 16) >= 0
     assert again.stdout == first.stdout == path.read_text()
     assert oct(path.stat().st_mode & 0o777) == "0o600"
+
+
+def test_malformed_messages_drop_the_link_not_the_node(fleet):
+    import asyncio
+
+    from superfluid.fleet.transport import Link
+    from superfluid.link import messages as msg
+    head, _, b, _ = fleet
+
+    async def poke(kind, body):
+        link = await Link.dial("127.0.0.1", b.port, None)
+        link.send(msg.HELLO, {"versions": [msg.VERSION]})
+        assert (await link.recv())[0] == msg.HELLO_ACK
+        link.send(kind, body)
+        try:
+            while True:  # the node drops us (keepalives may come first)
+                await asyncio.wait_for(link.recv(), 10)
+        except ConnectionError:
+            return True
+        finally:
+            link.close()
+
+    for kind, body in [(msg.GENERATE_REQ, {"cmd": 1}), (msg.GENERATE_REQ, {"cmd": "x", "gen": 3}),
+                       (msg.WATERMARK_ACK, {"gen": "g"}), (msg.RECONCILE, {"gens": {"g": "nope"}}),
+                       (msg.SESSION_REVOKE, {}), (999, {})]:
+        assert asyncio.run(poke(kind, body))
+    assert "malformed body" in b.log() and "unknown required message type 999" in b.log()
+    assert oc(head).chat.completions.create(model=MODEL, messages=STORY, max_tokens=4).choices[0].message.content
