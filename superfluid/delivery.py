@@ -91,8 +91,9 @@ class Deliveries:
             if fut is not None:
                 try:
                     results = await asyncio.shield(fut)  # stopping us must not stop the log's bookkeeping
-                except SuperfluidError as e:
-                    results = [e] * len(outs)
+                except Exception as e:  # noqa: BLE001 -- whatever failed, these streams end, not hang
+                    err = e if isinstance(e, SuperfluidError) else SuperfluidError(f"the session log failed: {e}")
+                    results = [err] * len(outs)
             self._pending.popleft()
             it = iter(results)
             for st, c in outs:

@@ -132,7 +132,7 @@ class Engine:
         st = _Stream(req, TextStream(self.tokenizer.pieces, self.tokenizer.eog, req.stop),
                      channels=Channels(req.channels) if req.channels is not None else None)
         self._streams[req.id] = st
-        self.sched.add(Job(req.id, list(req.prompt), req.sampling, req.max_tokens, req.qos))
+        self.sched.add(Job(req.id, list(req.prompt), req.sampling, req.max_tokens, req.qos, prior=tuple(req.history)))
         if self._gave_up:  # a new request is the cue to try the worker again
             self._gave_up, self._failures = False, 0
         self._wake.set()

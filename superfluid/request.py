@@ -67,6 +67,9 @@ class GenRequest:
     qos: Qos = Qos.AGENT
     session: str | None = None  # the session whose log records this generation
     channels: Any = None  # codec.channels.ChannelSpec: split reasoning / tool calls from content
+    # the end of `prompt` this turn already generated (a continuation or a failover): the
+    # sampler's grammar and penalties pick up after it, as if the turn had never been cut
+    history: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -113,7 +113,13 @@ class Sessions:
                 q.put_nowait(ev)
 
     async def _append(self, sid: str, bodies: list[Body]) -> list[Event]:
-        res = await self.store.append([Append(sid, b) for b in bodies])
+        gen = self._busy.get(sid)
+        if gen is not None:  # ids are handed out by the running generation (see commit)
+            items = [Append(sid, b, expect_id=gen.next_id + i) for i, b in enumerate(bodies)]
+            gen.next_id += len(bodies)
+        else:
+            items = [Append(sid, b) for b in bodies]
+        res = await self.store.append(items)
         evs = [r for r in res if isinstance(r, Event)]
         self._applied(sid, evs)
         for r in res:
@@ -213,9 +219,11 @@ class Sessions:
                 raise BadRequest(f"session {sid} has nothing to generate from: append a message first")
             sp = {**st.params.get("sampling", {}), **overrides}
             room = engine.n_ctx - len(prompt)
+            turn = st.turn_tokens if st.turn_open else 0
             req = GenRequest(new_id("gen"), prompt, SamplingParams(**sp),
                              max_tokens if max_tokens is not None else max(1, room),
-                             tuple(stop if stop is not None else st.params.get("stop", ())), qos, session=sid)
+                             tuple(stop if stop is not None else st.params.get("stop", ())), qos, session=sid,
+                             history=tuple(st.tokens[len(st.tokens) - turn:]) if turn else ())
             engine.check(req)
             if bodies:
                 await self._append(sid, bodies)
@@ -265,16 +273,23 @@ class Sessions:
 
     # -- the engine's side (SessionLog) --------------------------------------------------
     def commit(self, items: list[tuple[GenRequest, Generated]]) -> asyncio.Future:
+        """One group commit for a step (the engine's SessionLog side). Which items got an
+        append is fixed here, when the ids are handed out, not when the result comes."""
         appends: list[Append] = []
-        gens: list[_Gen | None] = []
+        gens: list[_Gen | None] = []  # None: no append for this item (no session, or it failed before)
         for req, body in items:
             gen = self._gens.get(req.id)
-            gens.append(gen)
             if gen is None or gen.failed:
+                gens.append(None)
                 continue
+            gens.append(gen)
             appends.append(Append(gen.sid, body, expect_id=gen.next_id))
             gen.next_id += 1
-        fut = self.store.append(appends)
+        try:
+            fut = self.store.append(appends)
+        except SuperfluidError as e:  # the store is closed (stopping): every item fails
+            fut = asyncio.get_running_loop().create_future()
+            fut.set_exception(e)
         return asyncio.ensure_future(self._committed(fut, items, gens))
 
     async def _committed(self, fut: asyncio.Future, items, gens: list[_Gen | None]) -> list:
@@ -285,10 +300,7 @@ class Sessions:
         out: list = []
         for (req, body), gen in zip(items, gens, strict=True):
             if gen is None:
-                out.append(StoreError(f"generation {req.id} has no session"))
-                continue
-            if gen.failed:
-                out.append(StoreError(f"session {gen.sid}: an earlier commit failed"))
+                out.append(StoreError(f"generation {req.id}: no session, or an earlier commit of it failed"))
                 continue
             r = next(res)
             if isinstance(r, Event):
@@ -309,10 +321,7 @@ class Sessions:
         if gen.failed:
             self._finish(req.id)
             return
-        body = Generated((), "", "content", finish.log_name)
-        fut = self.store.append([Append(gen.sid, body, expect_id=gen.next_id)])
-        gen.next_id += 1
-        asyncio.ensure_future(self._committed(fut, [(req, body)], [gen]))
+        self.commit([(req, Generated((), "", "content", finish.log_name))])
 
     # -- watching: resumable streams and subscribers ------------------------------------
     def watch(self, sid: str) -> _Gen | None:

@@ -10,7 +10,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from ..request import FinishReason
-from ..session.events import EpochBump, Event, Generated, ToolUse
+from ..session.events import EpochBump, Event, Generated, Meta, ToolUse
 from . import openai as oa
 from .sse import DONE, cursor, event
 
@@ -95,6 +95,8 @@ async def rest_of_generation(sessions, sid: str, after: int,
                 return fmt.generated(ev), b.finish is not None
             if isinstance(b, ToolUse):
                 return fmt.other(ev), False
+            if isinstance(b, Meta):  # a title change while it ran is not the generation's end
+                return [], False
             return (fmt.interrupted(), True) if isinstance(b, EpochBump) else ([], True)
 
         for ev in backlog:

@@ -208,7 +208,7 @@ class FleetEngine(Engine):
             "cmd": self.cmds.next(), "gen": r.id, "session": r.session or r.id, "epoch": epoch,
             "prompt": list(r.prompt) + p.delivered, "sampling": r.sampling.to_wire(),
             "max_tokens": r.max_tokens - len(p.delivered), "stop": list(r.stop), "qos": int(r.qos),
-            "channels": spec_to_wire(r.channels)})
+            "channels": spec_to_wire(r.channels), "history": list(r.history) + p.delivered})
 
     def _send(self, node: NodeConn, kind: int, body: dict) -> None:
         if node.link is None:
@@ -375,7 +375,10 @@ class FleetEngine(Engine):
         gen, epoch = str(body.get("gen")), int(body.get("epoch", -1))
         p = self._placed.get(gen)
         if p is None or p.node is not n or p.tracker.epoch != epoch:
-            return  # a stale epoch or a finished generation: fenced, never delivered
+            # a stale epoch or a generation that ended here: never delivered; the node drops it
+            if p is None or p.node is not n:
+                self._send(n, m.GENERATE_CANCEL, {"cmd": self.cmds.next(), "gen": gen})
+            return
         st = self._streams.get(gen)
         outs = []
         for seq, w in body.get("events") or []:

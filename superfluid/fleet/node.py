@@ -170,8 +170,6 @@ class NodeServer:
                 log.warning("no word from their head for %.0f s: fencing %d generation(s)", self.lease_s, len(stale))
             for gen in stale:
                 self._cancel(gen)
-                self.state.gens.pop(gen, None)
-                self._owner.pop(gen, None)
 
     def status(self) -> dict:
         eng = self.engine
@@ -203,8 +201,6 @@ class NodeServer:
         elif kind == m.SESSION_REVOKE:
             for gen in self.state.revoke(str(body["session"]), int(body["epoch"])):
                 self._cancel(gen)
-                self.state.gens.pop(gen, None)
-                self._owner.pop(gen, None)
 
     def _generate(self, head: _Head, b: dict) -> None:
         gen, epoch, session = str(b["gen"]), int(b["epoch"]), str(b["session"])
@@ -213,11 +209,11 @@ class NodeServer:
         if not self.state.admit(session, epoch):
             log.info("fenced a stale GENERATE_REQ for %s (epoch %d)", gen, epoch)
             return
-        buf = self.state.open(gen, epoch)
+        buf = self.state.open(gen, epoch, session)
         self._owner[gen] = head
         req = GenRequest(f"{gen}@{epoch}", list(b["prompt"]), SamplingParams.from_wire(list(b["sampling"])),
                          int(b["max_tokens"]), tuple(b.get("stop") or ()), Qos(int(b.get("qos", 2))),
-                         channels=spec_from_wire(b.get("channels")))
+                         channels=spec_from_wire(b.get("channels")), history=tuple(b.get("history") or ()))
         try:
             stream = self.engine.submit(req)
         except SuperfluidError as e:
@@ -246,6 +242,9 @@ class NodeServer:
             pass
 
     def _cancel(self, gen: str) -> None:
+        """Stop a generation and forget it (fenced: nothing more of it is ever sent)."""
+        self.state.gens.pop(gen, None)
+        self._owner.pop(gen, None)
         rid = self._requests.pop(gen, None)
         if rid is not None:
             self.engine.cancel(rid)

@@ -8,6 +8,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 SEEN_COMMANDS = 4096  # command ids remembered for at-most-once
+SESSIONS = 65536  # session epochs remembered for fencing
 
 
 @dataclass
@@ -15,6 +16,7 @@ class RetryBuffer:
     """One generation's token events: dense seq from 0, kept until acknowledged."""
     gen: str
     epoch: int
+    session: str = ""
     next_seq: int = 0
     events: deque = field(default_factory=deque)  # (seq, payload), seq ascending
     done: bool = False  # its last event was emitted
@@ -43,7 +45,7 @@ class RetryBuffer:
 class NodeState:
     def __init__(self) -> None:
         self.gens: dict[str, RetryBuffer] = {}
-        self.epochs: dict[str, int] = {}  # session -> highest epoch seen
+        self.epochs: OrderedDict[str, int] = OrderedDict()  # session -> highest epoch seen (bounded)
         self._seen: OrderedDict[int, None] = OrderedDict()
 
     def first_time(self, cmd: int) -> bool:
@@ -61,17 +63,20 @@ class NodeState:
         if epoch < self.epochs.get(session, -1):
             return False
         self.epochs[session] = epoch
+        self.epochs.move_to_end(session)
+        if len(self.epochs) > SESSIONS:
+            self.epochs.popitem(last=False)
         return True
 
     def revoke(self, session: str, epoch: int) -> list[str]:
         """The head moved the session on: generations below `epoch` are fenced; returns them."""
         self.epochs[session] = max(self.epochs.get(session, -1), epoch)
-        return [g for g, b in self.gens.items() if b.epoch < epoch and g.startswith(session + "/")]
+        return [g for g, b in self.gens.items() if b.epoch < epoch and b.session == session]
 
-    def open(self, gen: str, epoch: int) -> RetryBuffer:
+    def open(self, gen: str, epoch: int, session: str = "") -> RetryBuffer:
         buf = self.gens.get(gen)
         if buf is None or buf.epoch != epoch:
-            buf = self.gens[gen] = RetryBuffer(gen, epoch)
+            buf = self.gens[gen] = RetryBuffer(gen, epoch, session)
         return buf
 
     def ack(self, gen: str, epoch: int, upto: int) -> None:

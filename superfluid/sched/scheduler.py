@@ -62,6 +62,7 @@ class Job:
     enqueued_step: int = 0
     order: int = 0
     preemptions: int = 0
+    prior: tuple[int, ...] = ()  # tokens of this turn generated before this job (in the prompt)
 
     @property
     def context_len(self) -> int:
@@ -284,7 +285,7 @@ class Scheduler:
             self.counters.cached_tokens += n
         self.running[slot.seq] = job
         pinned.add(slot.seq)
-        opens.append(LaneOpen(slot.seq, job.sampling, tuple(job.output), keep))
+        opens.append(LaneOpen(slot.seq, job.sampling, job.prior + tuple(job.output), keep))
 
     def _runs(self) -> list[Run]:
         runs: list[Run] = []

@@ -97,14 +97,16 @@ class Writer:
                     try:
                         done.append((c, c.fn(conn), None))
                         conn.execute("RELEASE call")
-                    except SuperfluidError as e:  # this call's own fault: undo it alone
+                    except (SuperfluidError, ValueError, TypeError, OverflowError) as e:  # this call's own fault
                         conn.execute("ROLLBACK TO call")
                         conn.execute("RELEASE call")
-                        done.append((c, None, e))
+                        err = e if isinstance(e, SuperfluidError) else StoreError(
+                            f"the session store could not encode this request ({type(e).__name__}: {e})")
+                        done.append((c, None, err))
                 conn.execute("COMMIT")
                 self.commits += 1
                 results.extend(done)
-            except sqlite3.Error as e:
+            except Exception as e:  # noqa: BLE001 -- sqlite errors (disk full, I/O) and anything else: undo all
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 err = StoreError(f"the session store could not commit ({e}); nothing of this request was saved")
@@ -120,7 +122,7 @@ class Writer:
             if not c.write:
                 try:
                     results.append((c, c.fn(conn), None))
-                except (SuperfluidError, sqlite3.Error) as e:
+                except Exception as e:  # noqa: BLE001 -- a read's failure is that reader's error only
                     results.append((c, None, e if isinstance(e, SuperfluidError) else StoreError(str(e))))
         for c, value, exc in results:
             if c.fut is not None:

@@ -201,3 +201,45 @@ def test_a_resumed_stream_of_a_cut_request_finishes_the_generation(tmp_path, cli
         assert finish == "length"
     finally:
         d.stop()
+
+
+def test_a_cut_constrained_generation_continues_under_its_grammar(tmp_path):
+    """The continuation's sampler gets the turn's tokens as history: the grammar picks up
+    mid-JSON instead of starting over, so the whole output still matches the schema."""
+    import json
+
+    import httpx
+    import jsonschema
+
+    from superfluid.client import iter_sse
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 40},
+                                               "tags": {"type": "array", "items": {"type": "string", "maxLength": 12},
+                                                        "maxItems": 4}},
+              "required": ["name", "tags"], "additionalProperties": False}
+    body = {"model": "SmolLM2-135M-Instruct", "max_tokens": 120, "temperature": 0, "stream": True,
+            "messages": [{"role": "user", "content": "Describe a cat as JSON."}],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "cat", "schema": schema}}}
+    d = Daemon(home=str(tmp_path))
+    seen, last = [], None
+    with httpx.stream("POST", d.url + "/v1/chat/completions", json=body, timeout=60) as r:
+        sid = r.headers["x-superfluid-session"]
+        for eid, data in iter_sse(r.iter_lines()):
+            if isinstance(data, dict) and data["choices"] and data["choices"][0]["delta"].get("content"):
+                seen.append(data["choices"][0]["delta"]["content"])
+                last = eid
+                if len(seen) == 6:
+                    os.kill(d.proc.pid, signal.SIGKILL)
+                    break
+    d.proc.wait(10)
+    d = Daemon(home=str(tmp_path))
+    try:
+        rest = []
+        with httpx.stream("GET", f"{d.url}/v1/sessions/{sid}/resume", headers={"Last-Event-ID": last},
+                          timeout=60) as r:
+            for _, data in iter_sse(r.iter_lines()):
+                if data == "[DONE]":
+                    break
+                rest.append(data["choices"][0]["delta"].get("content", ""))
+        jsonschema.validate(json.loads("".join(seen + rest)), schema)
+    finally:
+        d.stop()

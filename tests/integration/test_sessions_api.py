@@ -259,3 +259,19 @@ def test_every_sse_api_tags_committed_tokens_with_their_cursor(d, path, body):
     assert nums == sorted(set(nums))
     log = httpx.get(f"{d.url}/v1/sessions/{sid}/events", timeout=30).json()["data"]
     assert {e["id"] for e in log if e["type"] == "generated"} >= set(nums)
+
+
+def test_renaming_a_session_mid_generation_does_not_disturb_it(c):
+    sid = new(c, "Count from one to thirty.")
+    it = c.stream(sid, max_tokens=30)
+    first = next(it)
+    assert c.update(sid, title="renamed while generating")["title"] == "renamed while generating"
+    rest = list(it)
+    assert rest[-1]["finish"] in ("length", "end_of_turn")
+    log = c.events(sid)
+    assert any(e["type"] == "meta" for e in log)
+    gen = [e for e in log if e["type"] == "generated"]
+    assert "".join(e["text"] for e in gen) == first["text"] + "".join(e["text"] for e in rest)
+    resumed = list(c.resume(sid, after=first["id"]))  # the title change is not the generation's end
+    assert "".join(e.get("text", "") for _, e in resumed if e.get("type") == "generated") == \
+        "".join(e["text"] for e in rest)

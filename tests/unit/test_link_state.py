@@ -73,8 +73,9 @@ def test_every_event_arrives_exactly_once_in_order(n, actions):
 def test_stale_epochs_are_fenced_on_both_sides():
     node = NodeState()
     assert node.admit("s", 2) and node.admit("s", 2) and not node.admit("s", 1)
-    node.open("s/a", 1)
-    node.open("s/b", 3)
+    node.open("s/a", 1, "s")
+    node.open("s/b", 3, "s")
+    node.open("t/a", 1, "t")
     assert node.revoke("s", 3) == ["s/a"]
     t = Tracker("s/a", 1)
     t.replace(2)
