@@ -26,6 +26,7 @@ from .session.turns import Turns
 log = logging.getLogger("superfluid.sessions")
 
 SAMPLING_FIELDS = tuple(f.name for f in fields(SamplingParams))
+BEHIND = object()  # put on a subscriber's queue instead of the event it could not keep up with
 
 
 @dataclass(eq=False)
@@ -41,8 +42,9 @@ class _Gen:
 
 
 class Sessions:
-    def __init__(self, store: Store, *, grace: float = 10.0, cache_size: int = 1024):
+    def __init__(self, store: Store, *, grace: float = 10.0, cache_size: int = 1024, max_backlog: int = 4096):
         self.store = store
+        self.max_backlog = max_backlog  # events a live reader may leave unread before it is cut loose
         self.grace = grace
         self.cache_size = cache_size
         self._states: OrderedDict[str, SessionState] = OrderedDict()
@@ -109,8 +111,12 @@ class Sessions:
                 elif ev.id > st.next_id:  # we missed some: read it again when needed
                     self._states.pop(sid, None)
                     st = None
-            for q in self._subs.get(sid, ()):
-                q.put_nowait(ev)
+            for q in list(self._subs.get(sid, ())):
+                if q.qsize() >= self.max_backlog:  # a reader that fell behind: it resumes from the log
+                    self.unsubscribe(sid, q)
+                    q.put_nowait(BEHIND)
+                else:
+                    q.put_nowait(ev)
 
     async def _append(self, sid: str, bodies: list[Body]) -> list[Event]:
         gen = self._busy.get(sid)

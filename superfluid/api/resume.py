@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from ..request import FinishReason
 from ..session.events import EpochBump, Event, Generated, Meta, ToolUse
+from ..sessions import BEHIND
 from . import openai as oa
 from .sse import DONE, cursor, event
 
@@ -66,7 +67,13 @@ class _Format:
                                  "code": "generation_interrupted"}})]
 
 
-async def _next(q: asyncio.Queue) -> Event | None:
+def _behind(sid: str, last: int) -> bytes:
+    """The reader fell too far behind the live events: reconnect from the cursor."""
+    return event({"type": "behind", "session": sid, "resume_after": last,
+                   "message": "this stream fell behind; reconnect with Last-Event-ID to read on from the log"})
+
+
+async def _next(q: asyncio.Queue):
     try:
         return await asyncio.wait_for(q.get(), PING_S)
     except TimeoutError:
@@ -122,6 +129,9 @@ async def rest_of_generation(sessions, sid: str, after: int,
             if ev is None:
                 yield b": ping\n\n"
                 continue
+            if ev is BEHIND:
+                yield _behind(sid, last)
+                return
             if ev.id <= last:
                 continue
             last = ev.id
@@ -149,6 +159,9 @@ async def subscription(sessions, sid: str, after: int) -> AsyncIterator[bytes]:
             ev = await _next(q)
             if ev is None:
                 yield b": ping\n\n"
+            elif ev is BEHIND:
+                yield _behind(sid, last)
+                return
             elif ev.id > last:
                 last = ev.id
                 yield event(ev.to_json(sid), cursor(sid, ev.id))

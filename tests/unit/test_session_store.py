@@ -216,3 +216,22 @@ def test_throwaway_store(tmp_path):
         assert not s.durable
     finally:
         s.close()
+
+
+def test_a_subscriber_that_falls_behind_is_cut_loose_not_buffered_forever(tmp_path):
+    from superfluid.sessions import BEHIND, Sessions
+
+    async def go():
+        s = Store(None).open()
+        try:
+            sessions = Sessions(s, max_backlog=5)
+            await s.create("x", params={})
+            q = sessions.subscribe("x")
+            await sessions._append("x", [Meta(f"t{i}") for i in range(12)])
+            got = [q.get_nowait() for _ in range(q.qsize())]
+            return got, "x" in sessions._subs
+        finally:
+            s.close()
+
+    got, still = run(go())
+    assert len(got) == 6 and got[-1] is BEHIND and not still
