@@ -44,6 +44,11 @@ class Stream:
     ttft_s: float | None = None
     t_last: float = 0.0
 
+    def final(self, finish: FinishReason, error: Exception | None = None) -> Chunk:
+        """The last chunk of a stream ended off the token path (cancel, error, stop)."""
+        return Chunk(self.req.id, finish=finish, error=error, prompt_tokens=len(self.req.prompt),
+                     completion_tokens=self.n_out)
+
 
 class Deliveries:
     def __init__(self, log: Callable[[], SessionLog | None], on_fail: Callable[[Stream, Exception], None]):

@@ -97,11 +97,9 @@ class Engine:
         # with the error below (the log may hold more than its client saw, never less)
         for st in self.out.drop():
             if st.req.id not in self._streams and not st.failed:  # its last chunk was among them
-                st.queue.put_nowait(Chunk(st.req.id, finish=FinishReason.ERROR if error else FinishReason.CANCELLED,
-                                          error=error, prompt_tokens=len(st.req.prompt), completion_tokens=st.n_out))
+                st.queue.put_nowait(st.final(FinishReason.ERROR if error else FinishReason.CANCELLED, error))
         for st in list(self._streams.values()):
-            self._end(st, Chunk(st.req.id, finish=FinishReason.ERROR if error else FinishReason.CANCELLED,
-                                error=error, prompt_tokens=len(st.req.prompt), completion_tokens=st.n_out))
+            self._end(st, st.final(FinishReason.ERROR if error else FinishReason.CANCELLED, error))
         if self.worker is not None:
             await self.worker.stop()
 
@@ -167,8 +165,7 @@ class Engine:
         self.sched.finish(request_id, FinishReason.CANCELLED)
         if st.req.session is not None and self.log is not None:
             self.log.end(st.req, FinishReason.CANCELLED)
-        self.out.push(st, Chunk(request_id, finish=FinishReason.CANCELLED, prompt_tokens=len(st.req.prompt),
-                             completion_tokens=st.n_out))
+        self.out.push(st, st.final(FinishReason.CANCELLED))
         self._wake.set()
         return True
 
@@ -285,9 +282,7 @@ class Engine:
         for job in self.sched.reset():
             st = self._streams.get(job.id)
             if st is not None:
-                self._end(st, Chunk(job.id, finish=FinishReason.ERROR, error=err,
-                                    prompt_tokens=len(st.req.prompt),
-                                    completion_tokens=st.n_out))
+                self._end(st, st.final(FinishReason.ERROR, err))
 
     def _end(self, st: _Stream, chunk: Chunk) -> None:
         """End a stream off the token path (worker lost, stopping): the log says how."""
@@ -303,8 +298,7 @@ class Engine:
         self._streams.pop(st.req.id, None)
         self.sched.finish(st.req.id, FinishReason.ERROR)
         self._wake.set()
-        st.queue.put_nowait(Chunk(st.req.id, finish=FinishReason.ERROR, error=err,
-                                  prompt_tokens=len(st.req.prompt), completion_tokens=st.n_out))
+        st.queue.put_nowait(st.final(FinishReason.ERROR, err))
 
     def _prepare(self, ev: TokenEvent) -> tuple[_Stream, Chunk] | None:
         st = self._streams.get(ev.job_id)

@@ -118,8 +118,7 @@ class FleetEngine(Engine):
         for p in list(self._placed.values()):
             st = self._streams.get(p.req.id)
             if st is not None:
-                self._end(st, Chunk(p.req.id, finish=finish, error=error, prompt_tokens=len(p.req.prompt),
-                                    completion_tokens=len(p.delivered)))
+                self._end(st, st.final(finish, error))
         self._placed.clear()
         for n in self.nodes:
             if n.link is not None:
@@ -158,8 +157,7 @@ class FleetEngine(Engine):
             self._send(p.node, m.GENERATE_CANCEL, {"cmd": self.cmds.next(), "gen": p.req.id})
         if st.req.session is not None and self.log is not None:
             self.log.end(st.req, FinishReason.CANCELLED)
-        self.out.push(st, Chunk(request_id, finish=FinishReason.CANCELLED, prompt_tokens=len(st.req.prompt),
-                                completion_tokens=len(p.delivered) if p else 0))
+        self.out.push(st, st.final(FinishReason.CANCELLED))
         return True
 
     def _fail(self, st, err: Exception) -> None:
@@ -168,8 +166,7 @@ class FleetEngine(Engine):
             self._send(p.node, m.GENERATE_CANCEL, {"cmd": self.cmds.next(), "gen": p.req.id})
         self._streams.pop(st.req.id, None)
         st.done = True
-        st.queue.put_nowait(Chunk(st.req.id, finish=FinishReason.ERROR, error=err,
-                                  prompt_tokens=len(st.req.prompt), completion_tokens=len(p.delivered) if p else 0))
+        st.queue.put_nowait(st.final(FinishReason.ERROR, err))
 
     @property
     def idle(self) -> bool:
@@ -241,8 +238,7 @@ class FleetEngine(Engine):
                 st = self._streams.get(p.req.id)
                 self._placed.pop(p.req.id, None)
                 if st is not None:
-                    self._end(st, Chunk(p.req.id, finish=FinishReason.ERROR, error=e,
-                                        prompt_tokens=len(p.req.prompt), completion_tokens=len(p.delivered)))
+                    self._end(st, st.final(FinishReason.ERROR, e))
             return
         log.warning("re-placed %s from %s on %s (epoch %d, %d tokens delivered)", p.req.id,
                     old.addr if old else "?", p.node.addr if p.node else "?", p.tracker.epoch, len(p.delivered))
@@ -386,6 +382,8 @@ class FleetEngine(Engine):
                 continue
             c = m.chunk_from_wire(gen, w)
             p.delivered += c.tokens
+            if st is not None:
+                st.n_out = len(p.delivered)  # the stream's count, for a final chunk off the token path
             c.prompt_tokens = len(p.req.prompt)
             c.completion_tokens += p.base
             if st is not None:
