@@ -67,3 +67,5 @@ class ServeConfig:
     fleet_timeout: float = 5.0  # a node silent this long is gone
     fleet_grace: float = 1.0  # a gone node's generations move after this long
     fleet_listen: tuple | None = None  # (host, port) where nodes join the head
+    fleet_local: bool = False  # the head also serves its default model as one of the nodes
+    fleet_mdns: bool = True  # advertise --fleet-listen on mDNS (_superfluid-fleet._tcp)

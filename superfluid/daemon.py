@@ -100,14 +100,24 @@ def build_fleet_engine(cfg: ServeConfig, store: Store):
     GGUF, generations on the fleet's nodes. Epochs start above every earlier run's
     (the store's epoch, bumped at every start, in the high bits)."""
     from .fleet.head import FleetEngine
+    from .fleet.pool import NodePool
+
+    async def local() -> Engine:
+        eng = build_engine(cfg.engine)
+        await eng.start()
+        return eng
+
+    pool = NodePool(list(cfg.fleet), cfg.fleet_psk, timeout=cfg.fleet_timeout, epoch_floor=store.epoch << 32,
+                    listen=cfg.fleet_listen, mdns=cfg.fleet_mdns, local=local if cfg.fleet_local else None)
 
     def build(ec: EngineConfig) -> Engine:
-        if ec.model_id != cfg.engine.model_id:
+        """The default model, and any other model a connected node serves, runs on the
+        fleet; the rest run here."""
+        if ec.model_id != cfg.engine.model_id and not pool.serves(ec.model_id):
             return build_engine(ec)
         tok = Tokenizer(ec.model_path)
-        return FleetEngine(ec, tok, tok.shape.n_ctx_train or 4096, list(cfg.fleet), cfg.fleet_psk,
-                           policy=cfg.fleet_policy, epoch_floor=store.epoch << 32, timeout=cfg.fleet_timeout,
-                           grace=cfg.fleet_grace, listen=cfg.fleet_listen)
+        return FleetEngine(ec, tok, tok.shape.n_ctx_train or 4096, pool, policy=cfg.fleet_policy,
+                           grace=cfg.fleet_grace)
     return build
 
 
