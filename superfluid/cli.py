@@ -57,6 +57,7 @@ def _engine_flags(s: argparse.ArgumentParser) -> None:
     s.add_argument("--max-batch", type=_positive, default=8, help="lanes: sequences decoded together (default 8)")
     s.add_argument("--max-context", type=_positive, help="tokens per lane (default: the model's trained window, capped to fit memory)")
     s.add_argument("--threads", type=_positive, default=default_threads(), help="llama.cpp threads (default: cores - 1)")
+    s.add_argument("--runtime", choices=("llamacpp", "transformers"), default="llamacpp", help="the inference runtime: llama.cpp on the GGUF, or transformers (PyTorch) on it converted once to a Hugging Face folder under the home (needs superfluid[hf]) (default llamacpp)")
     s.add_argument("--step-tokens", type=_positive, default=256, help="token budget of one step: decodes plus prefill chunks (default 256)")
     s.add_argument("--chat-template-file", metavar="FILE", help="a jinja chat template to use instead of the model's own (tool and reasoning markers are read from it)")
     s.add_argument("--kv-slots", type=_positive, help="KV sequences in the worker (default 2 x --max-batch); slots beyond the lanes keep finished and preempted prefixes warm")
@@ -172,7 +173,8 @@ def _engine_config(args: argparse.Namespace, src) -> EngineConfig | int:
     return EngineConfig(model_path=src.path, model_id=src.id, max_batch=args.max_batch,
                         max_context=args.max_context, threads=args.threads, step_tokens=step_tokens,
                         kv_slots=args.kv_slots, class_lanes=args.class_lanes,
-                        aging_steps=args.aging_steps, step_target_s=args.step_ms / 1000, chat_template=template)
+                        aging_steps=args.aging_steps, step_target_s=args.step_ms / 1000, chat_template=template,
+                        runtime=args.runtime)
 
 
 def _serve(args: argparse.Namespace) -> int:

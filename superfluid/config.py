@@ -36,6 +36,7 @@ class EngineConfig:
     aging_steps: int = 256  # a waiting job rises one QoS class every this many steps
     step_target_s: float = 0.25  # prefill chunks are sized so a step takes about this long
     chat_template: str | None = None  # a jinja chat template used instead of the models' own
+    runtime: str = "llamacpp"  # the worker's runtime: llamacpp or transformers
 
     @property
     def slots(self) -> int:

@@ -32,6 +32,14 @@ def _load(args: argparse.Namespace):
         from ..runtime.llamacpp import LlamaCppRuntime
         return LlamaCppRuntime(args.model, lanes=args.lanes, n_ctx=args.ctx,
                                threads=args.threads, batch_tokens=args.batch_tokens)
+    if args.runtime == "transformers":
+        try:
+            from ..runtime.transformers import TransformersRuntime
+        except ImportError as e:
+            raise RuntimeError(f"the transformers runtime needs torch and transformers: "
+                               f"pip install 'superfluid[hf]' ({e})") from None
+        return TransformersRuntime(args.model, lanes=args.lanes, n_ctx=args.ctx,
+                                   threads=args.threads, batch_tokens=args.batch_tokens)
     raise SystemExit(f"unknown runtime {args.runtime}")
 
 

@@ -1,0 +1,63 @@
+"""Shared by the transformers runtime and stage tests: the embedded GGUF converted once per
+test session, a reference `model.generate`, and the chat prompt the daemon would render."""
+
+from __future__ import annotations
+
+import functools
+import tempfile
+from pathlib import Path
+
+HOME = Path(tempfile.mkdtemp(prefix="superfluid-hf-home-"))  # one conversion per test session
+
+
+@functools.cache
+def gguf() -> str:
+    from superfluid.runtime.registry import embedded_model
+
+    return embedded_model().path
+
+
+@functools.cache
+def folder() -> str:
+    from superfluid.runtime.hf_convert import hf_dir
+
+    return str(hf_dir(gguf(), cache=HOME / "models"))
+
+
+@functools.cache
+def _reference():
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    m = AutoModelForCausalLM.from_pretrained(folder(), attn_implementation="sdpa", dtype=torch.float32)
+    return m.eval()
+
+
+EOG = (0, 2, 4)
+
+
+def generate(tokens: list[int], n: int) -> list[int]:
+    """Plain greedy `model.generate` on the converted weights; stops after an end-of-generation token."""
+    import torch
+
+    with torch.inference_mode():
+        out = _reference().generate(torch.tensor([tokens]), max_new_tokens=n, do_sample=False,
+                                    eos_token_id=list(EOG), pad_token_id=EOG[0])
+    return out[0, len(tokens):].tolist()
+
+
+def chat_prompt(content: str) -> list[int]:
+    from superfluid.codec.template import ChatTemplate
+    from superfluid.codec.tokenizer import Tokenizer
+
+    tok = Tokenizer(gguf())
+    text = ChatTemplate(tok.chat_template).render([{"role": "user", "content": content}])
+    return tok.encode_prompt(text)
+
+
+def until_eog(tokens: list[int]) -> list[int]:
+    """`tokens` up to and including the first end-of-generation token (as generate stops)."""
+    for i, t in enumerate(tokens):
+        if t in EOG:
+            return tokens[:i + 1]
+    return tokens
