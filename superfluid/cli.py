@@ -96,6 +96,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--fleet-policy", choices=("load-aware", "least-loaded", "round-robin"), default="load-aware", help="how sessions are placed on nodes (default load-aware)")
     s.add_argument("--fleet-timeout", type=float, default=5.0, metavar="S", help="a node silent for S seconds is gone (default 5)")
     s.add_argument("--fleet-grace", type=float, default=1.0, metavar="S", help="a gone node's generations move to another node after S seconds (default 1)")
+    s.add_argument("--fleet-local", action="store_true", help="this head also serves its default model as one of the fleet's nodes")
+    s.add_argument("--no-mdns", action="store_true", help="do not advertise --fleet-listen on mDNS (_superfluid-fleet._tcp)")
     s.add_argument("--drain-timeout", type=float, default=300.0, help="on SIGUSR1 (superfluid stop --drain): seconds running requests get to finish (default 300)")
     fl = sub.add_parser("fleet", help="fleet tools")
     fl_sub = fl.add_subparsers(dest="fleet_command", required=True)
@@ -108,14 +110,17 @@ def parser() -> argparse.ArgumentParser:
     ns.add_argument("--listen", type=_hostport, default=("127.0.0.1", 8454), metavar="HOST:PORT", help="where heads dial in (default 127.0.0.1:8454)")
     ns.add_argument("--auth-file", metavar="TOKENFILE", help="the fleet token file; required to listen off loopback")
     ns.add_argument("--lease", type=float, default=10.0, metavar="S", help="a head silent for S seconds loses its generations here (default 10)")
+    ns.add_argument("--name", help="this node's name in the fleet (default: the host name); a node that joins again under its name gets its generations back")
     _engine_flags(ns)
     nj = nd_sub.add_parser("join", help="serve a model to a fleet head by dialing it (the head needs --fleet-listen)")
-    nj.add_argument("head", type=_hostport, metavar="HOST:PORT", help="the head's --fleet-listen address")
+    nj.add_argument("head", nargs="?", metavar="HOST:PORT", help="the head's --fleet-listen address (default: find a head with this fleet token by mDNS)")
     nj.add_argument("model", nargs="?", help="path to a .gguf file (default: the embedded model)")
     nj.add_argument("--model", dest="model_opt", metavar="PATH", help="the same, as an option")
     nj.add_argument("--token", help="the fleet token (or --auth-file)")
     nj.add_argument("--auth-file", metavar="TOKENFILE", help="a file holding the fleet token")
     nj.add_argument("--lease", type=float, default=10.0, metavar="S", help="a head silent for S seconds loses its generations here (default 10)")
+    nj.add_argument("--name", help="this node's name in the fleet (default: the host name); a node that joins again under its name gets its generations back")
+    nj.add_argument("--mdns-interface", metavar="IP", help="look for heads by mDNS on the interface with this address only (default: all)")
     _engine_flags(nj)
     la = sub.add_parser("launch", help="start a coding agent pointed at this server (serving first if needed)")
     la.add_argument("agent", nargs="?", help="claude, codex, opencode or ollama; none: list them")
@@ -208,7 +213,10 @@ def _serve(args: argparse.Namespace) -> int:
                       args.idle_timeout, args.sessions, args.sessions_cache, args.resume_grace,
                       int(args.sessions_max_mb * 1024 * 1024) if args.sessions_max_mb else None,
                       tuple(args.fleet), None, args.fleet_policy, args.fleet_timeout, args.fleet_grace,
-                      args.fleet_listen)
+                      args.fleet_listen, args.fleet_local, not args.no_mdns)
+    if args.fleet_local and not (args.fleet or args.fleet_listen):
+        print("superfluid: --fleet-local needs --fleet or --fleet-listen (a head with other nodes)", file=sys.stderr)
+        return 2
     if args.fleet_listen and args.fleet_auth is None and not is_loopback_host(args.fleet_listen[0]):
         print("superfluid: --fleet-listen off loopback needs --fleet-auth (a fleet token)", file=sys.stderr)
         return 2
@@ -250,6 +258,9 @@ def _serve(args: argparse.Namespace) -> int:
 def _node(args: argparse.Namespace) -> int:
     from .fleet.commands import node_serve
     from .runtime.registry import resolve
+    head = getattr(args, "head", None)
+    if head is not None and args.model is None and (head.endswith(".gguf") or os.path.isfile(head)):
+        args.model, head = head, None  # `node join MODEL`: the head is found by mDNS
     try:
         src = resolve(args.model or args.model_opt)
     except ModelLoadError as e:
@@ -260,10 +271,17 @@ def _node(args: argparse.Namespace) -> int:
         return ec
     if args.node_command == "join":
         from .fleet.commands import node_join
-        head_host, head_port = args.head
-        return node_join(ec, head_host, head_port, args.token, args.auth_file, args.lease)
+        if head is None:
+            return node_join(ec, None, 0, args.token, args.auth_file, args.lease, mdns_interface=args.mdns_interface,
+                             name=args.name)
+        try:
+            head_host, head_port = _hostport(head)
+        except argparse.ArgumentTypeError as e:
+            print(f"superfluid: {e}", file=sys.stderr)
+            return 2
+        return node_join(ec, head_host, head_port, args.token, args.auth_file, args.lease, name=args.name)
     host, port = args.listen
-    return node_serve(ec, host, port, args.auth_file, args.lease)
+    return node_serve(ec, host, port, args.auth_file, args.lease, name=args.name)
 
 
 class _JsonFormatter(logging.Formatter):

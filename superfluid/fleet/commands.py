@@ -42,10 +42,11 @@ def read_token(path: str) -> bytes:
     return psk_of(text)
 
 
-def node_join(ec: EngineConfig, host: str, port: int, token: str | None, auth_file: str | None,
-              lease_s: float) -> int:
-    """A node that dials the head (which still initiates the secure channel)."""
-    if token is None and auth_file is None and not is_loopback_host(host):
+def node_join(ec: EngineConfig, host: str | None, port: int, token: str | None, auth_file: str | None,
+              lease_s: float, *, mdns_interface: str | None = None, name: str | None = None) -> int:
+    """A node that dials the head (which still initiates the secure channel); without a
+    host, the head is found by mDNS (a head of the same fleet token)."""
+    if token is None and auth_file is None and host is not None and not is_loopback_host(host):
         print(f"superfluid: joining a head at {host} needs --token or --auth-file (a fleet token); without one "
               f"only a loopback head may be joined", file=sys.stderr)
         return 2
@@ -55,14 +56,15 @@ def node_join(ec: EngineConfig, host: str, port: int, token: str | None, auth_fi
         print(f"superfluid: cannot read --auth-file: {e}", file=sys.stderr)
         return 2
     try:
-        asyncio.run(_node(ec, host, port, psk, lease_s, join=True))
+        asyncio.run(_node(ec, host, port, psk, lease_s, join=True, mdns_interface=mdns_interface, name=name))
     except SuperfluidError as e:
         print(f"superfluid: {e.message}", file=sys.stderr)
         return 1
     return 0
 
 
-def node_serve(ec: EngineConfig, host: str, port: int, auth_file: str | None, lease_s: float) -> int:
+def node_serve(ec: EngineConfig, host: str, port: int, auth_file: str | None, lease_s: float, *,
+               name: str | None = None) -> int:
     if auth_file is None and not is_loopback_host(host):
         print(f"superfluid: a node listening on {host} needs --auth-file (a fleet token); without one it may only "
               f"listen on loopback", file=sys.stderr)
@@ -73,7 +75,7 @@ def node_serve(ec: EngineConfig, host: str, port: int, auth_file: str | None, le
         print(f"superfluid: cannot read --auth-file: {e}", file=sys.stderr)
         return 2
     try:
-        asyncio.run(_node(ec, host, port, psk, lease_s))
+        asyncio.run(_node(ec, host, port, psk, lease_s, name=name))
     except SuperfluidError as e:
         print(f"superfluid: {e.message}", file=sys.stderr)
         return 1
@@ -83,8 +85,8 @@ def node_serve(ec: EngineConfig, host: str, port: int, auth_file: str | None, le
     return 0
 
 
-async def _node(ec: EngineConfig, host: str, port: int, psk: bytes | None, lease_s: float, *,
-                join: bool = False) -> None:
+async def _node(ec: EngineConfig, host: str | None, port: int, psk: bytes | None, lease_s: float, *,
+                join: bool = False, mdns_interface: str | None = None, name: str | None = None) -> None:
     from ..daemon import build_engine
     from .node import NodeServer
 
@@ -92,13 +94,20 @@ async def _node(ec: EngineConfig, host: str, port: int, psk: bytes | None, lease
     await engine.start()
     server = None
     try:
-        node = NodeServer(engine, psk, lease_s=lease_s)
+        node = NodeServer(engine, psk, lease_s=lease_s, node_id=name)
         how = f"{'encrypted' if psk else 'plaintext, loopback only'}; {ec.max_batch} lanes x {engine.n_ctx} tokens"
         if join:
-            joining = asyncio.create_task(node.join(host, port))
-            print(f"superfluid node {node.node_id}: serving {engine.model_id} to the head at {host}:{port} ({how})",
-                  flush=True)
+            find = None
+            if host is None:
+                from .discovery import discover
+
+                async def find():
+                    return await discover(psk, interface=mdns_interface)
+            joining = asyncio.create_task(node.join(host, port, find=find))
+            where = f"the head at {host}:{port}" if host else "a head found by mDNS"
+            print(f"superfluid node {node.node_id}: serving {engine.model_id} to {where} ({how})", flush=True)
         else:
+            assert host is not None
             server = await node.serve(host, port)
             bound = server.sockets[0].getsockname()
             print(f"superfluid node {node.node_id}: serving {engine.model_id} on {bound[0]}:{bound[1]} ({how})",

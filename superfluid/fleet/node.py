@@ -48,8 +48,9 @@ class _Head:
     """One head's connection; a generation belongs to the head that asked for it (or that
     later reconciled it) and its lease runs on that head's last word."""
 
-    def __init__(self, link: Link):
+    def __init__(self, link: Link, instance: str = ""):
         self.link = link
+        self.instance = instance  # the head process's id from HELLO: its command ids' namespace
         self.last_heard = time.monotonic()
 
 
@@ -72,6 +73,15 @@ class NodeServer:
         self._tasks.append(asyncio.create_task(self._watchdog()))
         return server
 
+    def close(self) -> None:
+        """Stop the watchdog, drop every head's link and cancel what runs for them."""
+        for t in self._tasks:
+            t.cancel()
+        for h in list(self.heads):
+            h.link.close()
+        for gen in list(self._owner):
+            self._cancel(gen)
+
     # -- connections ---------------------------------------------------------------------
     async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self._handshaking >= MAX_HANDSHAKES:
@@ -79,13 +89,14 @@ class NodeServer:
             return
         self._handshaking += 1
         try:
-            link = await self._handshake(reader, writer)
+            got = await self._handshake(reader, writer)
         finally:
             self._handshaking -= 1
-        if link is not None:
-            await self._session(link)
+        if got is not None:
+            await self._session(*got)
 
-    async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> Link | None:
+    async def _handshake(self, reader: asyncio.StreamReader,
+                         writer: asyncio.StreamWriter) -> tuple[Link, str] | None:
         """The responder's side of the secure channel (the head always initiates), then HELLO."""
         peer = writer.get_extra_info("peername")
         try:
@@ -93,7 +104,7 @@ class NodeServer:
             kind, hello = await asyncio.wait_for(link.recv(), 5.0)
             if kind != m.HELLO or m.VERSION not in (hello.get("versions") or []):
                 raise ProtocolError(f"expected HELLO with version {m.VERSION}, got message {kind}")
-            return link
+            return link, str(hello.get("head") or "")
         except SuperfluidError as e:
             log.warning("refused a head at %s: %s", peer, e.message)
         except (TimeoutError, ConnectionError, OSError) as e:
@@ -101,28 +112,44 @@ class NodeServer:
         writer.close()
         return None
 
-    async def join(self, host: str, port: int) -> None:
+    async def join(self, host: str | None, port: int, *, find=None) -> None:
         """Dial a head (`superfluid node join`) and serve it; dial again with backoff when
-        the link drops, forever."""
+        the link drops, forever. With `find` (mDNS), the head is looked up first, and again
+        after three failed dials in a row (the head moved or restarted elsewhere)."""
         self._tasks.append(asyncio.create_task(self._watchdog()))
-        backoff = 0.2
+        backoff, failures = 0.2, 0
         while True:
+            if find is not None and (host is None or failures >= 3):
+                heads = await find()
+                if not heads:
+                    log.info("no head of this fleet answers on mDNS; looking again")
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 5.0)
+                    continue
+                if heads[0] != (host, port):
+                    log.info("found a head at %s:%d by mDNS", *heads[0])
+                host, port = heads[0]
+                failures = 0
+            assert host is not None
             try:
                 reader, writer = await asyncio.open_connection(host, port)
             except OSError as e:
                 log.info("head %s:%d not reachable (%s); retrying", host, port, e.strerror or e)
+                failures += 1
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
                 continue
-            link = await self._handshake(reader, writer)
-            if link is not None:
-                backoff = 0.2
-                await self._session(link)
+            got = await self._handshake(reader, writer)
+            if got is not None:
+                backoff, failures = 0.2, 0
+                await self._session(*got)
+            else:
+                failures += 1
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 5.0)
 
-    async def _session(self, link: Link) -> None:
-        head = _Head(link)
+    async def _session(self, link: Link, instance: str = "") -> None:
+        head = _Head(link, instance)
         self.heads.add(head)
         eng = self.engine
         link.send(m.HELLO_ACK, {"version": m.VERSION, "node": self.node_id,
@@ -183,7 +210,7 @@ class NodeServer:
         if kind == m.GENERATE_REQ:
             self._generate(head, body)
         elif kind == m.GENERATE_CANCEL:
-            if self.state.first_time(int(body["cmd"])):
+            if self.state.first_time(int(body["cmd"]), head.instance):
                 self._cancel(str(body["gen"]))
         elif kind == m.WATERMARK_ACK:
             gen = str(body["gen"])
@@ -204,7 +231,7 @@ class NodeServer:
 
     def _generate(self, head: _Head, b: dict) -> None:
         gen, epoch, session = str(b["gen"]), int(b["epoch"]), str(b["session"])
-        if not self.state.first_time(int(b["cmd"])):
+        if not self.state.first_time(int(b["cmd"]), head.instance):
             return
         if not self.state.admit(session, epoch):
             log.info("fenced a stale GENERATE_REQ for %s (epoch %d)", gen, epoch)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -62,6 +63,7 @@ class NodePool:
         self.timeout = timeout
         self.listen_at = listen
         self.mdns = mdns
+        self.instance = secrets.token_hex(8)  # this head process: the namespace of its command ids on nodes
         self.epochs = Counter(epoch_floor)
         self.cmds = Counter(epoch_floor)
         self.engines: list = []  # the FleetEngines placing work here
@@ -170,7 +172,7 @@ class NodePool:
                     n.link.close()
 
     async def _hello(self, link: Link) -> dict:
-        link.send(m.HELLO, {"versions": [m.VERSION]})
+        link.send(m.HELLO, {"versions": [m.VERSION], "head": self.instance})
         kind, ack = await asyncio.wait_for(link.recv(), 10.0)
         if kind != m.HELLO_ACK:
             raise ConnectionError(f"expected HELLO_ACK, got message {kind}")

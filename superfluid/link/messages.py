@@ -1,5 +1,6 @@
-"""Link F messages (msgpack bodies in the frame envelope). The head initiates; the node
-answers HELLO with HELLO_ACK (identity, models, capacity, limits), then:
+"""Link F messages (msgpack bodies in the frame envelope). The head initiates with HELLO
+{versions, head: its process's instance id, the namespace of its command ids}; the node
+answers HELLO_ACK (identity, models, capacity, limits), then:
 
 head -> node: GENERATE_REQ {cmd, gen, session, epoch, prompt, sampling, max_tokens, stop,
               qos, channels}, GENERATE_CANCEL {cmd, gen}, WATERMARK_ACK {gen, epoch, upto},

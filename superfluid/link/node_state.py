@@ -46,13 +46,15 @@ class NodeState:
     def __init__(self) -> None:
         self.gens: dict[str, RetryBuffer] = {}
         self.epochs: OrderedDict[str, int] = OrderedDict()  # session -> highest epoch seen (bounded)
-        self._seen: OrderedDict[int, None] = OrderedDict()
+        self._seen: OrderedDict[tuple[str, int], None] = OrderedDict()
 
-    def first_time(self, cmd: int) -> bool:
-        """True once per command id: a resent command is not applied twice."""
-        if cmd in self._seen:
+    def first_time(self, cmd: int, head: str = "") -> bool:
+        """True once per command id of a head (its HELLO's instance id): a resent command is
+        not applied twice, and two heads' ids never collide."""
+        key = (head, cmd)
+        if key in self._seen:
             return False
-        self._seen[cmd] = None
+        self._seen[key] = None
         if len(self._seen) > SEEN_COMMANDS:
             self._seen.popitem(last=False)
         return True

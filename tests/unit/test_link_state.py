@@ -87,6 +87,8 @@ def test_stale_epochs_are_fenced_on_both_sides():
 def test_commands_apply_at_most_once():
     node = NodeState()
     assert node.first_time(7) and not node.first_time(7) and node.first_time(8)
+    # another head (a moved or second head, whose counter starts from its own floor) is not a resend
+    assert node.first_time(7, "head-b") and not node.first_time(7, "head-b")
     c = Counter(41)
     assert [c.next(), c.next()] == [42, 43]
 
