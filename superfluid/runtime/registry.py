@@ -48,6 +48,11 @@ def resolve(model: str | None) -> ModelSource:
         raise ModelLoadError(f"cannot read {model}: {e.strerror}") from None
     if magic != b"GGUF":
         raise ModelLoadError(f"not a GGUF file: {model}")
+    try:
+        if path.name == Path(embedded_model().path).name and path.samefile(embedded_model().path):
+            return embedded_model()  # the embedded file named by its path keeps its id
+    except ModelLoadError:
+        pass
     return ModelSource(str(path.resolve()), path.name.removesuffix(".gguf"))
 
 
