@@ -96,6 +96,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--fleet-policy", choices=("load-aware", "least-loaded", "round-robin"), default="load-aware", help="how sessions are placed on nodes (default load-aware)")
     s.add_argument("--fleet-timeout", type=float, default=5.0, metavar="S", help="a node silent for S seconds is gone (default 5)")
     s.add_argument("--fleet-grace", type=float, default=1.0, metavar="S", help="a gone node's generations move to another node after S seconds (default 1)")
+    s.add_argument("--pipeline", type=_hostports, default=(), metavar="HOST:PORT,...", help="run the model split by layers over these stage nodes (superfluid node serve --stage), in layer order; needs superfluid[hf] on the stages")
+    s.add_argument("--pipeline-split", choices=("even", "memory"), default="even", help="how the stages share the layers: evenly (default) or in proportion to the memory each reports")
     s.add_argument("--fleet-local", action="store_true", help="this head also serves its default model as one of the fleet's nodes")
     s.add_argument("--no-mdns", action="store_true", help="do not advertise --fleet-listen on mDNS (_superfluid-fleet._tcp)")
     s.add_argument("--drain-timeout", type=float, default=300.0, help="on SIGUSR1 (superfluid stop --drain): seconds running requests get to finish (default 300)")
@@ -109,6 +111,7 @@ def parser() -> argparse.ArgumentParser:
     ns.add_argument("--model", dest="model_opt", metavar="PATH", help="the same, as an option")
     ns.add_argument("--listen", type=_hostport, default=("127.0.0.1", 8454), metavar="HOST:PORT", help="where heads dial in (default 127.0.0.1:8454)")
     ns.add_argument("--auth-file", metavar="TOKENFILE", help="the fleet token file; required to listen off loopback")
+    ns.add_argument("--stage", action="store_true", help="serve as a pipeline stage: hold the layers a head assigns (superfluid serve --pipeline), on transformers (needs superfluid[hf])")
     ns.add_argument("--lease", type=float, default=10.0, metavar="S", help="a head silent for S seconds loses its generations here (default 10)")
     ns.add_argument("--name", help="this node's name in the fleet (default: the host name); a node that joins again under its name gets its generations back")
     _engine_flags(ns)
@@ -220,6 +223,23 @@ def _serve(args: argparse.Namespace) -> int:
     if args.fleet_listen and args.fleet_auth is None and not is_loopback_host(args.fleet_listen[0]):
         print("superfluid: --fleet-listen off loopback needs --fleet-auth (a fleet token)", file=sys.stderr)
         return 2
+    if args.pipeline and (args.fleet or args.fleet_listen):
+        print("superfluid: --pipeline and --fleet/--fleet-listen are two ways to serve the model: pick one",
+              file=sys.stderr)
+        return 2
+    if args.pipeline:
+        from .fleet.commands import read_token
+        if args.fleet_auth is None and not all(is_loopback_host(h) for h, _ in args.pipeline):
+            print("superfluid: --pipeline stages off loopback need --fleet-auth (a fleet token): the link would be "
+                  "plaintext", file=sys.stderr)
+            return 2
+        try:
+            psk = read_token(args.fleet_auth) if args.fleet_auth else None
+        except (OSError, ValueError) as e:
+            print(f"superfluid: cannot read --fleet-auth: {e}", file=sys.stderr)
+            return 2
+        cfg = replace(cfg, engine=replace(ec, runtime="pipeline", stages=tuple(args.pipeline), stage_psk=psk,
+                                          stage_split=args.pipeline_split))
     if args.fleet or args.fleet_listen:
         from .fleet.commands import read_token
         if args.fleet_auth is None and not all(is_loopback_host(h) for h, _ in args.fleet):
@@ -281,7 +301,7 @@ def _node(args: argparse.Namespace) -> int:
             return 2
         return node_join(ec, head_host, head_port, args.token, args.auth_file, args.lease, name=args.name)
     host, port = args.listen
-    return node_serve(ec, host, port, args.auth_file, args.lease, name=args.name)
+    return node_serve(ec, host, port, args.auth_file, args.lease, name=args.name, stage=args.stage)
 
 
 class _JsonFormatter(logging.Formatter):

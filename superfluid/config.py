@@ -36,7 +36,10 @@ class EngineConfig:
     aging_steps: int = 256  # a waiting job rises one QoS class every this many steps
     step_target_s: float = 0.25  # prefill chunks are sized so a step takes about this long
     chat_template: str | None = None  # a jinja chat template used instead of the models' own
-    runtime: str = "llamacpp"  # the worker's runtime: llamacpp or transformers
+    runtime: str = "llamacpp"  # the worker's runtime: llamacpp, transformers, or pipeline (over stages)
+    stages: tuple = ()  # pipeline: the stage nodes (host, port), in layer order
+    stage_psk: bytes | None = None  # pipeline: the fleet token's PSK for the stage links
+    stage_split: str = "even"  # pipeline: layers split evenly or by the memory each stage reports
 
     @property
     def slots(self) -> int:

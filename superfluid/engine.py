@@ -47,7 +47,8 @@ class Engine:
                                      eos=tt(tokenizer.eos).decode() if tokenizer.eos >= 0 else "")
         self.tool_format = detect_tool_format(self.template.source)
         self.reasoning = reasoning_markers(self.template.source)
-        self.spec = WorkerSpec(cfg.model_path, cfg.slots, n_ctx, cfg.threads, cfg.step_tokens, runtime=cfg.runtime)
+        self.spec = WorkerSpec(cfg.model_path, cfg.slots, n_ctx, cfg.threads, cfg.step_tokens, runtime=cfg.runtime,
+                               stages=cfg.stages, stage_psk=cfg.stage_psk, split=cfg.stage_split)
         self.worker: WorkerProcess | None = None
         self.info: ModelInfo | None = None
         self.sched = Scheduler(lanes=cfg.max_batch, n_ctx=n_ctx, step_tokens=cfg.step_tokens,

@@ -64,7 +64,7 @@ def node_join(ec: EngineConfig, host: str | None, port: int, token: str | None, 
 
 
 def node_serve(ec: EngineConfig, host: str, port: int, auth_file: str | None, lease_s: float, *,
-               name: str | None = None) -> int:
+               name: str | None = None, stage: bool = False) -> int:
     if auth_file is None and not is_loopback_host(host):
         print(f"superfluid: a node listening on {host} needs --auth-file (a fleet token); without one it may only "
               f"listen on loopback", file=sys.stderr)
@@ -75,14 +75,41 @@ def node_serve(ec: EngineConfig, host: str, port: int, auth_file: str | None, le
         print(f"superfluid: cannot read --auth-file: {e}", file=sys.stderr)
         return 2
     try:
-        asyncio.run(_node(ec, host, port, psk, lease_s, name=name))
+        asyncio.run(_stage(ec, host, port, psk, name) if stage else _node(ec, host, port, psk, lease_s, name=name))
     except SuperfluidError as e:
         print(f"superfluid: {e.message}", file=sys.stderr)
         return 1
     except OSError as e:
         print(f"superfluid: cannot listen on {host}:{port}: {e.strerror}", file=sys.stderr)
         return 1
+    except ImportError as e:
+        print(f"superfluid: a pipeline stage runs on transformers: pip install 'superfluid[hf]' ({e})",
+              file=sys.stderr)
+        return 2
     return 0
+
+
+async def _stage(ec: EngineConfig, host: str, port: int, psk: bytes | None, name: str | None) -> None:
+    """A pipeline stage: no engine, the layers a head assigns (on transformers)."""
+    import torch  # noqa: F401  (fail here, in one line, when superfluid[hf] is missing)
+
+    from .stage_node import StageServer
+    node = StageServer(ec.model_path, ec.model_id, psk, threads=ec.threads, node_id=name)
+    server = await node.serve(host, port)
+    bound = server.sockets[0].getsockname()
+    print(f"superfluid node {node.node_id}: serving {ec.model_id} as a pipeline stage ({node.n_layer} layers) on "
+          f"{bound[0]}:{bound[1]} ({'encrypted' if psk else 'plaintext, loopback only'})", flush=True)
+    await _until_signal()
+    server.close()
+    node.close()
+
+
+async def _until_signal() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
 
 
 async def _node(ec: EngineConfig, host: str | None, port: int, psk: bytes | None, lease_s: float, *,
@@ -112,11 +139,7 @@ async def _node(ec: EngineConfig, host: str | None, port: int, psk: bytes | None
             bound = server.sockets[0].getsockname()
             print(f"superfluid node {node.node_id}: serving {engine.model_id} on {bound[0]}:{bound[1]} ({how})",
                   flush=True)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
+        await _until_signal()
     finally:
         if join:
             joining.cancel()

@@ -151,10 +151,7 @@ class NodeServer:
     async def _session(self, link: Link, instance: str = "") -> None:
         head = _Head(link, instance)
         self.heads.add(head)
-        eng = self.engine
-        link.send(m.HELLO_ACK, {"version": m.VERSION, "node": self.node_id,
-                                "models": [{"id": eng.model_id, "n_ctx": eng.n_ctx, "lanes": eng.cfg.max_batch}],
-                                "status": self.status()})
+        link.send(m.HELLO_ACK, self.hello_ack())
         log.info("head %s connected", link.peer)
         ticker = asyncio.create_task(self._tick(link))
         try:
@@ -174,6 +171,7 @@ class NodeServer:
             ticker.cancel()
             link.close()
             self.heads.discard(head)
+            self.head_gone(head)
 
     async def _tick(self, link: Link) -> None:
         n = 0
@@ -197,6 +195,15 @@ class NodeServer:
                 log.warning("no word from their head for %.0f s: fencing %d generation(s)", self.lease_s, len(stale))
             for gen in stale:
                 self._cancel(gen)
+
+    def hello_ack(self) -> dict:
+        eng = self.engine
+        return {"version": m.VERSION, "node": self.node_id,
+                "models": [{"id": eng.model_id, "n_ctx": eng.n_ctx, "lanes": eng.cfg.max_batch}],
+                "status": self.status()}
+
+    def head_gone(self, head: _Head) -> None:
+        """A head's link ended (its generations wait for its lease; stages drop its work)."""
 
     def status(self) -> dict:
         eng = self.engine

@@ -10,6 +10,16 @@ node -> head: TOKEN_EVENTS {gen, epoch, events: [[seq, chunk]...]}, RECONCILE_AC
               it no longer has}, NODE_STATUS {lanes, running, waiting, kv_used, kv_total,
               decode_tps}, KEEPALIVE {}
 
+Pipeline stages (`node serve --stage`; the head's worker drives them, one request at a time
+per link, answered in order):
+head -> node: STAGE_LOAD {first, last} (hold decoder layers [first, last) of the node's model),
+              STAGE_FORWARD_REQ {id, items: [[session, pos, tokens | None, hidden | None, want]]}
+              (hidden: an array, see pack_array; want: return logits for the item's last position),
+              STAGE_COPY {src, dst, n}, STAGE_DROP {sessions}
+node -> head: STAGE_READY {first, last, n_params, n_layer, n_vocab, n_ctx_train} or {error},
+              STAGE_FORWARD_RESP {id, outs: [array | None]} or {id, error}
+A stage's sessions are the head's lanes; each keeps its KV for the stage's layers.
+
 TOKEN_EVENTS are numbered densely per (generation, epoch) from 0; the head accepts only the
 next one and acknowledges a watermark; the node keeps what is not acknowledged and
 resends it after RECONCILE."""
@@ -17,6 +27,7 @@ resends it after RECONCILE."""
 from __future__ import annotations
 
 import msgpack
+import numpy as np
 
 from ..codec.tools import ToolCall
 from ..errors import ProtocolError
@@ -29,8 +40,11 @@ HELLO, HELLO_ACK = 1, 2
 GENERATE_REQ, GENERATE_CANCEL, TOKEN_EVENTS, WATERMARK_ACK = 10, 11, 12, 13
 RECONCILE, RECONCILE_ACK, SESSION_REVOKE = 14, 15, 16
 NODE_STATUS, KEEPALIVE = 0x8000 | 20, 0x8000 | 21  # optional: a peer may ignore them
+STAGE_LOAD, STAGE_READY, STAGE_FORWARD_REQ, STAGE_FORWARD_RESP, STAGE_COPY, STAGE_DROP = 30, 31, 32, 33, 34, 35
 KNOWN = {HELLO, HELLO_ACK, GENERATE_REQ, GENERATE_CANCEL, TOKEN_EVENTS, WATERMARK_ACK, RECONCILE,
-         RECONCILE_ACK, SESSION_REVOKE, NODE_STATUS, KEEPALIVE}
+         RECONCILE_ACK, SESSION_REVOKE, NODE_STATUS, KEEPALIVE, STAGE_LOAD, STAGE_READY, STAGE_FORWARD_REQ,
+         STAGE_FORWARD_RESP, STAGE_COPY, STAGE_DROP}
+
 
 
 def pack(body: dict) -> bytes:
@@ -45,6 +59,27 @@ def unpack(data: bytes) -> dict:
     if not isinstance(body, dict):
         raise ProtocolError("a Link F body must be a map")
     return body
+
+
+def pack_array(a) -> list:
+    """A 2-D array on the wire: [dtype, rows, cols, raw little-endian bytes]."""
+    return [str(a.dtype), int(a.shape[0]), int(a.shape[1]), a.tobytes()]
+
+
+def unpack_array(w) -> np.ndarray:
+    """The array pack_array sent, checked (dtype, shape against the byte count): a
+    ProtocolError otherwise."""
+    try:
+        dtype, rows, cols, raw = w
+        rows, cols = int(rows), int(cols)
+        if dtype not in ("float32", "float16") or rows < 0 or cols <= 0 or not isinstance(raw, bytes):
+            raise ValueError(f"dtype {dtype!r}, shape ({rows}, {cols})")
+        dt = np.dtype(dtype).newbyteorder("<")
+        if len(raw) != rows * cols * dt.itemsize:
+            raise ValueError(f"{len(raw)} bytes for ({rows}, {cols}) {dtype}")
+        return np.frombuffer(raw, dtype=dt).reshape(rows, cols).astype(np.float32)
+    except (TypeError, ValueError) as e:
+        raise ProtocolError(f"a stage array is malformed ({e})") from None
 
 
 def malformed(kind: int, e: Exception) -> ProtocolError:

@@ -19,6 +19,7 @@ import torch
 from ..errors import ModelLoadError
 from ..plan import Run
 from .base import ModelInfo, Runtime
+from .gguf_vocab import GgufVocab
 from .hf_convert import hf_dir, is_hf_dir
 from .stage import StageModel
 
@@ -37,7 +38,7 @@ class TransformersRuntime(Runtime):
         except (OSError, KeyError, ValueError) as e:
             raise ModelLoadError(f"transformers could not load {path}: {e}") from e
         self.n_batch = batch_tokens
-        self._vocab_model = None  # a vocab-only llama.cpp handle (GGUF sources): eog, grammars
+        self._vocab_model: GgufVocab | None = None  # GGUF sources: eog ids and grammars from the vocab
         self.eog = self._eog()
         cfg = self.model.config
         n_ctx_train = int(getattr(cfg, "max_position_embeddings", 0) or 0)
@@ -47,20 +48,8 @@ class TransformersRuntime(Runtime):
 
     def _eog(self) -> np.ndarray:
         if self.gguf:
-            import llama_cpp as ll
-
-            from ..codec.tokenizer import quiet_llama_logs
-
-            quiet_llama_logs()
-            ll.llama_backend_init()
-            mp = ll.llama_model_default_params()
-            mp.vocab_only = True
-            self._vocab_model = ll.llama_model_load_from_file(self.source.encode(), mp)
-            if not self._vocab_model:
-                raise ModelLoadError(f"llama.cpp could not read the vocabulary of {self.source}")
-            vocab = ll.llama_model_get_vocab(self._vocab_model)
-            return np.array([t for t in range(ll.llama_vocab_n_tokens(vocab)) if ll.llama_vocab_is_eog(vocab, t)],
-                            dtype=np.int64)
+            self._vocab_model = GgufVocab(self.source)
+            return self._vocab_model.eog
         ids: set[int] = set()
         for name in ("generation_config.json", "config.json"):
             try:
@@ -72,10 +61,7 @@ class TransformersRuntime(Runtime):
 
     def grammar_tokenizer(self):
         if self._vocab_model is not None:
-            import llama_cpp as ll
-            from llguidance.llamacpp import lltokenizer_from_vocab
-
-            return lltokenizer_from_vocab(ll.llama_model_get_vocab(self._vocab_model))
+            return self._vocab_model.grammar_tokenizer()
         import llguidance.hf
         from transformers import AutoTokenizer
 
@@ -103,9 +89,7 @@ class TransformersRuntime(Runtime):
     def close(self) -> None:
         self.model.clear()
         if self._vocab_model is not None:
-            import llama_cpp as ll
-
-            ll.llama_model_free(self._vocab_model)
+            self._vocab_model.close()
             self._vocab_model = None
 
 

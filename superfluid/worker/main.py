@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import os
 import signal
 import socket
 import sys
@@ -40,6 +41,12 @@ def _load(args: argparse.Namespace):
                                f"pip install 'superfluid[hf]' ({e})") from None
         return TransformersRuntime(args.model, lanes=args.lanes, n_ctx=args.ctx,
                                    threads=args.threads, batch_tokens=args.batch_tokens)
+    if args.runtime == "pipeline":  # a model split by layers over stage nodes (fleet/pipeline.py)
+        from ..fleet.pipeline import PipelineRuntime
+        stages = [(h, int(p)) for h, _, p in (x.rpartition(":") for x in args.stages.split(",") if x)]
+        psk = os.environ.pop("SUPERFLUID_FLEET_PSK", None)
+        return PipelineRuntime(args.model, stages, bytes.fromhex(psk) if psk else None, lanes=args.lanes,
+                               n_ctx=args.ctx, split=args.split)
     raise SystemExit(f"unknown runtime {args.runtime}")
 
 
@@ -61,7 +68,8 @@ def serve(sock: socket.socket, args: argparse.Namespace) -> int:
                     try:
                         runtime = _load(args)
                     except Exception as e:
-                        sock.sendall(encode(Msg.ERROR, {"message": str(e)}))
+                        sock.sendall(encode(Msg.ERROR, {"message": getattr(e, "message", None) or str(e),
+                                                        "code": getattr(e, "code", None)}))
                         return 3
                     sock.sendall(encode(Msg.HELLO_ACK, {"version": VERSION,
                                                         "info": runtime.info.to_wire()}))
@@ -76,7 +84,8 @@ def serve(sock: socket.socket, args: argparse.Namespace) -> int:
     except Exception as e:
         traceback.print_exc()
         try:
-            sock.sendall(encode(Msg.ERROR, {"message": f"{type(e).__name__}: {e}"}))
+            sock.sendall(encode(Msg.ERROR, {"message": getattr(e, "message", None) or f"{type(e).__name__}: {e}",
+                                            "code": getattr(e, "code", None)}))
         except OSError:
             pass
         return 1
@@ -94,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ctx", type=int, default=2048)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--batch-tokens", type=int, default=256)
+    p.add_argument("--stages", default="", help="pipeline runtime: the stage nodes, HOST:PORT,...")
+    p.add_argument("--split", default="even", help="pipeline runtime: layers split evenly or by memory")
     args = p.parse_args(argv)
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the daemon decides when we stop

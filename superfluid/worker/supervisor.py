@@ -31,6 +31,9 @@ class WorkerSpec:
     batch_tokens: int
     runtime: str = "llamacpp"
     load_timeout_s: float = 300.0
+    stages: tuple = ()  # the pipeline runtime's stage nodes, (host, port)
+    stage_psk: bytes | None = None  # their fleet token's PSK (passed in the environment, not argv)
+    split: str = "even"  # how the stages share the layers: even or memory
 
 
 class WorkerProcess:
@@ -58,8 +61,12 @@ class WorkerProcess:
                "--model", s.model, "--runtime", s.runtime, "--lanes", str(s.lanes),
                "--ctx", str(s.ctx), "--threads", str(s.threads),
                "--batch-tokens", str(s.batch_tokens)]
-        self.proc = subprocess.Popen(cmd, pass_fds=[child.fileno()], stdin=subprocess.DEVNULL,
-                                     env=os.environ.copy())
+        env = os.environ.copy()
+        if s.stages:
+            cmd += ["--stages", ",".join(f"{h}:{p}" for h, p in s.stages), "--split", s.split]
+            if s.stage_psk:
+                env["SUPERFLUID_FLEET_PSK"] = s.stage_psk.hex()
+        self.proc = subprocess.Popen(cmd, pass_fds=[child.fileno()], stdin=subprocess.DEVNULL, env=env)
         child.close()
         self._reader, self._writer = await asyncio.open_unix_connection(sock=parent)
         self._send(Msg.HELLO, {"versions": list(SUPPORTED)})
@@ -96,7 +103,8 @@ class WorkerProcess:
                 raise WorkerCrashed(f"the worker sent garbage: {e}") from e
         msg, body = decode(self._frames.pop(0))
         if msg == Msg.ERROR:
-            raise WorkerCrashed(f"the worker failed: {body.get('message')}")
+            code = body.get("code")  # a runtime's typed error (e.g. a pipeline stage that went away)
+            raise WorkerCrashed(f"the worker failed: {body.get('message')}", code=str(code) if code else None)
         return msg, body
 
     def send_step(self, plan: StepPlan) -> None:

@@ -13,14 +13,15 @@ from .daemon import free_port
 
 
 class Node:
-    def __init__(self, *args: str, max_context: int = 1024, auth_file: str | None = None):
-        self.port = free_port()
-        self.home = tempfile.mkdtemp(prefix="superfluid-node-")
+    def __init__(self, *args: str, max_context: int = 1024, auth_file: str | None = None, home: str | None = None,
+                 port: int | None = None):
+        self.port = port or free_port()
+        self.home = home or tempfile.mkdtemp(prefix="superfluid-node-")
         cmd = [sys.executable, "-m", "superfluid.cli", "node", "serve", "--listen", f"127.0.0.1:{self.port}",
                "--threads", "1", "--max-context", str(max_context), *args]
         if auth_file:
             cmd += ["--auth-file", auth_file]
-        self.log_path = os.path.join(self.home, "node.log")
+        self.log_path = os.path.join(tempfile.mkdtemp(prefix="superfluid-node-log-"), "node.log")
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, text=True,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1", "SUPERFLUID_HOME": self.home})

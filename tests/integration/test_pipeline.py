@@ -1,0 +1,145 @@
+"""Pipelines of 2 and 3 stage nodes (`node serve --stage`) on loopback behind a head
+(`serve --pipeline`), driven with the openai client: greedy output equals plain
+`model.generate` on one machine; each stage holds only its layers; a decoded token is fed
+once per stage whatever the context; a stage killed mid-stream is a typed error and the
+daemon serves again once the stage is back."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import re
+import signal
+
+import httpx
+import openai
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from superfluid.fleet.transport import Link  # noqa: E402
+from superfluid.link import messages as m  # noqa: E402
+
+from . import hf  # noqa: E402
+from .daemon import Daemon  # noqa: E402
+from .fleet import Node  # noqa: E402
+
+MODEL = "SmolLM2-135M-Instruct"
+N = 16
+
+
+@pytest.fixture(scope="module")
+def stages():
+    hf.folder()  # converted once, into the home the stages share
+    nodes = [Node("--stage", home=str(hf.HOME)) for _ in range(3)]
+    yield nodes
+    for n in nodes:
+        n.stop()
+
+
+def head(nodes) -> Daemon:
+    return Daemon("--pipeline", ",".join(f"127.0.0.1:{n.port}" for n in nodes), "--sessions-cache",
+                  max_context=1024, max_batch=4)
+
+
+def oc(d: Daemon) -> openai.OpenAI:
+    return openai.OpenAI(base_url=d.url + "/v1", api_key="x", max_retries=0, timeout=120)
+
+
+def expected(question: str) -> str:
+    from superfluid.codec.tokenizer import Tokenizer
+
+    toks = hf.generate(hf.chat_prompt(question), N)
+    return Tokenizer(hf.gguf()).decode([t for t in toks if t not in hf.EOG])
+
+
+def ask(d: Daemon, question: str, **kw):
+    return oc(d).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": question}],
+                                         temperature=0, max_tokens=N, **kw)
+
+
+def stage_status(node: Node) -> dict:
+    async def hello() -> dict:
+        link = await Link.dial("127.0.0.1", node.port, None)
+        link.send(m.HELLO, {"versions": [m.VERSION], "head": "test"})
+        kind, ack = await link.recv()
+        link.close()
+        return ack["status"]
+    return asyncio.run(hello())
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_a_pipeline_gives_the_tokens_of_one_model(stages, k):
+    d = head(stages[:k])
+    try:
+        qs = ["What is the capital of France?", "Name a color.", "Say hello in French."]
+        with concurrent.futures.ThreadPoolExecutor(len(qs)) as pool:  # decode steps batched across sessions
+            got = list(pool.map(lambda q: ask(d, q).choices[0].message.content, qs))
+        assert got == [expected(q) for q in qs]
+        stream = ask(d, "Write one sentence about the sea.", stream=True)
+        assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == \
+            expected("Write one sentence about the sea.")
+        desc = next(iter(d.health()["models"].values()))
+        assert desc["ready"]
+    finally:
+        d.stop()
+    # each stage held only its layers: contiguous ranges over all 30; the middle ones carry no
+    # embedding or head (the first holds the embedding, the last the tied output head: one extra copy)
+    ref = hf._reference()
+    full = sum(p.numel() for p in ref.parameters())
+    embed = ref.get_input_embeddings().weight.numel()
+    held = []
+    for n in stages[:k]:
+        last = re.findall(r"holding layers \[(\d+), (\d+)\) of 30: (\d+) parameters", n.log())[-1]
+        held.append(tuple(int(x) for x in last))
+    assert [h[:2] for h in held] == [(i * 30 // k, (i + 1) * 30 // k) for i in range(k)]
+    assert sum(h[2] for h in held) == full + embed
+    assert all(h[2] < full for h in held)
+    if k == 3:
+        per_layer = (full - embed - ref.model.norm.weight.numel()) // 30
+        assert held[1][2] == 10 * per_layer
+
+
+def test_a_decoded_token_costs_one_pass_per_stage_whatever_the_context(stages):
+    d = head(stages[:2])
+    try:
+        before = [stage_status(n)["tokens_fed"] for n in stages[:2]]
+        long_q = "Summarize: " + "the keeper trimmed the lamp at dusk and watched the sea. " * 40
+        r = ask(d, long_q)
+        after = [stage_status(n)["tokens_fed"] for n in stages[:2]]
+    finally:
+        d.stop()
+    u = r.usage
+    fed = u.prompt_tokens - u.prompt_tokens_details.cached_tokens + u.completion_tokens - 1
+    assert u.prompt_tokens > 400 and u.completion_tokens == N
+    for b, a in zip(before, after, strict=True):
+        # every prompt token once, then one token per decode step (two plans may be in flight at the end);
+        # re-running the context per token would be ~N x 400 more
+        assert fed <= a - b <= fed + 2
+
+
+def test_a_stage_killed_mid_stream_is_a_typed_error_and_the_daemon_serves_again(stages):
+    d = head(stages[:2])
+    try:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "Write a long story."}],
+                "max_tokens": 400, "temperature": 0, "stream": True}
+        with httpx.stream("POST", d.url + "/v1/chat/completions", json=body, timeout=120) as r:
+            lines = r.iter_lines()
+            got = 0
+            while got < 3:
+                got += next(lines).startswith("data: ")
+            stages[1].proc.send_signal(signal.SIGKILL)
+            rest = [ln for ln in lines if ln.startswith("data: ")]
+        assert rest[-1] == "data: [DONE]"
+        errors = [json.loads(ln[6:]) for ln in rest[:-1] if '"error"' in ln]
+        assert errors and errors[0]["error"]["code"] == "stage_unavailable", errors
+        assert d.health() is not None  # the daemon answers
+        with pytest.raises(openai.APIStatusError):
+            ask(d, "Name a color.")  # the stage is still down
+        stages[1].proc.wait(10)
+        stages[1] = Node("--stage", home=str(hf.HOME), port=stages[1].port)  # back on its port
+        assert ask(d, "Name a color.").choices[0].message.content == expected("Name a color.")
+    finally:
+        d.stop()
