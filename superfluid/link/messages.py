@@ -71,8 +71,8 @@ def unpack_array(w) -> np.ndarray:
     ProtocolError otherwise."""
     try:
         dtype, rows, cols, raw = w
-        rows, cols = int(rows), int(cols)
-        if dtype not in ("float32", "float16") or rows < 0 or cols <= 0 or not isinstance(raw, bytes):
+        if (dtype not in ("float32", "float16") or not isinstance(rows, int) or not isinstance(cols, int)
+                or rows < 0 or cols <= 0 or not isinstance(raw, bytes)):
             raise ValueError(f"dtype {dtype!r}, shape ({rows}, {cols})")
         dt = np.dtype(dtype).newbyteorder("<")
         if len(raw) != rows * cols * dt.itemsize:
