@@ -55,7 +55,7 @@ def test_layer_ranges_always_tile_the_model(n_layer, weights):
         return
     ranges = split_layers(n_layer, weights)
     assert len(ranges) == len(weights) and ranges[0][0] == 0 and ranges[-1][1] == n_layer
-    assert all(a < b for a, b in ranges) and all(r[1] == s[0] for r, s in zip(ranges, ranges[1:]))
+    assert all(a < b for a, b in ranges) and all(r[1] == s[0] for r, s in zip(ranges, ranges[1:], strict=False))
 
 
 def test_stage_activations_round_trip_and_garbage_is_a_protocol_error():
