@@ -1,14 +1,27 @@
-"""Pipeline stages, in process (no fleet yet): the transformers runtime's decode rate with 1
-and 8 lanes, and a stage's decode cost per token at a short and a long context (with a KV
-cache per session it should not grow with the context). The fleet engineer extends this to
-1/2/3 stages on loopback.
+"""Pipeline stages.
 
-    python bench/pipeline.py [--threads 1] [--steps 32] [--contexts 256,2048] [--lanes 1,8]"""
+    python bench/pipeline.py [--threads 1] [--steps 32] [--contexts 256,2048] [--lanes 1,8]
+                             [--fleet] [--rounds 3] [--max-tokens 48]
+
+In process: the transformers runtime's decode rate with 1 and 8 lanes, and a stage's decode
+cost per token at a short and a long context (with a KV cache per session it should not grow
+with the context).
+
+With --fleet, on loopback through the HTTP API: a daemon with --runtime transformers (the
+whole model in its worker) and heads with --pipeline over 1, 2 and 3 stage node processes;
+aggregate tokens/s with 1 and 8 concurrent streamed requests (greedy, EOS ignored; median of
+alternating rounds), then decode ms/token (median gap between streamed tokens) after a 256-
+and a 2048-token prompt on the 2-stage pipeline."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -47,13 +60,73 @@ def decode_ms(stage: StageModel, context: int, steps: int) -> float:
     return 1000 * dt / steps
 
 
+def fleet(a) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from bench.durability import round_
+    from tests.integration.daemon import Daemon
+    from tests.integration.fleet import Node
+
+    home = str(hf_dir(embedded_model().path).parents[1])  # the stages share the converted folder
+    nodes = [Node("--stage", "--threads", str(a.threads), home=home) for _ in range(3)]
+    servers = {"direct": Daemon("--runtime", "transformers", "--sessions-cache", home=home, max_context=2304)}
+    for k in (1, 2, 3):
+        servers[f"{k} stage(s)"] = Daemon("--pipeline", ",".join(f"127.0.0.1:{n.port}" for n in nodes[:k]),
+                                          "--sessions-cache", max_context=2304, home=tempfile.mkdtemp())
+    try:
+        for d in servers.values():
+            asyncio.run(round_(d.url, 2, 4, "warm"))
+        for lanes in (1, 8):
+            runs: dict[str, list[float]] = {name: [] for name in servers}
+            for r in range(a.rounds):
+                order = list(servers.items()) if r % 2 == 0 else list(reversed(servers.items()))
+                for name, d in order:
+                    runs[name].append(asyncio.run(round_(d.url, lanes, a.max_tokens, f"{name}{lanes}.{r}")))
+            base = statistics.median(runs["direct"])
+            for name, xs in runs.items():
+                med = statistics.median(xs)
+                print(f"{lanes} concurrent, {name:11s}: {med:6.1f} tok/s  (vs direct {med / base:.3f})", flush=True)
+        two = servers["2 stage(s)"]
+        for ctx in (int(x) for x in a.contexts.split(",")):
+            gaps = [asyncio.run(_token_gap(two.url, ctx, a.steps, r)) for r in range(a.rounds)]
+            print(f"2-stage pipeline, {ctx}-token prompt: {statistics.median(gaps):.1f} ms/token decode", flush=True)
+    finally:
+        for d in servers.values():
+            d.stop()
+        for n in nodes:
+            n.stop()
+
+
+async def _token_gap(url: str, context: int, steps: int, r: int) -> float:
+    """Median time between streamed tokens after a prompt of about `context` tokens."""
+    import httpx
+    words = " ".join(f"w{r}x{i}" for i in range(context // 3))  # about 3 tokens per word
+    body = {"model": "SmolLM2-135M-Instruct", "prompt": words[: context * 3], "max_tokens": steps,
+            "temperature": 0, "ignore_eos": True, "stream": True}
+    async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+        n = (await client.post("/tokenize", json={"content": body["prompt"]})).json()["tokens"]
+        body["prompt"] = n[:context]
+        stamps = []
+        async with client.stream("POST", "/v1/completions", json=body) as resp:
+            async for line in resp.aiter_lines():
+                if line.startswith("data: {"):
+                    stamps.append(time.perf_counter())
+    gaps = [b - a for a, b in zip(stamps[1:], stamps[2:], strict=False)]
+    return 1000 * statistics.median(gaps)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--steps", type=int, default=32)
     p.add_argument("--contexts", default="256,2048")
     p.add_argument("--lanes", default="1,8")
+    p.add_argument("--fleet", action="store_true", help="also measure pipelines of stage nodes on loopback")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--max-tokens", type=int, default=48)
     a = p.parse_args()
+    if a.fleet:
+        fleet(a)
+        return
     t0 = time.perf_counter()
     folder = hf_dir(embedded_model().path)
     print(f"GGUF -> HF folder: {time.perf_counter() - t0:.1f} s ({folder})")
