@@ -25,8 +25,8 @@ def _positive(s: str) -> int:
 
 def _hostport(s: str) -> tuple[str, int]:
     host, sep, port = s.rpartition(":")
-    if not sep or not port.isdigit():
-        raise argparse.ArgumentTypeError("expected HOST:PORT")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError("expected HOST:PORT with a port from 1 to 65535")
     return host.strip("[]") or DEFAULT_HOST, int(port)
 
 
@@ -57,7 +57,7 @@ def _engine_flags(s: argparse.ArgumentParser) -> None:
     s.add_argument("--max-batch", type=_positive, default=8, help="lanes: sequences decoded together (default 8)")
     s.add_argument("--max-context", type=_positive, help="tokens per lane (default: the model's trained window, capped to fit memory)")
     s.add_argument("--threads", type=_positive, default=default_threads(), help="llama.cpp threads (default: cores - 1)")
-    s.add_argument("--runtime", choices=("llamacpp", "transformers"), default="llamacpp", help="the inference runtime: llama.cpp on the GGUF, or transformers (PyTorch) on it converted once to a Hugging Face folder under the home (needs superfluid[hf]) (default llamacpp)")
+    s.add_argument("--runtime", choices=("llamacpp", "transformers"), help="the inference runtime: llama.cpp on a GGUF, or transformers (PyTorch; needs superfluid[hf]) on a Hugging Face folder or a GGUF converted once to one under the home (default: llamacpp for a GGUF, transformers for a folder)")
     s.add_argument("--step-tokens", type=_positive, default=256, help="token budget of one step: decodes plus prefill chunks (default 256)")
     s.add_argument("--chat-template-file", metavar="FILE", help="a jinja chat template to use instead of the model's own (tool and reasoning markers are read from it)")
     s.add_argument("--kv-slots", type=_positive, help="KV sequences in the worker (default 2 x --max-batch); slots beyond the lanes keep finished and preempted prefixes warm")
@@ -97,6 +97,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--fleet-timeout", type=float, default=5.0, metavar="S", help="a node silent for S seconds is gone (default 5)")
     s.add_argument("--fleet-grace", type=float, default=1.0, metavar="S", help="a gone node's generations move to another node after S seconds (default 1)")
     s.add_argument("--pipeline", type=_hostports, default=(), metavar="HOST:PORT,...", help="run the model split by layers over these stage nodes (superfluid node serve --stage), in layer order; needs superfluid[hf] on the stages")
+    s.add_argument("--pipeline-spares", type=_hostports, default=(), metavar="HOST:PORT,...", help="stage nodes that take the place of a lost stage; requests running on the pipeline then continue after a re-prefill")
     s.add_argument("--pipeline-split", choices=("even", "memory"), default="even", help="how the stages share the layers: evenly (default) or in proportion to the memory each reports")
     s.add_argument("--fleet-local", action="store_true", help="this head also serves its default model as one of the fleet's nodes")
     s.add_argument("--no-mdns", action="store_true", help="do not advertise --fleet-listen on mDNS (_superfluid-fleet._tcp)")
@@ -165,6 +166,11 @@ def _policies(args: argparse.Namespace) -> list:
 
 def _engine_config(args: argparse.Namespace, src) -> EngineConfig | int:
     """The engine's config from its flags, or the exit status after one clear line."""
+    from .runtime.registry import default_runtime, is_hf_folder
+    if args.runtime == "llamacpp" and is_hf_folder(src.path):
+        print(f"superfluid: {src.path} is a Hugging Face folder: llama.cpp serves GGUF files; use --runtime "
+              f"transformers (the default for a folder)", file=sys.stderr)
+        return 2
     step_tokens = max(args.step_tokens, args.max_batch)
     if args.kv_slots is not None and args.kv_slots < args.max_batch:
         print("superfluid: --kv-slots must be at least --max-batch", file=sys.stderr)
@@ -182,7 +188,7 @@ def _engine_config(args: argparse.Namespace, src) -> EngineConfig | int:
                         max_context=args.max_context, threads=args.threads, step_tokens=step_tokens,
                         kv_slots=args.kv_slots, class_lanes=args.class_lanes,
                         aging_steps=args.aging_steps, step_target_s=args.step_ms / 1000, chat_template=template,
-                        runtime=args.runtime)
+                        runtime=args.runtime or default_runtime(src.path))
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -229,7 +235,7 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     if args.pipeline:
         from .fleet.commands import read_token
-        if args.fleet_auth is None and not all(is_loopback_host(h) for h, _ in args.pipeline):
+        if args.fleet_auth is None and not all(is_loopback_host(h) for h, _ in args.pipeline + args.pipeline_spares):
             print("superfluid: --pipeline stages off loopback need --fleet-auth (a fleet token): the link would be "
                   "plaintext", file=sys.stderr)
             return 2
@@ -239,7 +245,7 @@ def _serve(args: argparse.Namespace) -> int:
             print(f"superfluid: cannot read --fleet-auth: {e}", file=sys.stderr)
             return 2
         cfg = replace(cfg, engine=replace(ec, runtime="pipeline", stages=tuple(args.pipeline), stage_psk=psk,
-                                          stage_split=args.pipeline_split))
+                                          stage_split=args.pipeline_split, stage_spares=tuple(args.pipeline_spares)))
     if args.fleet or args.fleet_listen:
         from .fleet.commands import read_token
         if args.fleet_auth is None and not all(is_loopback_host(h) for h, _ in args.fleet):

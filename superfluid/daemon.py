@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import os
+from dataclasses import replace
 import signal
 import socket
 
@@ -21,7 +22,7 @@ from .models import Models
 from .monitor.access import AccessLog
 from .monitor.metrics import Metrics
 from .monitor.tui import Dashboard, LiveMonitor, LogBuffer
-from .runtime.registry import available_memory, fit_context
+from .runtime.registry import available_memory, default_runtime, fit_context, is_hf_folder, model_bytes
 from .session.store import Store
 from .sessions import Sessions
 
@@ -78,11 +79,19 @@ def write_pidfile(port: int):
     return path
 
 
+def tokenizer_for(path: str):
+    """The GGUF's vocabulary through llama.cpp, or a Hugging Face folder's tokenizer.json."""
+    if is_hf_folder(path):
+        from .codec.hf_tokenizer import HfTokenizer
+        return HfTokenizer(path)
+    return Tokenizer(path)
+
+
 def build_engine(ec: EngineConfig) -> Engine:
-    tok = Tokenizer(ec.model_path)
+    tok = tokenizer_for(ec.model_path)
     n_ctx = fit_context(requested=ec.max_context, n_ctx_train=tok.shape.n_ctx_train,
                         lanes=ec.slots, kv_bytes_per_token=tok.shape.kv_bytes_per_token,
-                        model_bytes=os.path.getsize(ec.model_path), mem_bytes=available_memory())
+                        model_bytes=model_bytes(ec.model_path), mem_bytes=available_memory())
     return Engine(ec, tok, n_ctx)
 
 
@@ -115,7 +124,7 @@ def build_fleet_engine(cfg: ServeConfig, store: Store):
         fleet; the rest run here."""
         if ec.model_id != cfg.engine.model_id and not pool.serves(ec.model_id):
             return build_engine(ec)
-        tok = Tokenizer(ec.model_path)
+        tok = tokenizer_for(ec.model_path)
         return FleetEngine(ec, tok, tok.shape.n_ctx_train or 4096, pool, policy=cfg.fleet_policy,
                            grace=cfg.fleet_grace)
     return build
@@ -123,7 +132,12 @@ def build_fleet_engine(cfg: ServeConfig, store: Store):
 
 async def serve(cfg: ServeConfig, sock: socket.socket, store: Store) -> None:
     sessions = Sessions(store, grace=cfg.resume_grace)
-    models = Models(cfg.engine, build_fleet_engine(cfg, store) if cfg.fleet or cfg.fleet_listen else build_engine,
+    def build_local(ec: EngineConfig) -> Engine:
+        if ec.stages and ec.model_id != cfg.engine.model_id:  # a pipeline serves the default model only
+            ec = replace(ec, runtime=default_runtime(ec.model_path), stages=(), stage_spares=())
+        return build_engine(ec)
+
+    models = Models(cfg.engine, build_fleet_engine(cfg, store) if cfg.fleet or cfg.fleet_listen else build_local,
                     idle_timeout=cfg.idle_timeout)
     models.sessions = sessions
     models.on_load.append(lambda eng: setattr(eng, "log", sessions))

@@ -39,6 +39,12 @@ def resolve(model: str | None) -> ModelSource:
     path = Path(model).expanduser()
     if not path.exists():
         raise ModelLoadError(f"model file not found: {model}")
+    if path.is_dir():
+        if not (path / "config.json").is_file() or not any(path.glob("*.safetensors")):
+            raise ModelLoadError(f"{model} is a folder but not a Hugging Face model (config.json + *.safetensors)")
+        if not (path / "tokenizer.json").is_file():
+            raise ModelLoadError(f"{model} has no tokenizer.json: the daemon tokenizes with it")
+        return ModelSource(str(path.resolve()), path.name)
     if not path.is_file():
         raise ModelLoadError(f"not a file: {model}")
     try:
@@ -54,6 +60,22 @@ def resolve(model: str | None) -> ModelSource:
     except ModelLoadError:
         pass
     return ModelSource(str(path.resolve()), path.name.removesuffix(".gguf"))
+
+
+def is_hf_folder(path: str) -> bool:
+    return os.path.isdir(path)
+
+
+def model_bytes(path: str) -> int:
+    """The weights' size on disk: a GGUF file, or a folder's safetensors."""
+    if is_hf_folder(path):
+        return sum(p.stat().st_size for p in Path(path).glob("*.safetensors"))
+    return os.path.getsize(path)
+
+
+def default_runtime(path: str) -> str:
+    """llama.cpp for a GGUF; transformers for a Hugging Face folder."""
+    return "transformers" if is_hf_folder(path) else "llamacpp"
 
 
 def available_memory() -> int:

@@ -61,3 +61,19 @@ def until_eog(tokens: list[int]) -> list[int]:
         if t in EOG:
             return tokens[:i + 1]
     return tokens
+
+
+@functools.cache
+def full_folder() -> str:
+    """A complete Hugging Face folder: the converted weights plus tokenizer files (written by
+    transformers from the GGUF, once per test session), as a user would download one."""
+    from transformers import AutoTokenizer
+
+    out = HOME / "SmolLM2-135M-Instruct-hf"
+    out.mkdir(exist_ok=True)
+    for f in Path(folder()).iterdir():
+        if f.suffix in (".json", ".safetensors") and f.name != "superfluid.json" and not (out / f.name).exists():
+            (out / f.name).symlink_to(f)
+    g = Path(gguf())
+    AutoTokenizer.from_pretrained(str(g.parent), gguf_file=g.name).save_pretrained(str(out))
+    return str(out)
