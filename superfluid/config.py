@@ -38,6 +38,7 @@ class EngineConfig:
     chat_template: str | None = None  # a jinja chat template used instead of the models' own
     runtime: str = "llamacpp"  # the worker's runtime: llamacpp, transformers, or pipeline (over stages)
     stages: tuple = ()  # pipeline: the stage nodes (host, port), in layer order
+    stage_spares: tuple = ()  # pipeline: stage nodes that take the place of a lost one
     stage_psk: bytes | None = None  # pipeline: the fleet token's PSK for the stage links
     stage_split: str = "even"  # pipeline: layers split evenly or by the memory each stage reports
 

@@ -48,7 +48,8 @@ class Engine:
         self.tool_format = detect_tool_format(self.template.source)
         self.reasoning = reasoning_markers(self.template.source)
         self.spec = WorkerSpec(cfg.model_path, cfg.slots, n_ctx, cfg.threads, cfg.step_tokens, runtime=cfg.runtime,
-                               stages=cfg.stages, stage_psk=cfg.stage_psk, split=cfg.stage_split)
+                               stages=cfg.stages, spares=cfg.stage_spares, stage_psk=cfg.stage_psk,
+                               split=cfg.stage_split)
         self.worker: WorkerProcess | None = None
         self.info: ModelInfo | None = None
         self.sched = Scheduler(lanes=cfg.max_batch, n_ctx=n_ctx, step_tokens=cfg.step_tokens,
@@ -218,7 +219,12 @@ class Engine:
                 err = e if isinstance(e, WorkerCrashed) else WorkerCrashed(f"Link W out of step: {e}")
                 log.error("worker %s crashed: %s", self.worker.pid, err.message)
                 inflight.clear()
-                self._lose_lanes(err)
+                if err.code == "stage_unavailable" and self.cfg.stage_spares:
+                    # a pipeline with spare stages: the next worker takes a spare in place of the
+                    # lost stage, and the running requests continue on it after a re-prefill
+                    self.sched.reset(requeue=True)
+                else:
+                    self._lose_lanes(err)
                 await self._respawn()  # now, not at the next request: /health comes back
                 continue
             self._failures = 0

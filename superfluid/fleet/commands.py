@@ -93,8 +93,12 @@ async def _stage(ec: EngineConfig, host: str, port: int, psk: bytes | None, name
     """A pipeline stage: no engine, the layers a head assigns (on transformers)."""
     import torch  # noqa: F401  (fail here, in one line, when superfluid[hf] is missing)
 
+    from ..errors import ModelLoadError
     from .stage_node import StageServer
-    node = StageServer(ec.model_path, ec.model_id, psk, threads=ec.threads, node_id=name)
+    try:
+        node = StageServer(ec.model_path, ec.model_id, psk, threads=ec.threads, node_id=name)
+    except (OSError, ValueError, KeyError) as e:  # converting the GGUF under the home, reading its config
+        raise ModelLoadError(f"cannot prepare {ec.model_path} for a pipeline stage: {e}") from None
     server = await node.serve(host, port)
     bound = server.sockets[0].getsockname()
     print(f"superfluid node {node.node_id}: serving {ec.model_id} as a pipeline stage ({node.n_layer} layers) on "

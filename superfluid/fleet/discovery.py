@@ -54,6 +54,7 @@ class Advertiser:
     async def start(cls, host: str, port: int, psk: bytes | None) -> Advertiser | None:
         from zeroconf import IPVersion
         from zeroconf.asyncio import AsyncServiceInfo, AsyncZeroconf
+        azc = None
         try:
             azc = AsyncZeroconf(interfaces=_interfaces(host), ip_version=IPVersion.V4Only)
             name = f"{socket.gethostname()}-{port}.{SERVICE}"
@@ -62,6 +63,8 @@ class Advertiser:
             await azc.async_register_service(info, strict=False, allow_name_change=True)
         except Exception as e:  # no multicast here: joining by address still works
             log.warning("cannot advertise the fleet on mDNS (%s: %s); nodes must name this head", type(e).__name__, e)
+            if azc is not None:
+                await azc.async_close()
             return None
         log.info("advertising the fleet on mDNS as %s", name)
         return cls(azc, info)
@@ -85,7 +88,11 @@ async def discover(psk: bytes | None, *, interface: str | None = None, timeout: 
             names.put_nowait(name)
 
     azc = AsyncZeroconf(interfaces=_interfaces(interface), ip_version=IPVersion.V4Only)
-    browser = AsyncServiceBrowser(azc.zeroconf, SERVICE, handlers=[changed])
+    try:
+        browser = AsyncServiceBrowser(azc.zeroconf, SERVICE, handlers=[changed])
+    except BaseException:
+        await azc.async_close()
+        raise
     found: list[tuple[str, int]] = []
     deadline = asyncio.get_running_loop().time() + timeout
     try:

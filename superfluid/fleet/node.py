@@ -117,24 +117,31 @@ class NodeServer:
         the link drops, forever. With `find` (mDNS), the head is looked up first, and again
         after three failed dials in a row (the head moved or restarted elsewhere)."""
         self._tasks.append(asyncio.create_task(self._watchdog()))
-        backoff, failures = 0.2, 0
+        backoff, failures, turn = 0.2, 0, 0
         while True:
             if find is not None and (host is None or failures >= 3):
-                heads = await find()
+                try:
+                    heads = await find()
+                except Exception as e:  # no multicast route yet, an interface that went away
+                    log.warning("mDNS lookup failed (%s: %s); looking again", type(e).__name__, e)
+                    heads = []
                 if not heads:
                     log.info("no head of this fleet answers on mDNS; looking again")
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, 5.0)
                     continue
-                if heads[0] != (host, port):
-                    log.info("found a head at %s:%d by mDNS", *heads[0])
-                host, port = heads[0]
+                # a head may advertise several addresses (one per interface): try them in turn
+                pick = heads[turn % len(heads)] if (host, port) in heads else heads[0]
+                turn += 1
+                if pick != (host, port):
+                    log.info("found a head at %s:%d by mDNS", *pick)
+                host, port = pick
                 failures = 0
             assert host is not None
             try:
                 reader, writer = await asyncio.open_connection(host, port)
-            except OSError as e:
-                log.info("head %s:%d not reachable (%s); retrying", host, port, e.strerror or e)
+            except (OSError, OverflowError) as e:
+                log.info("head %s:%d not reachable (%s); retrying", host, port, getattr(e, "strerror", None) or e)
                 failures += 1
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)

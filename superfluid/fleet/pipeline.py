@@ -22,6 +22,7 @@ import logging
 import secrets
 import threading
 import time
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -34,6 +35,11 @@ from .placement import split_layers
 from .transport import Link
 
 log = logging.getLogger("superfluid.pipeline")
+
+
+FRAME_BUDGET = 12 * 2**20  # bytes of activations or logits per request (the frame cap is 16 MiB)
+LOAD_TIMEOUT = 280.0  # a stage loading its layers (the daemon waits 300 s for its worker)
+FORWARD_TIMEOUT = 120.0  # one step on one stage
 
 
 class StageLost(SuperfluidError):
@@ -55,58 +61,93 @@ class _Stage:
 
 class PipelineRuntime(Runtime):
     def __init__(self, model_path: str, stages: list[tuple[str, int]], psk: bytes | None, *, lanes: int,
-                 n_ctx: int, split: str = "even", timeout: float = 10.0):
+                 n_ctx: int, split: str = "even", timeout: float = 10.0, spares: Sequence[tuple[str, int]] = ()):
         super().__init__()
         self.timeout = timeout
         self.instance = secrets.token_hex(8)
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, name="pipeline-links", daemon=True).start()
         self.stages: list[_Stage] = []
+        self.vocab = GgufVocab(model_path)
+        self.eog = self.vocab.eog
         try:
+            spare = iter(spares)
             for host, port in stages:
-                self.stages.append(self._call(self._dial(host, port, psk), 60))
+                self.stages.append(self._call(self._dial_or_spare(host, port, psk, spare), 120))
             self._assign(split)
         except BaseException:
             self.close()
             raise
-        self.vocab = GgufVocab(model_path)
-        self.eog = self.vocab.eog
-        last = self.stages[-1].ready
         desc = ", ".join(f"{s.addr} [{s.first},{s.last})" for s in self.stages)
-        self.info = ModelInfo(n_vocab=int(last["n_vocab"]), n_ctx=n_ctx, n_lanes=lanes,
-                              n_ctx_train=int(last.get("n_ctx_train") or 0),
+        self.info = ModelInfo(n_vocab=self.n_vocab, n_ctx=n_ctx, n_lanes=lanes,
+                              n_ctx_train=int(self.stages[-1].ready.get("n_ctx_train") or 0),
                               description=f"pipeline of {len(self.stages)} stages: {desc}")
 
     # -- setup ---------------------------------------------------------------------------
     def _call(self, coro, timeout: float | None = None):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
+    async def _dial_or_spare(self, host: str, port: int, psk: bytes | None, spares) -> _Stage:
+        """The stage, or the next spare that answers in its place."""
+        try:
+            return await self._dial(host, port, psk)
+        except StageLost as e:
+            for h, p in spares:
+                try:
+                    st = await self._dial(h, p, psk)
+                except StageLost as e2:
+                    log.warning("spare stage %s:%d: %s", h, p, e2.message)
+                    continue
+                log.warning("%s; spare %s:%d takes its place", e.message, h, p)
+                return st
+            raise
+
     async def _dial(self, host: str, port: int, psk: bytes | None) -> _Stage:
         addr = f"{host}:{port}"
+        link = None
         try:
             link = await Link.dial(host, port, psk)
             link.send(m.HELLO, {"versions": [m.VERSION], "head": self.instance})
             kind, ack = await asyncio.wait_for(link.recv(), 10.0)
-        except (OSError, TimeoutError, SuperfluidError) as e:
+            if kind != m.HELLO_ACK or not isinstance(ack.get("stage"), dict):
+                raise StageLost(f"{addr} is not a pipeline stage (start it with `superfluid node serve --stage`)")
+        except (OSError, TimeoutError, OverflowError, SuperfluidError) as e:
+            if link is not None:
+                link.close()
+            if isinstance(e, StageLost):
+                raise
             raise StageLost(f"pipeline stage {addr} is not reachable: {getattr(e, 'message', None) or e}") from None
-        if kind != m.HELLO_ACK or not ack.get("stage"):
-            link.close()
-            raise StageLost(f"{addr} is not a pipeline stage (start it with `superfluid node serve --stage`)")
         st = _Stage(addr, link, ack)
         st.reader = asyncio.create_task(self._read(st))
         return st
 
     def _assign(self, split: str) -> None:
-        n_layers = {int(s.info.get("n_layer", 0)) for s in self.stages}
+        """Contiguous layer ranges, loaded on every stage at once; the stages must serve this
+        model (the same layer count and vocabulary)."""
+        try:
+            n_layers = {int(s.info.get("n_layer", 0)) for s in self.stages}
+            weights = [float(s.info.get("mem", 0)) if split == "memory" else 1.0 for s in self.stages]
+        except (TypeError, ValueError) as e:
+            raise StageLost(f"a pipeline stage sent a malformed HELLO_ACK ({e})") from None
         if len(n_layers) != 1:
             raise StageLost("the pipeline's stages serve models with different layer counts: "
                             + ", ".join(f"{s.addr}: {s.info.get('model')} ({s.info.get('n_layer')} layers)"
                                         for s in self.stages))
-        weights = [float(s.info.get("mem", 0)) if split == "memory" else 1.0 for s in self.stages]
         for st, (first, last) in zip(self.stages, split_layers(n_layers.pop(), weights), strict=True):
             st.first, st.last = first, last
-            st.ready = self._call(self._ask(st, m.STAGE_LOAD, {"first": first, "last": last}), 600)
-            log.info("stage %s holds layers [%d, %d): %d parameters", st.addr, first, last, st.ready["n_params"])
+
+        async def load_all() -> list[dict]:
+            return await asyncio.gather(*(self._ask(st, m.STAGE_LOAD, {"first": st.first, "last": st.last},
+                                                    LOAD_TIMEOUT) for st in self.stages))
+        for st, ready in zip(self.stages, self._call(load_all()), strict=True):
+            st.ready = ready
+            if int(ready.get("n_vocab") or 0) < self.vocab.n_vocab:
+                raise StageLost(f"pipeline stage {st.addr} serves another model: a vocabulary of "
+                                f"{ready.get('n_vocab')} tokens, not {self.vocab.n_vocab}")
+            log.info("stage %s holds layers [%d, %d): %s parameters", st.addr, st.first, st.last,
+                     ready.get("n_params"))
+        self.n_vocab = int(self.stages[-1].ready["n_vocab"])
+        self.hidden = int(self.stages[0].ready.get("hidden") or 1)
 
     # -- the links -----------------------------------------------------------------------
     async def _read(self, st: _Stage) -> None:
@@ -131,24 +172,31 @@ class PipelineRuntime(Runtime):
             if not fut.done():
                 fut.set_exception(StageLost(st.lost))
 
-    async def _ask(self, st: _Stage, kind: int, body: dict) -> dict:
+    async def _ask(self, st: _Stage, kind: int, body: dict, limit: float = FORWARD_TIMEOUT) -> dict:
+        """One request and its answer. Fails with StageLost when the stage goes away, is
+        silent for `timeout`, or does not answer within `limit` (keepalives do not count)."""
         if st.lost:
             raise StageLost(st.lost)
         fut = self.loop.create_future()
         st.pending.append(fut)
         try:
             st.link.send(kind, body)
-        except ConnectionError:
-            self._lose(st, f"pipeline stage {st.addr} went away")
+        except (ConnectionError, SuperfluidError) as e:  # gone, or a request over the frame cap
+            self._lose(st, f"pipeline stage {st.addr}: {getattr(e, 'message', None) or e or 'the link is closed'}")
+        deadline = time.monotonic() + limit
         while True:
             done, _ = await asyncio.wait([fut], timeout=1.0)
             if done:
                 break
-            if time.monotonic() - st.last_heard > self.timeout:
+            now = time.monotonic()
+            if now - st.last_heard > self.timeout:
                 self._lose(st, f"pipeline stage {st.addr} is silent for {self.timeout:.0f} s")
+            elif now > deadline:
+                self._lose(st, f"pipeline stage {st.addr} did not answer within {limit:.0f} s")
         reply = fut.result()
-        if reply.get("error"):
-            raise StageLost(f"pipeline stage {st.addr} refused: {reply['error']}")
+        if not isinstance(reply, dict) or reply.get("error"):
+            why = reply.get("error") if isinstance(reply, dict) else reply
+            raise StageLost(f"pipeline stage {st.addr} refused: {why}")
         return reply
 
     def _tell(self, kind: int, body: dict) -> None:
@@ -163,15 +211,49 @@ class PipelineRuntime(Runtime):
         self.loop.call_soon_threadsafe(send)
 
     async def _forward(self, runs: tuple[Run, ...]) -> dict[int, np.ndarray]:
+        out: dict[int, np.ndarray] = {}
+        for group in self._groups(runs):
+            out.update(await self._forward_group(group))
+        return out
+
+    def _groups(self, runs: tuple[Run, ...]) -> list[list[Run]]:
+        """The step's runs in requests whose activations and logits stay under the frame cap:
+        a long prefill run is cut in pieces (one lane's pieces go in order), and requests carry
+        at most as many sampled rows as fit."""
+        max_rows = max(1, FRAME_BUDGET // (4 * self.hidden))
+        max_samples = max(1, FRAME_BUDGET // (4 * self.n_vocab))
+        pieces = []
+        for r in runs:
+            for a in range(0, len(r.tokens), max_rows):
+                toks = r.tokens[a:a + max_rows]
+                pieces.append(Run(r.seq, r.pos + a, toks, r.sample and a + len(toks) == len(r.tokens)))
+        groups: list[list[Run]] = [[]]
+        rows = samples = 0
+        for p in pieces:
+            if groups[-1] and (rows + len(p.tokens) > max_rows or samples + p.sample > max_samples):
+                groups.append([])
+                rows = samples = 0
+            groups[-1].append(p)
+            rows, samples = rows + len(p.tokens), samples + p.sample
+        return [g for g in groups if g]
+
+    async def _forward_group(self, runs: list[Run]) -> dict[int, np.ndarray]:
         hidden: list = [None] * len(runs)
         for st in self.stages:
             items = [[r.seq, r.pos, list(r.tokens) if st.first == 0 else None,
                       None if st.first == 0 else m.pack_array(h), r.sample] for r, h in zip(runs, hidden, strict=True)]
             reply = await self._ask(st, m.STAGE_FORWARD_REQ, {"id": 0, "items": items})
-            outs = reply.get("outs") or []
-            if len(outs) != len(runs):
-                raise StageLost(f"pipeline stage {st.addr} answered {len(outs)} items for {len(runs)}")
-            hidden = [None if o is None else m.unpack_array(o) for o in outs]
+            try:
+                outs = reply["outs"]
+                if len(outs) != len(runs):
+                    raise ValueError(f"{len(outs)} outputs for {len(runs)} items")
+                hidden = [None if o is None else m.unpack_array(o) for o in outs]
+                if st is not self.stages[-1] and any(h is None for h in hidden):
+                    raise ValueError("an item without activations")
+            except (KeyError, TypeError, ValueError, SuperfluidError) as e:
+                self._lose(st, f"pipeline stage {st.addr} answered a malformed forward "
+                               f"({getattr(e, 'message', None) or e})")
+                raise StageLost(st.lost or "") from None
         return {r.seq: h.reshape(-1) for r, h in zip(runs, hidden, strict=True) if r.sample and h is not None}
 
     # -- the Runtime contract ----------------------------------------------------------

@@ -136,8 +136,11 @@ class NodePool:
             t.cancel()
         self._bg = []
         if self._advert is not None:
-            await self._advert.close()
-            self._advert = None
+            advert, self._advert = self._advert, None
+            try:
+                await advert.close()
+            except Exception as e:  # the links and the local engine must still close
+                log.warning("mDNS withdrawal failed: %s", e)
         if self._server is not None:
             self._server.close()
         for n in self.nodes:

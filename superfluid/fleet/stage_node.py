@@ -12,6 +12,7 @@ sessions here (its worker starts over and re-prefills)."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from typing import Any
@@ -34,6 +35,9 @@ class StageServer(NodeServer):
         self._range: dict[_Head, tuple[int, int]] = {}
         self._queues: dict[_Head, asyncio.Queue] = {}
         self._workers: dict[_Head, asyncio.Task] = {}
+        self._serial: dict[_Head, int] = {}  # a head connection's namespace for its sessions (never reused)
+        self._serials = itertools.count(1)
+        self._loading: dict[tuple[int, int], asyncio.Future] = {}
         self._compute = asyncio.Lock()  # one forward at a time: they share the cores
         self.tokens_fed = 0  # tokens through this stage's layers, every head together
 
@@ -51,6 +55,7 @@ class StageServer(NodeServer):
         if kind in (m.STAGE_LOAD, m.STAGE_FORWARD_REQ, m.STAGE_COPY, m.STAGE_DROP):
             if head not in self._queues:
                 self._queues[head] = asyncio.Queue()
+                self._serial[head] = next(self._serials)
                 self._workers[head] = asyncio.create_task(self._serve_head(head))
             self._queues[head].put_nowait((kind, body))
         elif kind in (m.GENERATE_REQ, m.RECONCILE):
@@ -59,19 +64,26 @@ class StageServer(NodeServer):
             super()._on_message(head, kind, body)
 
     def head_gone(self, head: _Head) -> None:
-        task = self._workers.pop(head, None)
-        if task is not None:
-            task.cancel()
-        self._queues.pop(head, None)
-        rng = self._range.pop(head, None)
-        if rng is not None:
-            self._release(head, rng)
+        """The head's link ended: its task finishes what it is running, then lets go of the
+        head's sessions and layers (never mid-forward: the pass runs in a thread)."""
+        q = self._queues.get(head)
+        if q is not None:
+            q.put_nowait(None)
 
-    def _release(self, head: _Head, rng: tuple[int, int]) -> None:
+    def _release(self, head: _Head) -> None:
+        rng = self._range.pop(head, None)
+        serial = self._serial.pop(head, None)
+        self._queues.pop(head, None)
+        self._workers.pop(head, None)
+        if rng is not None:
+            self._leave(head, serial, rng)
+
+    def _leave(self, head: _Head, serial: int | None, rng: tuple[int, int]) -> None:
+        """The head's sessions on these layers go; the layers too when nobody else uses them."""
         model = self._models.get(rng)
         if model is None:
             return
-        for key in [k for k in list(model._kv) if isinstance(k, tuple) and k[0] == id(head)]:
+        for key in [k for k in model.session_keys() if isinstance(k, tuple) and k[0] == serial]:
             model.drop(key)
         users = self._users.get(rng, set())
         users.discard(head)
@@ -81,40 +93,67 @@ class StageServer(NodeServer):
             log.info("released layers [%d, %d)", *rng)
 
     async def _serve_head(self, head: _Head) -> None:
+        """One head's stage requests, answered in the order they came. Any failure of one
+        request is answered as an error (the head's worker fails the step); none ends the
+        task, so nothing waits forever."""
         q = self._queues[head]
-        while True:
-            kind, body = await q.get()
-            try:
-                reply = await self._handle(head, kind, body)
-            except (KeyError, TypeError, ValueError, AttributeError, ProtocolError) as e:
-                log.warning("stage request from %s refused: %s", head.link.peer, e)
-                reply = None  # copy and drop have no answer; a later forward of the lane fails instead
-                if kind in (m.STAGE_LOAD, m.STAGE_FORWARD_REQ):
-                    reply = (m.STAGE_FORWARD_RESP if kind == m.STAGE_FORWARD_REQ else m.STAGE_READY,
-                             {"id": body.get("id") if isinstance(body, dict) else None, "error": str(e)})
-            if reply is not None:
-                try:
-                    head.link.send(*reply)
-                except ConnectionError:
+        try:
+            while True:
+                item = await q.get()
+                if item is None:
                     return
+                kind, body = item
+                try:
+                    reply = await self._handle(head, kind, body)
+                except Exception as e:  # a bad request, a failed pass (bad ids, out of memory), a failed load
+                    if not isinstance(e, (KeyError, TypeError, ValueError, ProtocolError)):
+                        log.exception("stage request from %s failed", head.link.peer)
+                    else:
+                        log.warning("stage request from %s refused: %s", head.link.peer, e)
+                    reply = None  # copy and drop have no answer; a later forward of the lane fails instead
+                    if kind in (m.STAGE_LOAD, m.STAGE_FORWARD_REQ):
+                        reply = (m.STAGE_FORWARD_RESP if kind == m.STAGE_FORWARD_REQ else m.STAGE_READY,
+                                 {"id": body.get("id") if isinstance(body, dict) else None,
+                                  "error": f"{type(e).__name__}: {e}"})
+                if reply is not None:
+                    try:
+                        head.link.send(*reply)
+                    except ConnectionError:
+                        return
+                    except ProtocolError as e:  # e.g. a reply over the frame cap
+                        head.link.send(reply[0], {"id": reply[1].get("id"), "error": e.message})
+        finally:
+            self._release(head)
 
     async def _handle(self, head: _Head, kind: int, body: dict):
         if kind == m.STAGE_LOAD:
             return m.STAGE_READY, await self._load(head, int(body["first"]), int(body["last"]))
         model = self._models[self._range[head]]
+        ns = self._serial[head]
         if kind == m.STAGE_COPY:
-            model.copy((id(head), body["src"]), (id(head), body["dst"]), int(body["n"]))
+            n = body["n"]
+            if not isinstance(n, int) or n < 0:
+                raise ValueError(f"copy of {n!r} positions")
+            model.copy((ns, body["src"]), (ns, body["dst"]), n)
             return None
         if kind == m.STAGE_DROP:
             for s in body["sessions"]:
-                model.drop((id(head), s))
+                model.drop((ns, s))
             return None
         items, want = [], []
         for session, pos, tokens, hidden, w in body["items"]:
             if (not tokens) if model.is_first else (hidden is None):
                 raise ValueError("the first stage takes tokens, the others activations")
-            x = list(tokens) if model.is_first else m.unpack_array(hidden)
-            items.append(((id(head), session), int(pos), x))
+            x: Any
+            if model.is_first:
+                x = [int(t) for t in tokens]
+                if any(not 0 <= t < model.n_vocab for t in x):
+                    raise ValueError(f"a token id outside the vocabulary of {model.n_vocab}")
+            else:
+                x = m.unpack_array(hidden)
+                if x.shape[1] != model.hidden_size:
+                    raise ValueError(f"activations of width {x.shape[1]}; this model's is {model.hidden_size}")
+            items.append(((ns, session), int(pos), x))
             want.append(bool(w))
         async with self._compute:
             outs = await asyncio.to_thread(model.run, items, want)
@@ -125,23 +164,34 @@ class StageServer(NodeServer):
     async def _load(self, head: _Head, first: int, last: int) -> dict:
         if not 0 <= first < last <= self.n_layer:
             raise ValueError(f"layers [{first}, {last}) are not within the model's {self.n_layer}")
-        old = self._range.get(head)
-        if old is not None and old != (first, last):
-            self._release(head, old)
         rng = (first, last)
+        old = self._range.get(head)
+        if old is not None and old != rng:  # the head's layers change: its sessions there go
+            self._leave(head, self._serial.get(head), old)
         if rng not in self._models:
-            from ..runtime.stage import StageModel
-            t0 = time.monotonic()
-            async with self._compute:
-                self._models[rng] = await asyncio.to_thread(StageModel, self.source, first, last,
-                                                            threads=self.threads)
-            log.info("holding layers [%d, %d) of %d: %d parameters, loaded in %.1f s", first, last, self.n_layer,
-                     self._models[rng].n_params, time.monotonic() - t0)
+            task = self._loading.get(rng)
+            if task is None:  # one load per range, shared by heads, finished even if they leave
+                task = self._loading[rng] = asyncio.ensure_future(self._load_range(rng))
+            try:
+                await asyncio.shield(task)
+            finally:
+                if task.done():
+                    self._loading.pop(rng, None)
         self._range[head] = rng
         self._users.setdefault(rng, set()).add(head)
         model = self._models[rng]
         return {"first": first, "last": last, "n_params": model.n_params, "n_layer": self.n_layer,
-                "n_vocab": model.n_vocab, "n_ctx_train": int(getattr(model.config, "max_position_embeddings", 0) or 0)}
+                "n_vocab": model.n_vocab, "hidden": model.hidden_size,
+                "n_ctx_train": int(getattr(model.config, "max_position_embeddings", 0) or 0)}
+
+    async def _load_range(self, rng: tuple[int, int]) -> None:
+        from ..runtime.stage import StageModel
+        t0 = time.monotonic()
+        async with self._compute:
+            if rng not in self._models:
+                self._models[rng] = await asyncio.to_thread(StageModel, self.source, *rng, threads=self.threads)
+        log.info("holding layers [%d, %d) of %d: %d parameters, loaded in %.1f s", *rng, self.n_layer,
+                 self._models[rng].n_params, time.monotonic() - t0)
 
 
 def _layers(source: str) -> int:

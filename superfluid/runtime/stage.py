@@ -195,6 +195,9 @@ class StageModel:
     def sessions(self) -> int:
         return len(self._kv)
 
+    def session_keys(self) -> list[Hashable]:
+        return list(self._kv)
+
     def drop(self, session: Hashable) -> None:
         self._kv.pop(session, None)
 
@@ -212,7 +215,7 @@ class StageModel:
 
     def copy(self, src: Hashable, dst: Hashable, n: int) -> None:
         kv = self._kv.get(src)
-        if kv is None or kv.n < n:
+        if n < 0 or kv is None or kv.n < n:
             raise ValueError(f"session {src!r} holds {self.cached(src)} positions, not {n}")
         self._kv[dst] = kv.clone(n)
 

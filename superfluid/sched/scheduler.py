@@ -165,13 +165,20 @@ class Scheduler:
         job.status, job.finish = JobStatus.FINISHED, job.finish or reason
         return True
 
-    def reset(self) -> list[Job]:
+    def reset(self, *, requeue: bool = False) -> list[Job]:
         """The worker is gone with all its KV and in-flight steps: drop running jobs and
-        return them. Waiting jobs stay queued for the next worker."""
+        return them; or, with requeue, put them back at the front of their queues with what
+        they generated (as a preemption does: the next worker re-prefills them, and the
+        counter-based sampler draws what it would have). Waiting jobs stay queued."""
         lost = list(self.running.values())
-        for job in lost:
-            job.status, job.finish = JobStatus.FINISHED, FinishReason.ERROR
-            self.jobs.pop(job.id, None)
+        for job in sorted(lost, key=lambda j: j.admitted, reverse=True):
+            if requeue:
+                job.status, job.pending, job.seq = JobStatus.WAITING, 0, None
+                job.preemptions += 1
+                self.waiting.push_front(job, self._step)
+            else:
+                job.status, job.finish = JobStatus.FINISHED, FinishReason.ERROR
+                self.jobs.pop(job.id, None)
         self.running.clear()
         self._to_close.clear()
         self._inflight.clear()

@@ -43,10 +43,11 @@ def _load(args: argparse.Namespace):
                                    threads=args.threads, batch_tokens=args.batch_tokens)
     if args.runtime == "pipeline":  # a model split by layers over stage nodes (fleet/pipeline.py)
         from ..fleet.pipeline import PipelineRuntime
-        stages = [(h, int(p)) for h, _, p in (x.rpartition(":") for x in args.stages.split(",") if x)]
+        def addrs(s: str) -> list[tuple[str, int]]:
+            return [(h, int(p)) for h, _, p in (x.rpartition(":") for x in s.split(",") if x)]
         psk = os.environ.pop("SUPERFLUID_FLEET_PSK", None)
-        return PipelineRuntime(args.model, stages, bytes.fromhex(psk) if psk else None, lanes=args.lanes,
-                               n_ctx=args.ctx, split=args.split)
+        return PipelineRuntime(args.model, addrs(args.stages), bytes.fromhex(psk) if psk else None, lanes=args.lanes,
+                               n_ctx=args.ctx, split=args.split, spares=addrs(args.spares))
     raise SystemExit(f"unknown runtime {args.runtime}")
 
 
@@ -105,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-tokens", type=int, default=256)
     p.add_argument("--stages", default="", help="pipeline runtime: the stage nodes, HOST:PORT,...")
     p.add_argument("--split", default="even", help="pipeline runtime: layers split evenly or by memory")
+    p.add_argument("--spares", default="", help="pipeline runtime: stage nodes that stand in for unreachable ones")
     args = p.parse_args(argv)
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the daemon decides when we stop

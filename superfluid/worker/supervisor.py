@@ -32,6 +32,7 @@ class WorkerSpec:
     runtime: str = "llamacpp"
     load_timeout_s: float = 300.0
     stages: tuple = ()  # the pipeline runtime's stage nodes, (host, port)
+    spares: tuple = ()  # stage nodes that stand in for unreachable ones
     stage_psk: bytes | None = None  # their fleet token's PSK (passed in the environment, not argv)
     split: str = "even"  # how the stages share the layers: even or memory
 
@@ -63,7 +64,8 @@ class WorkerProcess:
                "--batch-tokens", str(s.batch_tokens)]
         env = os.environ.copy()
         if s.stages:
-            cmd += ["--stages", ",".join(f"{h}:{p}" for h, p in s.stages), "--split", s.split]
+            cmd += ["--stages", ",".join(f"{h}:{p}" for h, p in s.stages), "--split", s.split,
+                    "--spares", ",".join(f"{h}:{p}" for h, p in s.spares)]
             if s.stage_psk:
                 env["SUPERFLUID_FLEET_PSK"] = s.stage_psk.hex()
         self.proc = subprocess.Popen(cmd, pass_fds=[child.fileno()], stdin=subprocess.DEVNULL, env=env)

@@ -2,7 +2,8 @@
 (`serve --pipeline`), driven with the openai client: greedy output equals plain
 `model.generate` on one machine; each stage holds only its layers; a decoded token is fed
 once per stage whatever the context; a stage killed mid-stream is a typed error and the
-daemon serves again once the stage is back."""
+daemon serves again once the stage is back; with a spare stage, a stream whose stage dies
+goes on (re-prefilled on the spare) and gives the uninterrupted tokens."""
 
 from __future__ import annotations
 
@@ -48,10 +49,10 @@ def oc(d: Daemon) -> openai.OpenAI:
     return openai.OpenAI(base_url=d.url + "/v1", api_key="x", max_retries=0, timeout=120)
 
 
-def expected(question: str) -> str:
+def expected(question: str, n: int = N) -> str:
     from superfluid.codec.tokenizer import Tokenizer
 
-    toks = hf.generate(hf.chat_prompt(question), N)
+    toks = hf.generate(hf.chat_prompt(question), n)
     return Tokenizer(hf.gguf()).decode([t for t in toks if t not in hf.EOG])
 
 
@@ -68,6 +69,42 @@ def stage_status(node: Node) -> dict:
         link.close()
         return ack["status"]
     return asyncio.run(hello())
+
+
+def test_bad_stage_requests_are_answered_with_errors_and_the_stage_keeps_serving(stages):
+    async def talk() -> list[dict]:
+        link = await Link.dial("127.0.0.1", stages[0].port, None)
+        link.send(m.HELLO, {"versions": [m.VERSION], "head": "fuzz"})
+        assert (await link.recv())[0] == m.HELLO_ACK
+
+        async def ask(kind, body, want):
+            link.send(kind, body)
+            while True:
+                k, b = await asyncio.wait_for(link.recv(), 120)
+                if k == want:
+                    return b
+        import numpy as np
+        answers = [
+            await ask(m.STAGE_FORWARD_REQ, {"id": 1, "items": [["s", 0, [1, 2], None, True]]}, m.STAGE_FORWARD_RESP),
+            await ask(m.STAGE_LOAD, {"first": 5, "last": 2}, m.STAGE_READY),
+            await ask(m.STAGE_LOAD, {"first": "x"}, m.STAGE_READY),
+            await ask(m.STAGE_LOAD, {"first": 0, "last": 15}, m.STAGE_READY),
+            await ask(m.STAGE_FORWARD_REQ, {"id": 2, "items": [["s", 0, [10 ** 6], None, True]]}, m.STAGE_FORWARD_RESP),
+            await ask(m.STAGE_FORWARD_REQ, {"id": 3, "items": [["s", 5, [1], None, True]]}, m.STAGE_FORWARD_RESP),
+            await ask(m.STAGE_FORWARD_REQ, {"id": 4, "items": "junk"}, m.STAGE_FORWARD_RESP),
+        ]
+        link.send(m.STAGE_COPY, {"src": "s", "dst": "t", "n": -1})  # no answer; must not break the session
+        answers.append(await ask(m.STAGE_FORWARD_REQ, {"id": 5, "items": [["s", 0, [1, 2, 3], None, True]]},
+                                 m.STAGE_FORWARD_RESP))
+        link.close()
+        return answers, np
+    answers, np = asyncio.run(talk())
+    assert all(a.get("error") for a in answers[:3]) and not answers[3].get("error")
+    assert answers[3]["first"] == 0 and answers[3]["last"] == 15
+    assert all(a.get("error") for a in answers[4:7]), answers[4:7]
+    (out,) = answers[7]["outs"]
+    assert m.unpack_array(out).shape == (3, 576)  # activations for the next stage
+    assert stages[0].proc.poll() is None
 
 
 @pytest.mark.parametrize("k", [2, 3])
@@ -143,3 +180,31 @@ def test_a_stage_killed_mid_stream_is_a_typed_error_and_the_daemon_serves_again(
         assert ask(d, "Name a color.").choices[0].message.content == expected("Name a color.")
     finally:
         d.stop()
+
+
+def test_a_spare_takes_the_place_of_a_lost_stage_and_the_stream_goes_on(stages):
+    spare = Node("--stage", home=str(hf.HOME))
+    d = Daemon("--pipeline", f"127.0.0.1:{stages[0].port},127.0.0.1:{stages[2].port}",
+               "--pipeline-spares", f"127.0.0.1:{spare.port}", "--sessions-cache", max_context=1024, max_batch=4)
+    q = "Write one sentence about the sea."
+    try:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": q}], "max_tokens": 40, "temperature": 0,
+                "stream": True}
+        text, errors = "", []
+        with httpx.stream("POST", d.url + "/v1/chat/completions", json=body, timeout=120) as r:
+            for ln in r.iter_lines():
+                if not ln.startswith("data: {"):
+                    continue
+                ev = json.loads(ln[6:])
+                if "error" in ev:
+                    errors.append(ev)
+                    continue
+                text += ev["choices"][0]["delta"].get("content") or "" if ev["choices"] else ""
+                if len(text) > 10 and stages[2].proc.poll() is None:
+                    stages[2].proc.send_signal(signal.SIGKILL)  # the last stage dies mid-stream
+        assert errors == []
+        assert text == expected(q, 40)  # re-prefilled on the spare: the uninterrupted greedy text
+        assert "holding layers [15, 30)" in spare.log()
+    finally:
+        d.stop()
+        spare.stop()

@@ -285,6 +285,25 @@ def test_reset_returns_running_jobs_and_keeps_waiting_ones():
     assert [o.seq for o in plan.opens] == [0] and s.running[0] is b
 
 
+def test_reset_with_requeue_resumes_running_jobs_from_what_they_generated():
+    s = sched(lanes=2)
+    a, b, c = job("a"), job("b"), job("c")
+    s.add(a)
+    s.add(b)
+    step(s, default=7)  # both prefill and sample 7
+    step(s, default=8)  # both decode and sample 8
+    s.add(c)  # waiting: no lane
+    assert sorted(j.id for j in s.reset(requeue=True)) == ["a", "b"]
+    assert a.status == JobStatus.WAITING and b.status == JobStatus.WAITING and not s.running
+    assert "a" in s.jobs and "b" in s.jobs
+    plan = s.schedule()
+    assert sorted(j.id for j in s.running.values()) == ["a", "b"]  # back at the front: ahead of c
+    assert plan.closes == ()
+    assert {o.seq: o.history for o in plan.opens} == {0: (7, 8), 1: (7, 8)}
+    assert sorted((r.pos, r.tokens[-2:]) for r in plan.runs) == [(0, (7, 8)), (0, (7, 8))]
+    assert a.output == [7, 8] and b.output == [7, 8]  # nothing generated is lost or repeated
+
+
 def test_reset_forgets_pending_closes():
     s = sched(lanes=1)
     s.add(job("a"))
