@@ -131,6 +131,10 @@ class Engine:
         self.last_used = time.monotonic()
         st = _Stream(req, TextStream(self.tokenizer.pieces, self.tokenizer.eog, req.stop),
                      channels=Channels(req.channels) if req.channels is not None else None)
+        for t in req.history:  # a continued turn (a restart, a failover): pick the text up where it was
+            text = st.text.push(t)  # a held partial character or stop string, a tool call being written
+            if st.channels is not None:
+                st.channels.feed(text)
         self._streams[req.id] = st
         self.sched.add(Job(req.id, list(req.prompt), req.sampling, req.max_tokens, req.qos, prior=tuple(req.history)))
         if self._gave_up:  # a new request is the cue to try the worker again

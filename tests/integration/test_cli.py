@@ -48,19 +48,20 @@ def test_signal_stops_daemon_and_worker(sig):
     assert not pid_alive(worker)
 
 
-def test_serve_a_gguf_path_with_http_flag():
+def test_serve_a_gguf_path_with_http_flag(tmp_path):
     from superfluid.runtime.registry import embedded_model
     import httpx
-    path = embedded_model().path
+    path = tmp_path / "my-model.Q4_1.gguf"  # a GGUF's id is its file name; the embedded file keeps its own
+    path.symlink_to(embedded_model().path)
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "superfluid.cli", "serve", path, "--http", f"127.0.0.1:{port}",
+    proc = subprocess.Popen([sys.executable, "-m", "superfluid.cli", "serve", str(path), "--http", f"127.0.0.1:{port}",
                              "--max-batch", "2", "--max-context", "512", "--threads", "1"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         banner = proc.stdout.readline()
-        assert f"http://127.0.0.1:{port}" in banner and "SmolLM2-135M-Instruct.Q4_1" in banner
+        assert f"http://127.0.0.1:{port}" in banner and "my-model.Q4_1" in banner
         models = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=30).json()
-        assert models["data"][0]["id"] == "SmolLM2-135M-Instruct.Q4_1"
+        assert models["data"][0]["id"] == "my-model.Q4_1"
         assert models["data"][0]["meta"]["n_ctx"] == 512
     finally:
         proc.send_signal(signal.SIGTERM)

@@ -71,3 +71,23 @@ def test_finish_turns_a_dangling_partial_char_into_a_replacement():
     ts = TextStream(PIECES, EOG)
     assert push_all(ts, [1, 3]) == ["Hel", ""]
     assert ts.finish() == "\ufffd"
+
+
+def test_a_continued_stream_primed_with_its_history_completes_a_split_char_and_a_stop():
+    """What a failover or a restart does: a new detokenizer fed the turn's tokens so far
+    (their text was already sent, its output is discarded) gives exactly the rest."""
+    whole = TextStream(PIECES, EOG)
+    ref = "".join(push_all(whole, [1, 2, 5, 6, 7, 8, 9, 10])) + whole.finish()
+    for cut in range(1, 8):
+        toks = [1, 2, 5, 6, 7, 8, 9, 10]
+        first = TextStream(PIECES, EOG)
+        seen = "".join(push_all(first, toks[:cut]))  # the old node dies here: held bytes never sent
+        second = TextStream(PIECES, EOG)
+        push_all(second, toks[:cut])  # primed
+        rest = "".join(push_all(second, toks[cut:])) + second.finish()
+        assert seen + rest == ref, cut
+    first = TextStream(PIECES, EOG, ("world",))
+    assert "".join(push_all(first, [1, 2, 9])) == "Hello "  # "wor" is held: maybe a stop
+    second = TextStream(PIECES, EOG, ("world",))
+    push_all(second, [1, 2, 9])
+    assert second.push(10) == "" and second.stopped_by == "world"

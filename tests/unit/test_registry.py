@@ -3,7 +3,7 @@
 import pytest
 
 from superfluid.errors import ModelLoadError
-from superfluid.runtime.registry import ModelSource, fit_context, resolve
+from superfluid.runtime.registry import ModelSource, default_runtime, fit_context, resolve
 
 GiB = 1 << 30
 
@@ -82,3 +82,23 @@ def test_resolve_gguf_file_gives_path_and_id(tmp_path):
     p = tmp_path / "tiny-model.gguf"
     p.write_bytes(b"GGUF\x03\x00\x00\x00")
     assert resolve(str(p)) == ModelSource(str(p.resolve()), "tiny-model")
+
+
+def test_resolve_a_folder_needs_a_hugging_face_model(tmp_path):
+    with pytest.raises(ModelLoadError, match="not a Hugging Face model"):
+        resolve(str(tmp_path))
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with pytest.raises(ModelLoadError, match="tokenizer.json"):
+        resolve(str(tmp_path))
+    (tmp_path / "tokenizer.json").write_text("{}")
+    src = resolve(str(tmp_path))
+    assert src.id == tmp_path.name and default_runtime(src.path) == "transformers"
+
+
+def test_the_embedded_file_named_by_its_path_keeps_its_id(tmp_path):
+    from superfluid.runtime.registry import embedded_model
+    assert resolve(embedded_model().path).id == "SmolLM2-135M-Instruct"
+    other = tmp_path / "other.gguf"
+    other.symlink_to(embedded_model().path)
+    assert resolve(str(other)).id == "other" and default_runtime(str(other)) == "llamacpp"
