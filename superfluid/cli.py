@@ -25,8 +25,8 @@ def _positive(s: str) -> int:
 
 def _hostport(s: str) -> tuple[str, int]:
     host, sep, port = s.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise argparse.ArgumentTypeError("expected HOST:PORT with a port from 1 to 65535")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise argparse.ArgumentTypeError("expected HOST:PORT with a port up to 65535")
     return host.strip("[]") or DEFAULT_HOST, int(port)
 
 
