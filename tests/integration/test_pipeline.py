@@ -13,7 +13,9 @@ import json
 import re
 import signal
 
+import anthropic
 import httpx
+import ollama
 import openai
 import pytest
 
@@ -120,6 +122,14 @@ def test_a_pipeline_gives_the_tokens_of_one_model(stages, k):
             expected("Write one sentence about the sea.")
         desc = next(iter(d.health()["models"].values()))
         assert desc["ready"]
+        if k == 2:  # every API runs on the pipeline as on one machine
+            q = "Name a color."
+            am = anthropic.Anthropic(base_url=d.url, api_key="x", max_retries=0).messages.create(
+                model=MODEL, max_tokens=N, extra_body={"temperature": 0}, messages=[{"role": "user", "content": q}])
+            assert am.content[0].text == expected(q)
+            om = ollama.Client(host=d.url).chat(model=MODEL, messages=[{"role": "user", "content": q}],
+                                                 options={"temperature": 0, "num_predict": N})
+            assert om.message.content == expected(q)
     finally:
         d.stop()
     # each stage held only its layers: contiguous ranges over all 30; the middle ones carry no
