@@ -195,10 +195,15 @@ class StageServer(NodeServer):
 
 
 def _layers(source: str) -> int:
+    """The model's layer count, from a Hugging Face folder's config or the GGUF's metadata
+    (a stage reads the GGUF in place: it is never converted whole)."""
     import json
+    from pathlib import Path
 
-    from ..runtime.hf_convert import hf_dir
-    return int(json.loads((hf_dir(source) / "config.json").read_text())["num_hidden_layers"])
+    from ..runtime.hf_convert import GgufWeights, is_hf_dir
+    if is_hf_dir(source):
+        return int(json.loads((Path(source) / "config.json").read_text())["num_hidden_layers"])
+    return int(GgufWeights(source).config["num_hidden_layers"])
 
 
 def _memory() -> int:

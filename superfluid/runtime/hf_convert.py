@@ -164,32 +164,53 @@ def hf_name(gguf_name: str) -> str:
     raise ModelLoadError(f"unexpected tensor {gguf_name!r} in the GGUF")
 
 
-def convert(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, *, key: str | None = None) -> None:
-    """Write config.json, generation_config.json and model.safetensors (float32) for the GGUF."""
-    import gguf
-    from gguf.quants import dequantize
-    from safetensors.numpy import save_file
+class GgufWeights:
+    """A GGUF read in place (memory-mapped) as Hugging Face tensors: its config, its tensor
+    names, and one tensor at a time dequantized to float32 on demand. A pipeline stage loads
+    only its layers this way, never the whole model in float32."""
 
-    reader = gguf.GGUFReader(str(gguf_path))
-    names = {t.name for t in reader.tensors}
-    cfg = _config(reader, tied="output.weight" not in names)
-    n_head, n_kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    tensors: dict[str, np.ndarray] = {}
-    for t in reader.tensors:
+    def __init__(self, gguf_path: str | os.PathLike):
+        import gguf
+
+        self.path = str(gguf_path)
+        self._reader = gguf.GGUFReader(self.path)
+        self._tensors = {hf_name(t.name): t for t in self._reader.tensors}
+        self.config = _config(self._reader, tied="lm_head.weight" not in self._tensors)
+
+    def names(self) -> set[str]:
+        return set(self._tensors)
+
+    def get(self, name: str) -> np.ndarray:
+        from gguf.quants import dequantize
+
+        t = self._tensors[name]
         w = np.ascontiguousarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
         w = w.reshape([int(d) for d in reversed(t.shape)])  # GGUF lists ne0 (the row length) first
         if t.name.endswith(".attn_q.weight"):
-            w = unpermute(w, n_head)
+            w = unpermute(w, self.config["num_attention_heads"])
         elif t.name.endswith(".attn_k.weight"):
-            w = unpermute(w, n_kv)
-        tensors[hf_name(t.name)] = np.ascontiguousarray(w)
+            w = unpermute(w, self.config["num_key_value_heads"])
+        w = np.ascontiguousarray(w)
+        return w if w.flags.writeable else w.copy()  # float32 tensors come straight from the read-only map
+
+    def chat_template(self) -> str | None:
+        return _field(self._reader, "tokenizer.chat_template")
+
+
+def convert(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, *, key: str | None = None) -> None:
+    """Write config.json, generation_config.json and model.safetensors (float32) for the GGUF."""
+    from safetensors.numpy import save_file
+
+    src = GgufWeights(gguf_path)
+    cfg = src.config
+    tensors = {name: src.get(name) for name in src.names()}
     out = Path(out_dir)
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     gen = {"bos_token_id": cfg["bos_token_id"], "eos_token_id": cfg["eos_token_id"],
            "pad_token_id": cfg["pad_token_id"]}
     (out / "generation_config.json").write_text(json.dumps(gen, indent=2))
-    chat_template = _field(reader, "tokenizer.chat_template")
+    chat_template = src.chat_template()
     if chat_template:
         (out / "chat_template.jinja").write_text(chat_template)
     (out / MARKER).write_text(json.dumps({"version": VERSION, "source": str(Path(gguf_path).resolve()),

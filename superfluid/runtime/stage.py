@@ -3,7 +3,9 @@
 A `StageModel` holds decoder layers [first, last) of a Hugging Face causal LM, plus the token
 embedding when first == 0 and the final norm and output head when last == n_layer. The other
 layers are never allocated: the model skeleton is built on the meta device, only the held
-modules are materialized, and only their tensors are read from the safetensors files.
+modules are materialized, and only their tensors are read: from the safetensors files of a
+Hugging Face folder, or from a GGUF in place (memory-mapped), dequantized one tensor at a time,
+so a stage never holds the whole model in float32, in memory or on disk.
 
 Each session keeps its K/V for these layers in growable per-session buffers, so a decoded
 token costs one pass of one token through the layers, whatever the context length. One
@@ -23,7 +25,7 @@ import numpy as np
 import torch
 
 from ..errors import ModelLoadError
-from .hf_convert import hf_dir
+from .hf_convert import GgufWeights, is_hf_dir
 
 # (session, position of the first row, tokens on the first stage or hidden states [n, hidden])
 Item = tuple[Hashable, int, "Sequence[int] | np.ndarray"]
@@ -112,8 +114,12 @@ class StageModel:
         from transformers import AutoConfig, AutoModelForCausalLM
 
         torch.set_num_threads(threads)
-        folder = hf_dir(source)
-        self.config = config = AutoConfig.from_pretrained(str(folder))
+        gguf = None if is_hf_dir(source) else GgufWeights(source)  # a GGUF: read in place, only our layers
+        if gguf is not None:
+            cfg = {k: v for k, v in gguf.config.items() if k not in ("model_type", "architectures")}
+            self.config = config = AutoConfig.for_model("llama", **cfg)
+        else:
+            self.config = config = AutoConfig.from_pretrained(str(source))
         self.n_layer = int(config.num_hidden_layers)
         if not 0 <= first < last <= self.n_layer:
             raise ValueError(f"bad layer range [{first}, {last}) for {self.n_layer} layers")
@@ -132,7 +138,7 @@ class StageModel:
         self.norm = body.norm if self.is_last else None
         self.lm_head = skeleton.lm_head if self.is_last else None
         self.rotary = type(body.rotary_emb)(config=config)  # its inv_freq buffer, computed on the CPU
-        self._load(folder, skeleton)
+        self._load(Path(source), skeleton, gguf)
         del skeleton, body
         n_head = int(config.num_attention_heads)
         self.kv_heads = int(getattr(config, "num_key_value_heads", None) or n_head)
@@ -143,7 +149,7 @@ class StageModel:
         self.tokens_fed = 0  # tokens passed through the layers (padding excluded): KV reuse is visible here
         self.passes = 0  # batched passes through the layers
 
-    def _load(self, folder: Path, skeleton: torch.nn.Module) -> None:
+    def _load(self, folder: Path, skeleton: torch.nn.Module, gguf: GgufWeights | None) -> None:
         from safetensors import safe_open
 
         held: dict[str, torch.nn.Module] = {f"model.layers.{self.first + i}": m for i, m in enumerate(self.layers)}
@@ -153,7 +159,7 @@ class StageModel:
             held["model.norm"] = self.norm
         if self.lm_head is not None:
             held["lm_head"] = self.lm_head
-        files = _weight_files(folder)
+        files: dict[str, Path] = {n: folder for n in gguf.names()} if gguf is not None else _weight_files(folder)
         tied = self.lm_head is not None and "lm_head.weight" not in files
         if tied and self.embed is not None:
             held.pop("lm_head")
@@ -174,7 +180,10 @@ class StageModel:
             by_file.setdefault(files[k], []).append(k)
         params = {f"{p}.{n}": t for p, m in held.items() for n, t in m.named_parameters()}
         with torch.no_grad():
-            for f, keys in by_file.items():
+            if gguf is not None:
+                for k in wanted:  # dequantized one tensor at a time
+                    params[wanted[k]].copy_(torch.from_numpy(gguf.get(k)))
+            for f, keys in by_file.items() if gguf is None else ():
                 with safe_open(str(f), framework="pt") as sf:
                     for k in keys:
                         params[wanted[k]].copy_(sf.get_tensor(k))

@@ -131,3 +131,19 @@ def test_middle_stage_takes_hidden_states():
     a = mid.forward([StageInput("s", 0, hidden=h[:3])])[0]
     b = mid.forward([StageInput("s", 3, hidden=h[3:])])[0]
     np.testing.assert_allclose(np.concatenate([a, b]), out[0], rtol=1e-4, atol=1e-4)
+
+
+def test_a_stage_reads_only_its_layers_from_the_gguf_in_place():
+    """A stage built straight from the GGUF (no float32 copy of the whole model) holds the
+    same weights and computes the same activations as one built from the converted folder."""
+    import torch
+
+    from superfluid.runtime.stage import StageInput, StageModel
+
+    a, b = StageModel(hf.gguf(), 10, 20), StageModel(hf.folder(), 10, 20)
+    pa, pb = dict(a.layers.named_parameters()), dict(b.layers.named_parameters())
+    assert pa.keys() == pb.keys() and a.n_params == b.n_params and a.embed is None and a.lm_head is None
+    assert all(torch.equal(pa[k], pb[k]) for k in pa)
+    h = np.random.default_rng(0).standard_normal((5, a.hidden_size)).astype(np.float32)
+    (x,), (y,) = a.forward([StageInput("s", 0, hidden=h)]), b.forward([StageInput("s", 0, hidden=h)])
+    assert np.array_equal(x, y)
