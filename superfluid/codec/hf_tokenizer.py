@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from ..errors import ModelLoadError
-from .tokenizer import ModelShape
+from .tokenizer import ModelShape, Vocab
 
 
 def _byte_decoder() -> dict[str, int]:
@@ -37,7 +37,16 @@ def _json(path: Path) -> dict:
         return {}
 
 
-class HfTokenizer:
+def eos_ids(folder: str | Path) -> set[int]:
+    """End-of-generation ids a Hugging Face folder declares (generation_config, config)."""
+    ids: set[int] = set()
+    for name in ("generation_config.json", "config.json"):
+        eos = _json(Path(folder) / name).get("eos_token_id")
+        ids.update([eos] if isinstance(eos, int) else (eos or []))
+    return ids
+
+
+class HfTokenizer(Vocab):
     def __init__(self, folder: str):
         from tokenizers import Tokenizer as _Tok
 
@@ -47,7 +56,6 @@ class HfTokenizer:
         except Exception as e:  # tokenizers raises its own exception types
             raise ModelLoadError(f"{folder} has no readable tokenizer.json ({e})") from None
         cfg, tcfg = _json(d / "config.json"), _json(d / "tokenizer_config.json")
-        gen = _json(d / "generation_config.json")
         self.n_vocab = max(int(cfg.get("vocab_size") or 0), self._tok.get_vocab_size(with_added_tokens=True))
         specials = {int(k): v["content"] for k, v in (tcfg.get("added_tokens_decoder") or {}).items()
                     if v.get("special")}
@@ -71,11 +79,7 @@ class HfTokenizer:
         self.bos = token_id(tcfg.get("bos_token", cfg.get("bos_token_id")))
         self.eos = token_id(tcfg.get("eos_token", cfg.get("eos_token_id")))
         self.add_bos = bool(tcfg.get("add_bos_token", False))
-        eog: set[int] = {self.eos} if self.eos >= 0 else set()
-        for src in (cfg, gen):
-            ids = src.get("eos_token_id")
-            eog.update([ids] if isinstance(ids, int) else (ids or []))
-        self.eog = frozenset(eog)
+        self.eog = frozenset(eos_ids(d) | ({self.eos} if self.eos >= 0 else set()))
         template = tcfg.get("chat_template")
         if not template and (d / "chat_template.jinja").exists():
             template = (d / "chat_template.jinja").read_text()
@@ -113,19 +117,6 @@ class HfTokenizer:
     def encode(self, text: str, *, add_special: bool = False, parse_special: bool = False) -> list[int]:
         self._tok.encode_special_tokens = not parse_special
         return list(self._tok.encode(text, add_special_tokens=add_special).ids)
-
-    def encode_prompt(self, text: str) -> list[int]:
-        """A whole prompt: special tokens parsed, BOS added when the model wants one."""
-        toks = self.encode(text, parse_special=True)
-        if self.add_bos and self.bos >= 0 and (not toks or toks[0] != self.bos):
-            toks.insert(0, self.bos)
-        return toks
-
-    def decode(self, tokens: list[int]) -> str:
-        return b"".join(self.pieces[t] for t in tokens if 0 <= t < self.n_vocab).decode("utf-8", errors="replace")
-
-    def valid(self, token: int) -> bool:
-        return 0 <= token < self.n_vocab
 
 
 _BYTES = _byte_decoder()

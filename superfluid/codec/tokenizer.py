@@ -37,7 +37,34 @@ class ModelShape:
         return 2 * self.n_layer * self.n_head_kv * head_dim * 2  # K and V, f16
 
 
-class Tokenizer:
+class Vocab:
+    """What every tokenizer the daemon uses shares: every token's bytes (`pieces`, so
+    detokenizing is a list lookup) and the prompt conventions. Subclasses set n_vocab, bos,
+    add_bos, pieces and implement `encode`."""
+    n_vocab: int
+    bos: int
+    add_bos: bool
+    pieces: list[bytes]
+
+    def encode(self, text: str, *, add_special: bool = False, parse_special: bool = False) -> list[int]:
+        raise NotImplementedError
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """A whole prompt: special tokens parsed, BOS added when the model wants one."""
+        toks = self.encode(text, parse_special=True)
+        if self.add_bos and self.bos >= 0 and (not toks or toks[0] != self.bos):
+            toks.insert(0, self.bos)
+        return toks
+
+    def decode(self, tokens: list[int]) -> str:
+        return b"".join(self.pieces[t] for t in tokens if 0 <= t < self.n_vocab).decode(
+            "utf-8", errors="replace")
+
+    def valid(self, token: int) -> bool:
+        return 0 <= token < self.n_vocab
+
+
+class Tokenizer(Vocab):
     def __init__(self, path: str):
         quiet_llama_logs()
         ll.llama_backend_init()
@@ -101,16 +128,3 @@ class Tokenizer:
             n = ll.llama_tokenize(self._vocab, data, len(data), arr, cap, add_special, parse_special)
         return list(arr[:n])
 
-    def encode_prompt(self, text: str) -> list[int]:
-        """A whole prompt: special tokens parsed, BOS added when the model wants one."""
-        toks = self.encode(text, parse_special=True)
-        if self.add_bos and self.bos >= 0 and (not toks or toks[0] != self.bos):
-            toks.insert(0, self.bos)
-        return toks
-
-    def decode(self, tokens: list[int]) -> str:
-        return b"".join(self.pieces[t] for t in tokens if 0 <= t < self.n_vocab).decode(
-            "utf-8", errors="replace")
-
-    def valid(self, token: int) -> bool:
-        return 0 <= token < self.n_vocab

@@ -107,9 +107,8 @@ class PipelineRuntime(Runtime):
         link = None
         try:
             link = await Link.dial(host, port, psk)
-            link.send(m.HELLO, {"versions": [m.VERSION], "head": self.instance})
-            kind, ack = await asyncio.wait_for(link.recv(), 10.0)
-            if kind != m.HELLO_ACK or not isinstance(ack.get("stage"), dict):
+            ack = await link.hello(self.instance)
+            if not isinstance(ack.get("stage"), dict):
                 raise StageLost(f"{addr} is not a pipeline stage (start it with `superfluid node serve --stage`)")
         except (OSError, TimeoutError, OverflowError, SuperfluidError) as e:
             if link is not None:

@@ -174,19 +174,12 @@ class NodePool:
                     log.warning("node %s silent for %.1f s: treating it as gone", n.addr, now - n.last_heard)
                     n.link.close()
 
-    async def _hello(self, link: Link) -> dict:
-        link.send(m.HELLO, {"versions": [m.VERSION], "head": self.instance})
-        kind, ack = await asyncio.wait_for(link.recv(), 10.0)
-        if kind != m.HELLO_ACK:
-            raise ConnectionError(f"expected HELLO_ACK, got message {kind}")
-        return ack
-
     async def _run_node(self, n: NodeConn) -> None:
         backoff = 0.1
         while True:
             try:
                 link = await Link.dial(n.host, n.port, self.psk)
-                ack = await self._hello(link)
+                ack = await link.hello(self.instance)
             except AuthFailed as e:
                 self._refused(n, e.message)
                 await asyncio.sleep(min(backoff, 5.0))
@@ -211,7 +204,7 @@ class NodePool:
         peer = writer.get_extra_info("peername")
         try:
             link = await Link.accept(reader, writer, self.psk, initiator=True)
-            ack = await self._hello(link)
+            ack = await link.hello(self.instance)
         except AuthFailed as e:
             log.error("a node at %s refused the fleet token: %s", peer, e.message)
             writer.close()

@@ -10,7 +10,7 @@ import contextlib
 
 from ..errors import ProtocolError
 from ..link.frame import Frame, FrameDecoder
-from ..link.messages import KNOWN, OPTIONAL_BIT, VERSION, pack, unpack
+from ..link.messages import HELLO, HELLO_ACK, KNOWN, OPTIONAL_BIT, VERSION, pack, unpack
 from ..link.noise import SecureChannel
 
 HANDSHAKE_TIMEOUT = 5.0
@@ -63,6 +63,15 @@ class Link:
             if plain:
                 self._frames += self.decoder.feed(plain)
         await self.writer.drain()
+
+    async def hello(self, instance: str, timeout: float = 10.0) -> dict:
+        """The head's greeting (whichever side dialed): HELLO with our versions and the head
+        process's instance id; the node's HELLO_ACK."""
+        self.send(HELLO, {"versions": [VERSION], "head": instance})
+        kind, ack = await asyncio.wait_for(self.recv(), timeout)
+        if kind != HELLO_ACK:
+            raise ConnectionError(f"expected HELLO_ACK, got message {kind}")
+        return ack
 
     def send(self, msg_type: int, body: dict) -> None:
         if self.closed:

@@ -11,7 +11,6 @@ with its GGUF vocabulary."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -50,14 +49,8 @@ class TransformersRuntime(Runtime):
         if self.gguf:
             self._vocab_model = GgufVocab(self.source)
             return self._vocab_model.eog
-        ids: set[int] = set()
-        for name in ("generation_config.json", "config.json"):
-            try:
-                eos = json.loads((Path(self.folder) / name).read_text()).get("eos_token_id")
-            except (OSError, ValueError):
-                continue
-            ids.update([eos] if isinstance(eos, int) else (eos or []))
-        return np.array(sorted(ids), dtype=np.int64)
+        from ..codec.hf_tokenizer import eos_ids
+        return np.array(sorted(eos_ids(self.folder)), dtype=np.int64)
 
     def grammar_tokenizer(self):
         if self._vocab_model is not None:
