@@ -24,6 +24,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from superfluid.codec.template import ChatTemplate  # noqa: E402
 from superfluid.codec.tokenizer import Tokenizer, quiet_llama_logs  # noqa: E402
+from superfluid.runtime.llamacpp import model_params  # noqa: E402
 from superfluid.runtime.registry import resolve  # noqa: E402
 from tests.integration.daemon import Daemon  # noqa: E402
 
@@ -49,7 +50,7 @@ class RawLoop:
     def __init__(self, path: str, lanes: int, n_ctx: int, threads: int, batch: int):
         quiet_llama_logs()
         ll.llama_backend_init()
-        self.model = ll.llama_model_load_from_file(path.encode(), ll.llama_model_default_params())
+        self.model = ll.llama_model_load_from_file(path.encode(), model_params())
         cp = ll.llama_context_default_params()
         cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = lanes * n_ctx, batch, min(batch, 512), lanes
         cp.n_threads = cp.n_threads_batch = threads

@@ -41,6 +41,8 @@ class EngineConfig:
     stage_spares: tuple = ()  # pipeline: stage nodes that take the place of a lost one
     stage_psk: bytes | None = None  # pipeline: the fleet token's PSK for the stage links
     stage_split: str = "even"  # pipeline: layers split evenly or by the memory each stage reports
+    pooling: str | None = None  # embeddings on llama.cpp: mean, cls or last (None: the GGUF's, else mean)
+    matryoshka: bool = False  # embeddings may be cut to `dimensions` (a model trained for it)
 
     @property
     def slots(self) -> int:

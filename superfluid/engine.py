@@ -22,10 +22,13 @@ from .codec.template import ChatTemplate
 from .codec.tokenizer import Tokenizer
 from .codec.tools import detect as detect_tool_format
 from .config import EngineConfig
-from .errors import BadRequest, ContextLengthExceeded, SuperfluidError, WorkerCrashed, WorkerUnavailable
+from .embedding import Embedder
+from .errors import (BadRequest, ContextLengthExceeded, EmbeddingUnsupported, SuperfluidError, WorkerCrashed,
+                     WorkerUnavailable)
 from .plan import StepPlan
 from .request import Chunk, FinishReason, GenRequest, Qos, TokenLogprob
 from .runtime.base import ModelInfo
+from .sched.embeds import EmbedEvent
 from .sched.scheduler import Job, Scheduler, TokenEvent
 from .delivery import Deliveries, SessionLog
 from .delivery import Stream as _Stream
@@ -49,7 +52,7 @@ class Engine:
         self.reasoning = reasoning_markers(self.template.source)
         self.spec = WorkerSpec(cfg.model_path, cfg.slots, n_ctx, cfg.threads, cfg.step_tokens, runtime=cfg.runtime,
                                stages=cfg.stages, spares=cfg.stage_spares, stage_psk=cfg.stage_psk,
-                               split=cfg.stage_split)
+                               split=cfg.stage_split, pooling=cfg.pooling)
         self.worker: WorkerProcess | None = None
         self.info: ModelInfo | None = None
         self.sched = Scheduler(lanes=cfg.max_batch, n_ctx=n_ctx, step_tokens=cfg.step_tokens,
@@ -70,6 +73,7 @@ class Engine:
         self.steps = 0
         self.log: SessionLog | None = None
         self.out = Deliveries(lambda: self.log, self._fail)
+        self.embedder = Embedder(self)
 
     @property
     def n_ctx(self) -> int:
@@ -84,6 +88,7 @@ class Engine:
         self.info = await self.worker.start()
         # llama.cpp may round the per-lane window; never promise more than it holds
         self.sched.n_ctx = min(self.sched.n_ctx, self.info.n_ctx)
+        self.sched.embeds.window = self.info.embed_window
         self._task = asyncio.create_task(self._loop(), name="engine-loop")
 
     async def close(self, error: SuperfluidError | None = None) -> None:
@@ -102,6 +107,7 @@ class Engine:
                 st.queue.put_nowait(st.final(FinishReason.ERROR if error else FinishReason.CANCELLED, error))
         for st in list(self._streams.values()):
             self._end(st, st.final(FinishReason.ERROR if error else FinishReason.CANCELLED, error))
+        self.embedder.fail_all(error or WorkerUnavailable("the server is stopping"))
         if self.worker is not None:
             await self.worker.stop()
 
@@ -111,6 +117,9 @@ class Engine:
 
     def check(self, req: GenRequest) -> None:
         """Raise the typed error a request that can never run gets."""
+        if self.info is not None and self.info.kind != "generate":
+            raise EmbeddingUnsupported(f"the model {self.model_id} is an {self.info.kind} model: it cannot generate "
+                                       f"text (use /v1/embeddings or /v1/rerank)", param="model")
         if not req.prompt:
             raise BadRequest("the prompt is empty", param="messages")
         if any(not self.tokenizer.valid(t) for t in req.prompt):
@@ -153,6 +162,17 @@ class Engine:
             if not st.done and not st.keep:
                 self.cancel(st.req.id)
 
+    def wake(self) -> None:
+        """New work for the loop (a new request is also the cue to try a given-up worker again)."""
+        if self._gave_up:
+            self._gave_up, self._failures = False, 0
+        self._wake.set()
+
+    async def embed(self, inputs, qos: Qos = Qos.EMBEDDING):
+        """One float32 vector per input (embedding.EmbedInput), batched by the scheduler."""
+        self.last_used = time.monotonic()
+        return await self.embedder.embed(inputs, qos)
+
     def keep_running(self, request_id: str) -> None:
         """Its consumer going away no longer cancels it: someone else (a resumed stream,
         a grace timer) decides."""
@@ -177,7 +197,7 @@ class Engine:
 
     @property
     def idle(self) -> bool:
-        return not self._streams and not self.sched.has_work
+        return not self._streams and not self.sched.has_work and not self.embedder.running
 
     def kv_usage(self) -> tuple[int, int]:
         """(tokens of KV held: running lanes and cache entries, tokens the slots can hold)."""
@@ -187,6 +207,7 @@ class Engine:
 
     def status(self) -> dict:
         return {"running": len(self.sched.running), "waiting": len(self.sched.waiting),
+                "embedding": len(self.sched.embeds.jobs),
                 "lanes": self.cfg.max_batch, "kv_slots": self.cfg.slots, "steps": self.steps,
                 "worker_pid": self.worker.pid if self.worker else None, "ready": self.ready}
 
@@ -235,7 +256,8 @@ class Engine:
             self.steps += 1
             self._adapt_budget(plan, result)
             self._fill(inflight)
-            self.out.publish([o for o in map(self._prepare, events) if o is not None])
+            self.embedder.deliver([e for e in events if isinstance(e, EmbedEvent)])
+            self.out.publish([o for o in map(self._prepare, events) if isinstance(o, tuple)])
 
     def _adapt_budget(self, plan: StepPlan, result) -> None:
         """Size prefill chunks from the measured cost per token, so one step takes about
@@ -282,6 +304,7 @@ class Engine:
                 log.error("worker failed to start: %s", e.message)
                 await worker.stop(timeout=1.0)
         err = WorkerUnavailable("the model's worker process is down; retry the request")
+        self.embedder.fail_all(err)
         for job in list(self.sched.waiting):
             st = self._streams.get(job.id)
             self.sched.finish(job.id, FinishReason.ERROR)
@@ -311,7 +334,9 @@ class Engine:
         self._wake.set()
         st.queue.put_nowait(st.final(FinishReason.ERROR, err))
 
-    def _prepare(self, ev: TokenEvent) -> tuple[_Stream, Chunk] | None:
+    def _prepare(self, ev: TokenEvent | EmbedEvent) -> tuple[_Stream, Chunk] | None:
+        if isinstance(ev, EmbedEvent):
+            return None
         st = self._streams.get(ev.job_id)
         if st is None:
             return None

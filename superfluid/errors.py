@@ -110,3 +110,9 @@ class StoreUnreadable(SuperfluidError):
 class StoreLocked(SuperfluidError):
     """Another daemon already owns the sessions directory."""
     code = "store_locked"
+
+
+class EmbeddingUnsupported(BadRequest):
+    """The model cannot do what was asked: embed (a model without the runtime support), score
+    pairs (not a cross-encoder), or generate (an embedding-only model)."""
+    code = "model_not_supported"

@@ -43,32 +43,45 @@ class Run:
 
 
 @dataclass(frozen=True, slots=True)
+class EmbedItem:
+    """One input to embed (or, with pair_at, one (query, document) pair to score with a
+    cross-encoder). Embeddings use no lane and keep no KV: the runtime pools the whole input
+    in this step."""
+    key: int  # the scheduler's id for the item, echoed with its vector
+    tokens: tuple[int, ...]  # tokenized by the daemon, with the model's own special tokens
+    pair_at: int = 0  # >0: tokens[pair_at:] are the pair's second segment (token type 1)
+
+
+@dataclass(frozen=True, slots=True)
 class StepPlan:
     step: int
     opens: tuple[LaneOpen, ...] = ()
     runs: tuple[Run, ...] = ()
     closes: tuple[int, ...] = ()  # lanes retired: their sampler goes, their KV stays (a cache entry)
     copies: tuple[Copy, ...] = ()
+    embeds: tuple[EmbedItem, ...] = ()  # inputs embedded in this step, after the runs
 
     @property
     def n_tokens(self) -> int:
-        return sum(len(r.tokens) for r in self.runs)
+        return sum(len(r.tokens) for r in self.runs) + sum(len(e.tokens) for e in self.embeds)
 
     def to_wire(self) -> list:
         return [self.step,
                 [[o.seq, o.sampling.to_wire(), list(o.history), o.keep] for o in self.opens],
                 [[r.seq, r.pos, list(r.tokens), r.sample] for r in self.runs],
                 list(self.closes),
-                [[c.src, c.dst, c.n] for c in self.copies]]
+                [[c.src, c.dst, c.n] for c in self.copies],
+                [[e.key, list(e.tokens), e.pair_at] for e in self.embeds]]
 
     @classmethod
     def from_wire(cls, w: list) -> StepPlan:
-        step, opens, runs, closes, copies = w
+        step, opens, runs, closes, copies, embeds = w
         return cls(step,
                    tuple(LaneOpen(s, SamplingParams.from_wire(p), tuple(h), k) for s, p, h, k in opens),
                    tuple(Run(s, p, tuple(t), bool(x)) for s, p, t, x in runs),
                    tuple(closes),
-                   tuple(Copy(a, b, n) for a, b, n in copies))
+                   tuple(Copy(a, b, n) for a, b, n in copies),
+                   tuple(EmbedItem(k, tuple(t), a) for k, t, a in embeds))
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,17 +93,30 @@ class Sampled:
 
 
 @dataclass(frozen=True, slots=True)
+class Vector:
+    """An EmbedItem's result: float32 values, little-endian bytes on the wire (compact, exact).
+    `error` (and the typed error's `code`) instead when the item failed in the runtime."""
+    key: int
+    data: bytes = b""
+    error: str = ""
+    code: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class StepResult:
     step: int
     sampled: tuple[Sampled, ...]
     elapsed_s: float = 0.0
+    vectors: tuple[Vector, ...] = ()
 
     def to_wire(self) -> list:
         return [self.step, [[s.seq, s.token, s.logprob, [list(t) for t in s.top]]
-                            for s in self.sampled], self.elapsed_s]
+                            for s in self.sampled], self.elapsed_s,
+                [[v.key, v.data, v.error, v.code] for v in self.vectors]]
 
     @classmethod
     def from_wire(cls, w: list) -> StepResult:
-        step, sampled, elapsed = w
+        step, sampled, elapsed, vectors = w
         return cls(step, tuple(Sampled(q, t, lp, tuple((a, b) for a, b in top))
-                               for q, t, lp, top in sampled), elapsed)
+                               for q, t, lp, top in sampled), elapsed,
+                   tuple(Vector(k, bytes(d), str(e), str(c)) for k, d, e, c in vectors))

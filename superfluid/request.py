@@ -9,10 +9,18 @@ from typing import Any
 
 
 class Qos(enum.IntEnum):
+    """Service classes. The numbers are the wire and header names and never change; the order
+    the scheduler serves them in is `rank` (embedding batches come between agent and
+    background work)."""
     INTERACTIVE = 0
     COMPLETION = 1
     AGENT = 2
     BACKGROUND = 3
+    EMBEDDING = 4
+
+    @property
+    def rank(self) -> float:
+        return 2.5 if self is Qos.EMBEDDING else float(self)
 
 
 class FinishReason(enum.IntEnum):

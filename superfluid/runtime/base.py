@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from ..plan import PLACEHOLDER, Run, Sampled, StepPlan, StepResult
+from ..errors import EmbeddingUnsupported
+from ..plan import PLACEHOLDER, EmbedItem, Run, Sampled, StepPlan, StepResult, Vector
 from .sampling import LaneSampler
 
 
@@ -27,6 +28,10 @@ class ModelInfo:
     n_lanes: int
     n_ctx_train: int
     description: str
+    n_embd: int = 0  # the size of an embedding (0: unknown)
+    embed_window: int = 0  # most tokens in one input to embed (0: the model cannot embed)
+    pooling: str = ""  # how an input's token states become one vector
+    kind: str = "generate"  # or "embedding" (embeds only), "cross-encoder" (scores pairs only)
 
     def to_wire(self) -> dict:
         return self.__dict__.copy()
@@ -53,6 +58,13 @@ class Runtime(ABC):
     @abstractmethod
     def forward(self, runs: tuple[Run, ...]) -> dict[int, np.ndarray]:
         """Feed every run in one batch; return {seq: logits} for runs with sample=True."""
+
+    def embed(self, items: tuple[EmbedItem, ...]) -> list[np.ndarray]:
+        """One float32 vector per item, in order. An embedding model pools and normalises as
+        the model declares (a GGUF's pooling type, a sentence-transformers folder's modules);
+        a cross-encoder answers pair items with its classifier's raw logits. Raises
+        EmbeddingUnsupported when the model can do neither."""
+        raise EmbeddingUnsupported(f"{type(self).__name__} cannot embed")
 
     def grammar_matcher(self, grammar: str):
         """A matcher for an llguidance grammar over this model's vocabulary. The tokenizer is
@@ -91,7 +103,18 @@ class Runtime(ABC):
                     s = self._samplers[run.seq].sample(run.seq, logits[run.seq], pos)
                     self._last[run.seq] = s.token
                     sampled.append(s)
-        return StepResult(plan.step, tuple(sampled), time.perf_counter() - t0)
+        vectors = self._embed(plan.embeds) if plan.embeds else ()
+        return StepResult(plan.step, tuple(sampled), time.perf_counter() - t0, vectors)
+
+    def _embed(self, items: tuple[EmbedItem, ...]) -> tuple[Vector, ...]:
+        """The step's embeddings. A batch the runtime refuses fails its items, not the worker
+        (and not the step's generations)."""
+        try:
+            out = self.embed(items)
+        except Exception as e:  # the items' error: typed for the API by the engine
+            msg = getattr(e, "message", None) or f"{type(e).__name__}: {e}"
+            return tuple(Vector(it.key, error=msg, code=getattr(e, "code", None) or "") for it in items)
+        return tuple(Vector(it.key, np.asarray(v, dtype="<f4").tobytes()) for it, v in zip(items, out, strict=True))
 
     def _resolve(self, run: Run) -> Run:
         if PLACEHOLDER not in run.tokens:

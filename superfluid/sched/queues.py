@@ -42,8 +42,8 @@ class WaitQueue:
     def remove(self, job_id: str) -> Waiter | None:
         return self._jobs.pop(job_id, None)
 
-    def effective(self, job: Waiter, step: int) -> int:
-        return max(0, int(job.qos) - (step - job.enqueued_step) // self.aging_steps)
+    def effective(self, job: Waiter, step: int) -> float:
+        return max(0.0, job.qos.rank - (step - job.enqueued_step) // self.aging_steps)
 
     def ordered(self, step: int) -> list:
         return sorted(self._jobs.values(), key=lambda j: (self.effective(j, step), j.order))

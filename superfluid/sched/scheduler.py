@@ -10,8 +10,9 @@
 3. seed each admitted job from the longest KV prefix any slot holds (a free slot in place,
    a running one by copy) so only the rest is prefilled; a job whose long prefix another
    job is prefilling right now waits for it (burst coalescing: computed once);
-4. one token for every decoding lane, then prefill chunks under the step's budget, better
-   classes first; while an interactive prompt prefills, lower classes do not prefill.
+4. one token for every decoding lane, then prefill chunks and embedding inputs (sched/embeds.py)
+   under the step's budget, better classes first; while an interactive prompt prefills, lower
+   classes do not prefill.
 `update(plan, result)` folds the sampled tokens into their jobs and returns TokenEvents.
 
 Plans may be scheduled ahead of results (the engine keeps two in flight): a decode whose
@@ -26,8 +27,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from ..plan import PLACEHOLDER, Copy, LaneOpen, Run, StepPlan, StepResult
+from ..plan import PLACEHOLDER, Copy, EmbedItem, LaneOpen, Run, StepPlan, StepResult
 from ..request import FinishReason, Qos, SamplingParams
+from .embeds import EmbedEvent, EmbedJob, EmbedQueue
 from .lanes import KvSlots, Slot
 from .prefix import common_prefix
 from .queues import WaitQueue
@@ -112,12 +114,13 @@ class Counters:
     prefill_tokens: int = 0
     decode_tokens: int = 0
     coalesced: int = 0
+    embed_tokens: int = 0
 
 
 class Scheduler:
     def __init__(self, *, lanes: int, n_ctx: int, step_tokens: int, eog: frozenset[int],
                  slots: int | None = None, class_lanes: dict[Qos, int] | None = None,
-                 aging_steps: int = 256):
+                 aging_steps: int = 256, embed_window: int = 0, embed_batch: int = 64):
         if step_tokens < lanes:
             raise ValueError("step_tokens must cover one token per lane")
         self.max_lanes = lanes
@@ -132,6 +135,7 @@ class Scheduler:
             raise ValueError("need at least one KV slot per lane")
         self.class_lanes = dict(class_lanes or {})
         self.waiting = WaitQueue(aging_steps)
+        self.embeds = EmbedQueue(embed_window, embed_batch)
         self.running: dict[int, Job] = {}  # seq -> job, in admission order
         self.jobs: dict[str, Job] = {}
         self.counters = Counters()
@@ -153,8 +157,16 @@ class Scheduler:
         self.jobs[job.id] = job
         self.waiting.push(job, self._step)
 
+    def add_embed(self, job: EmbedJob) -> None:
+        """Queue inputs to embed; each must fit the model's embedding window."""
+        if job.id in self.jobs:
+            raise ValueError(f"duplicate job {job.id}")
+        self.embeds.add(job, self._step)
+
     def finish(self, job_id: str, reason: FinishReason) -> bool:
         """End a job now (cancel, stop string). Its lane is retired at the next step."""
+        if self.embeds.remove(job_id) is not None:
+            return True
         job = self.jobs.pop(job_id, None)
         if job is None:
             return False
@@ -182,15 +194,16 @@ class Scheduler:
         self.running.clear()
         self._to_close.clear()
         self._inflight.clear()
+        self.embeds.reset()
         self.slots = KvSlots(len(self.slots))
         return lost
 
     @property
     def has_work(self) -> bool:
-        return bool(self.running or self._to_close or len(self.waiting))
+        return bool(self.running or self._to_close or len(self.waiting) or self.embeds.has_work)
 
     def queue_depth(self) -> dict[Qos, int]:
-        return {q: self.waiting.count(q) for q in Qos}
+        return {q: self.waiting.count(q) + sum(1 for j in self.embeds.ready() if j.qos == q) for q in Qos}
 
     # -- the step ----------------------------------------------------------------------
     def schedule(self) -> StepPlan | None:
@@ -203,7 +216,7 @@ class Scheduler:
         pinned: set[int] = set()
         for job in self.waiting.ordered(step):
             full = len(self.running) >= self.max_lanes
-            if full and job.qos > Qos.COMPLETION:
+            if full and job.qos.rank > Qos.COMPLETION:
                 continue  # only interactive and completion jobs preempt
             if not self._admissible(job):
                 continue
@@ -212,13 +225,14 @@ class Scheduler:
             self._admit(job, step, opens, copies, pinned)
         closes = tuple(self._to_close)
         self._to_close.clear()
-        runs = self._runs()
-        if not (opens or runs or closes):
+        embeds: list[EmbedItem] = []
+        runs = self._runs(step, embeds)
+        if not (opens or runs or closes or embeds):
             return None
         self._step = step
         self._inflight[step] = {r.seq: (self.running[r.seq], self.running[r.seq].incarnation)
                                 for r in runs if r.sample}
-        return StepPlan(step, tuple(opens), tuple(runs), closes, tuple(copies))
+        return StepPlan(step, tuple(opens), tuple(runs), closes, tuple(copies), tuple(embeds))
 
     def _admissible(self, job: Job) -> bool:
         cap = self.class_lanes.get(job.qos)
@@ -242,12 +256,12 @@ class Scheduler:
         return False
 
     def _preempt_for(self, job: Job, step: int, pinned: set[int]) -> bool:
-        if job.qos > Qos.COMPLETION:
+        if job.qos.rank > Qos.COMPLETION:
             return False
-        victims = [j for j in self.running.values() if j.qos > job.qos and j.seq not in pinned]
+        victims = [j for j in self.running.values() if j.qos.rank > job.qos.rank and j.seq not in pinned]
         if not victims:
             return False
-        victim = max(victims, key=lambda j: (j.qos, j.status == JobStatus.DECODING, j.admitted))
+        victim = max(victims, key=lambda j: (j.qos.rank, j.status == JobStatus.DECODING, j.admitted))
         self._release(victim)
         victim.status, victim.pending, victim.seq = JobStatus.WAITING, 0, None
         victim.preemptions += 1
@@ -294,7 +308,7 @@ class Scheduler:
         pinned.add(slot.seq)
         opens.append(LaneOpen(slot.seq, job.sampling, job.prior + tuple(job.output), keep))
 
-    def _runs(self) -> list[Run]:
+    def _runs(self, step: int, embeds: list[EmbedItem]) -> list[Run]:
         runs: list[Run] = []
         for job in self.running.values():
             if job.status == JobStatus.DECODING and self._wants_token(job):
@@ -302,15 +316,26 @@ class Scheduler:
                 self.counters.decode_tokens += 1
         room = self.step_tokens - len(runs)  # the worker's batch holds step_tokens at most
         budget = min(max(1, self.prefill_budget - len(runs)), room)
-        prefilling = sorted((j for j in self.running.values() if j.status == JobStatus.PREFILLING),
-                            key=lambda j: (j.qos, j.admitted))
-        if prefilling and prefilling[0].qos == Qos.INTERACTIVE:
+        # prefills and embedding jobs share the budget, best class first (a prefill before an
+        # embedding job of its class: it holds a lane)
+        work: list[Job | EmbedJob] = [j for j in self.running.values() if j.status == JobStatus.PREFILLING]
+        work += self.embeds.ready()
+        work.sort(key=lambda j: (j.qos.rank, isinstance(j, EmbedJob), j.admitted if isinstance(j, Job) else j.order))
+        if work and work[0].qos == Qos.INTERACTIVE and isinstance(work[0], Job):
             # a chat prefills alone, in the largest chunks: short steps exist to let it in
-            prefilling = [j for j in prefilling if j.qos == Qos.INTERACTIVE]
+            work = [j for j in work if j.qos == Qos.INTERACTIVE]
             budget = room
-        for job in prefilling:
+        for job in work:
             if budget <= 0:
                 break
+            if isinstance(job, EmbedJob):
+                alone = not embeds and not any(not r.sample or len(r.tokens) > 1 for r in runs)
+                used = self.embeds.take(job, budget, alone, embeds, step)
+                self.counters.embed_tokens += used
+                budget -= used
+                if used == 0:
+                    break  # its next input waits for a step of its own; nothing jumps ahead
+                continue
             n = min(job.planned_len - job.scheduled, budget)
             runs.append(self._run(job, n))
             self.counters.prefill_tokens += n
@@ -331,11 +356,11 @@ class Scheduler:
             job.status = JobStatus.DECODING
         return Run(job.seq, start, job.context(start, n), sample)
 
-    def update(self, plan: StepPlan, result: StepResult) -> list[TokenEvent]:
+    def update(self, plan: StepPlan, result: StepResult) -> list[TokenEvent | EmbedEvent]:
         if result.step != plan.step:
             raise ValueError(f"result of step {result.step} for plan {plan.step}")
         owners = self._inflight.pop(plan.step, {})
-        events: list[TokenEvent] = []
+        events: list[TokenEvent | EmbedEvent] = list(self.embeds.update(plan.step, result.vectors))
         for s in result.sampled:
             job, inc = owners.get(s.seq, (None, 0))
             if job is None or job.incarnation != inc or job.status not in (JobStatus.PREFILLING,

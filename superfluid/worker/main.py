@@ -32,7 +32,7 @@ def _load(args: argparse.Namespace):
     if args.runtime == "llamacpp":
         from ..runtime.llamacpp import LlamaCppRuntime
         return LlamaCppRuntime(args.model, lanes=args.lanes, n_ctx=args.ctx,
-                               threads=args.threads, batch_tokens=args.batch_tokens)
+                               threads=args.threads, batch_tokens=args.batch_tokens, pooling=args.pooling or None)
     if args.runtime == "transformers":
         try:
             from ..runtime.transformers import TransformersRuntime
@@ -104,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ctx", type=int, default=2048)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--batch-tokens", type=int, default=256)
+    p.add_argument("--pooling", default="", help="llama.cpp embeddings: mean, cls or last (default: the GGUF's)")
     p.add_argument("--stages", default="", help="pipeline runtime: the stage nodes, HOST:PORT,...")
     p.add_argument("--split", default="even", help="pipeline runtime: layers split evenly or by memory")
     p.add_argument("--spares", default="", help="pipeline runtime: stage nodes that stand in for unreachable ones")

@@ -35,6 +35,7 @@ class WorkerSpec:
     spares: tuple = ()  # stage nodes that stand in for unreachable ones
     stage_psk: bytes | None = None  # their fleet token's PSK (passed in the environment, not argv)
     split: str = "even"  # how the stages share the layers: even or memory
+    pooling: str | None = None  # llama.cpp embeddings: mean, cls or last (None: the GGUF's)
 
 
 class WorkerProcess:
@@ -62,6 +63,8 @@ class WorkerProcess:
                "--model", s.model, "--runtime", s.runtime, "--lanes", str(s.lanes),
                "--ctx", str(s.ctx), "--threads", str(s.threads),
                "--batch-tokens", str(s.batch_tokens)]
+        if s.pooling:
+            cmd += ["--pooling", s.pooling]
         env = os.environ.copy()
         if s.stages:
             cmd += ["--stages", ",".join(f"{h}:{p}" for h, p in s.stages), "--split", s.split,
