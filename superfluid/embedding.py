@@ -42,6 +42,32 @@ def _error(code: str, message: str) -> SuperfluidError:
     return WorkerCrashed(f"the model failed to embed: {message}")
 
 
+def check(eng, inputs: list[EmbedInput]) -> None:
+    """Raise the typed error inputs that this engine (local or fleet) can never embed get."""
+    window, kind = eng.embed_window, eng.model_kind
+    if not window:
+        raise EmbeddingUnsupported(f"the model {eng.model_id} cannot embed", param="model")
+    pairs = any(x.pair_at for x in inputs)
+    if kind == "cross-encoder" and not pairs:
+        raise EmbeddingUnsupported(f"the model {eng.model_id} is a cross-encoder: it scores (query, document) "
+                                   f"pairs with /v1/rerank and cannot embed", param="model")
+    if pairs and kind != "cross-encoder":
+        raise EmbeddingUnsupported(f"the model {eng.model_id} is not a cross-encoder: it cannot score pairs",
+                                   param="model")
+    if not inputs:
+        raise BadRequest("there is nothing to embed", param="input")
+    valid = eng.tokenizer.valid
+    for i, x in enumerate(inputs):
+        if not x.tokens:
+            raise BadRequest(f"input {i} is empty", param="input")
+        if len(x.tokens) > window:
+            raise ContextLengthExceeded(
+                f"input {i} has {len(x.tokens)} tokens; this model embeds at most {window} tokens per input "
+                f"(ask for truncation to cut it)", param="input")
+        if not all(valid(t) for t in x.tokens):
+            raise BadRequest(f"input {i} has token ids outside the vocabulary", param="input")
+
+
 class Embedder:
     def __init__(self, engine: Engine):
         self.engine = engine
@@ -51,37 +77,10 @@ class Embedder:
     def running(self) -> int:
         return len(self._waits)
 
-    @property
-    def window(self) -> int:
-        info = self.engine.info
-        return info.embed_window if info is not None else 0
-
-    def check(self, inputs: list[EmbedInput]) -> None:
-        """Raise the typed error inputs that can never be embedded get."""
-        info = self.engine.info
-        if info is None or not info.embed_window:
-            raise EmbeddingUnsupported(f"the model {self.engine.model_id} cannot embed", param="model")
-        pairs = any(x.pair_at for x in inputs)
-        if info.kind == "cross-encoder" and not pairs:
-            raise EmbeddingUnsupported(f"the model {self.engine.model_id} is a cross-encoder: it scores "
-                                       f"(query, document) pairs with /v1/rerank and cannot embed", param="model")
-        if not inputs:
-            raise BadRequest("there is nothing to embed", param="input")
-        valid = self.engine.tokenizer.valid
-        for i, x in enumerate(inputs):
-            if not x.tokens:
-                raise BadRequest(f"input {i} is empty", param="input")
-            if len(x.tokens) > info.embed_window:
-                raise ContextLengthExceeded(
-                    f"input {i} has {len(x.tokens)} tokens; this model embeds at most {info.embed_window} "
-                    f"tokens per input (ask for truncation to cut it)", param="input")
-            if not all(valid(t) for t in x.tokens):
-                raise BadRequest(f"input {i} has token ids outside the vocabulary", param="input")
-
     async def embed(self, inputs: list[EmbedInput], qos: Qos = Qos.EMBEDDING) -> list[np.ndarray]:
         """One vector per input, in order; raises a typed error if any input fails."""
-        self.check(inputs)
         eng = self.engine
+        check(eng, inputs)
         job = EmbedJob(new_id("emb"), [(tuple(x.tokens), x.pair_at) for x in inputs], qos)
         wait = _Wait([None] * len(inputs), asyncio.get_running_loop().create_future())
         self._waits[job.id] = wait

@@ -117,8 +117,8 @@ class Engine:
 
     def check(self, req: GenRequest) -> None:
         """Raise the typed error a request that can never run gets."""
-        if self.info is not None and self.info.kind != "generate":
-            raise EmbeddingUnsupported(f"the model {self.model_id} is an {self.info.kind} model: it cannot generate "
+        if self.model_kind != "generate":
+            raise EmbeddingUnsupported(f"the model {self.model_id} is an {self.model_kind} model: it cannot generate "
                                        f"text (use /v1/embeddings or /v1/rerank)", param="model")
         if not req.prompt:
             raise BadRequest("the prompt is empty", param="messages")
@@ -161,6 +161,16 @@ class Engine:
         finally:
             if not st.done and not st.keep:
                 self.cancel(st.req.id)
+
+    @property
+    def embed_window(self) -> int:
+        """Most tokens in one input to embed (0: this model cannot embed)."""
+        return self.info.embed_window if self.info is not None else 0
+
+    @property
+    def model_kind(self) -> str:
+        """generate, embedding (embeds only) or cross-encoder (scores pairs only)."""
+        return self.info.kind if self.info is not None else "generate"
 
     def wake(self) -> None:
         """New work for the loop (a new request is also the cue to try a given-up worker again)."""

@@ -17,7 +17,7 @@ from typing import Any
 from .config import EngineConfig
 from .engine import Engine
 from .errors import ModelLoadError, ModelNotFound, ModelUnloaded
-from .runtime.registry import ModelSource, resolve
+from .runtime.registry import ModelSource, default_runtime, resolve
 
 log = logging.getLogger("superfluid.models")
 
@@ -33,6 +33,7 @@ class Models:
         self.default: str | None = None
         self.on_load: list[Callable[[Engine], None]] = []
         self.sessions: Any = None  # sessions.Sessions, when the daemon has a session store
+        self.embedding: str | None = None  # where embedding requests that name no model go
         self.announce = False  # log loads once the server is up (the banner covers the first ones)
         self._lock = asyncio.Lock()
 
@@ -75,13 +76,21 @@ class Models:
             if mid in self.engines:
                 return self.engines[mid]
             src = self.sources[mid]
-            eng = self._build(replace(self.base, model_path=src.path, model_id=mid))
+            eng = self._build(replace(self.base, model_path=src.path, model_id=mid, runtime=self._runtime(src)))
             await eng.start()
             self.engines[mid] = eng
             for hook in self.on_load:
                 hook(eng)
             log.log(logging.INFO if self.announce else logging.DEBUG, "loaded %s (%s)", mid, src.path)
             return eng
+
+    def _runtime(self, src: ModelSource) -> str:
+        """The base runtime (--runtime), unless only one runtime can serve this model: an
+        embedding or cross-encoder folder, or a GGUF next to such a default."""
+        own = default_runtime(src.path)
+        if own == "sentence" or self.base.runtime in ("sentence", "pipeline") and src.path != self.base.model_path:
+            return own
+        return self.base.runtime
 
     async def unload(self, model: str, *, forget: bool = False) -> bool:
         mid = self.resolve_id(model)

@@ -1,11 +1,12 @@
 """The Ollama API (`/api/*`): translation onto GenRequest and from Chunks, NDJSON streams.
 
-Text chat and generate with Ollama's option names and defaults, model listing, show and ps.
-What needs a grammar or other model kinds (format, tools, think, images, embeddings) is
-refused with a clear error until those land; pull/push/create/delete/copy are 501."""
+Chat and generate with Ollama's option names and defaults (format, tools, think), embed and
+the older embeddings (through api/embeddings.py), model listing, show and ps. Images are
+refused with a clear error; pull/push/create/delete/copy are 501."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import time
@@ -18,8 +19,9 @@ from fastapi.responses import Response
 
 from ..errors import BadRequest, ContextLengthExceeded
 from ..ids import new_id
-from ..request import Chunk, GenRequest, SamplingParams
-from .schema import json_object
+from ..request import Chunk, GenRequest, Qos, SamplingParams
+from .embeddings import embed_texts, embedding_engine, shorten
+from .schema import MAX_EMBED_INPUTS, json_object
 from ..codec import grammar
 from ..codec.tools import new_call_id
 from .prompt import chat_prompt, template_options
@@ -195,8 +197,43 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
     for path in ("/api/pull", "/api/push", "/api/create", "/api/copy", "/api/blobs/{digest}"):
         app.add_api_route(path, _not_here, methods=["POST", "HEAD"])
     app.add_api_route("/api/delete", _not_here, methods=["DELETE"])
-    for path in ("/api/embed", "/api/embeddings"):
-        app.add_api_route(path, _no_embeddings, methods=["POST"])
+    @app.post("/api/embed")
+    async def embed(request: Request):
+        return await _embed(request, json_object(await request.body()), legacy=False)
+
+    @app.post("/api/embeddings")
+    async def embeddings(request: Request):
+        return await _embed(request, json_object(await request.body()), legacy=True)
+
+    async def _embed(request: Request, body: dict, *, legacy: bool):
+        t0 = time.monotonic()
+        field = "prompt" if legacy else "input"
+        inp = body.get(field)
+        texts = [inp] if isinstance(inp, str) else inp
+        if (not isinstance(texts, list) or not texts or len(texts) > MAX_EMBED_INPUTS
+                or not all(isinstance(t, str) for t in texts)):
+            raise BadRequest(f"{field} must be a string{'' if legacy else ' or a list of 1 to 2048 strings'}",
+                             param=field)
+        truncate = body.get("truncate", True)
+        if not isinstance(truncate, bool):
+            raise BadRequest("truncate must be true or false", param="truncate")
+        dims = body.get("dimensions")
+        if dims is not None and (isinstance(dims, bool) or not isinstance(dims, int) or dims < 1):
+            raise BadRequest("dimensions must be a positive integer", param="dimensions")
+        model = body.get("model")
+        eng = await embedding_engine(models, model if isinstance(model, str) else None)
+        q = qos_for(request, Qos.EMBEDDING)
+        vectors, tokens = await embed_texts(eng, texts, None, truncate=-1 if truncate else None, qos=q)
+        vectors = shorten(eng, vectors, dims)
+        request.scope.setdefault("state", {}).setdefault("access", {}).update(
+            model=eng.model_id, qos=q.name.lower(), prompt_tokens=tokens)
+        if _unload_now(body.get("keep_alive")) and eng.model_id != models.default:
+            asyncio.get_running_loop().create_task(models.unload(eng.model_id))
+        if legacy:
+            return {"embedding": vectors[0].tolist()}
+        return {"model": eng.model_id, "embeddings": [v.tolist() for v in vectors],
+                "total_duration": int((time.monotonic() - t0) * 1e9), "load_duration": 0,
+                "prompt_eval_count": tokens}
 
     async def _generate(request: Request, body: dict, *, chat: bool):
         t0 = time.monotonic()
@@ -278,5 +315,8 @@ async def _not_here():
                        "supported (use superfluid serve --model PATH)")
 
 
-async def _no_embeddings():
-    return error_response(400, "this model cannot embed")
+def _unload_now(keep_alive) -> bool:
+    """Ollama's keep_alive 0 (a number or a duration string): unload the model afterwards."""
+    if isinstance(keep_alive, (int, float)) and not isinstance(keep_alive, bool):
+        return keep_alive == 0
+    return isinstance(keep_alive, str) and keep_alive.strip() in ("0", "0s", "0m", "0h")

@@ -103,6 +103,36 @@ class DetokenizeRequest(_Body):
     tokens: list[int]
 
 
+MAX_EMBED_INPUTS = 2048  # inputs in one embedding request (OpenAI's limit)
+
+EmbedInputs = Union[str, Annotated[list[str], Field(min_length=1, max_length=MAX_EMBED_INPUTS)],
+                    Annotated[list[int], Field(min_length=1)],
+                    Annotated[list[list[int]], Field(min_length=1, max_length=MAX_EMBED_INPUTS)]]
+
+
+class EmbeddingRequest(_Body):
+    model: str | None = None  # None: the embedding model (--embedding-model), else the default model
+    input: EmbedInputs
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, ge=1)
+    user: str | None = None
+    truncate: bool = False  # cut inputs over the model's window (an extension; vLLM: truncate_prompt_tokens)
+    truncate_prompt_tokens: int | None = Field(None, ge=-1)  # vLLM: -1 the window, N the first N tokens
+
+
+class RerankDocument(_Body):
+    text: str
+
+
+class RerankRequest(_Body):
+    model: str | None = None
+    query: str
+    documents: Annotated[list[str | RerankDocument], Field(min_length=1, max_length=MAX_EMBED_INPUTS)]
+    top_n: int | None = Field(None, ge=1)
+    return_documents: bool = True
+    truncate: bool = True  # cut (query, document) inputs over the window, as rerankers do
+
+
 def number_in(body: dict, key: str, lo: float, hi: float, default: float, *, allow_null: bool = False) -> float:
     """A numeric field of a raw JSON body, range-checked (a 400 naming the field otherwise)."""
     v = body.get(key, default)
@@ -141,7 +171,8 @@ def parse(cls: type[B], raw: bytes) -> B:
 
 def _field_names() -> frozenset[str]:
     return frozenset(name for m in (Message, TextPart, OtherPart, StreamOptions, ChatCompletionRequest,
-                                    CompletionRequest, TokenizeRequest, DetokenizeRequest, ModelRequest)
+                                    CompletionRequest, TokenizeRequest, DetokenizeRequest, ModelRequest,
+                                    EmbeddingRequest, RerankRequest, RerankDocument)
                      for name in m.model_fields)
 
 

@@ -25,6 +25,7 @@ from ..errors import ContextLengthExceeded, SuperfluidError, WorkerUnavailable
 from ..link import messages as m
 from ..link.head_state import Tracker
 from ..request import Chunk, FinishReason, GenRequest
+from .embeds import FleetEmbedder
 from .node import spec_to_wire
 from .placement import pick
 from .pool import NodePool, NodeConn
@@ -52,6 +53,7 @@ class FleetEngine(Engine):
         self._placed: dict[str, _Placed] = {}
         self._rr = itertools.count()
         self._watcher: asyncio.Task | None = None
+        self.embedder = FleetEmbedder(self)  # type: ignore[assignment]  # batches go to the nodes
 
     # -- lifecycle -----------------------------------------------------------------------
     @property
@@ -76,6 +78,7 @@ class FleetEngine(Engine):
         if self._watcher is not None:
             self._watcher.cancel()
         finish = FinishReason.ERROR if error else FinishReason.CANCELLED
+        self.embedder.fail_all(error or WorkerUnavailable("the server is stopping"))
         for p in list(self._placed.values()):
             st = self._streams.get(p.req.id)
             if st is not None:
@@ -93,7 +96,23 @@ class FleetEngine(Engine):
 
     # -- the pool's calls ------------------------------------------------------------------
     def owns(self, gen: str) -> bool:
-        return gen in self._placed
+        return gen in self._placed or self.embedder.owns(gen)
+
+    def placed_on(self, n: NodeConn) -> int:
+        return sum(1 for p in self._placed.values() if p.node is n)
+
+    @property
+    def embed_window(self) -> int:
+        return max((n.embed_window(self.model_id) for n in self.nodes if n.up), default=0)
+
+    @property
+    def model_kind(self) -> str:
+        kinds = [str(x.get("kind") or "generate") for n in self.nodes if n.up for x in n.models
+                 if x.get("id") == self.model_id]
+        return kinds[0] if kinds else "generate"
+
+    def on_embedded(self, n: NodeConn, body: dict) -> None:
+        self.embedder.on_embedded(n, body)
 
     def node_up(self, n: NodeConn) -> dict:
         """A node (re)connected: our generations on it, as RECONCILE wants them."""
@@ -107,6 +126,8 @@ class FleetEngine(Engine):
 
     def node_lost(self, n: NodeConn, *, at: float, gens: tuple[str, ...] | None = None) -> None:
         """The link to n ended (at: when) or n refused us / lost them (at=0: move at once)."""
+        if gens is None:
+            self.embedder.node_lost(n)  # its embedding batches go to another node now
         for p in self._placed.values():
             if p.node is n and (gens is None or p.req.id in gens) and (p.lost_at is None or at == 0.0):
                 p.lost_at = at
@@ -151,7 +172,7 @@ class FleetEngine(Engine):
 
     @property
     def idle(self) -> bool:
-        return not self._streams
+        return not self._streams and not self.embedder.running
 
     def kv_usage(self) -> tuple[int, int]:
         ups = [n.status for n in self.nodes if n.up and n.serves(self.model_id)]

@@ -15,6 +15,7 @@ import time
 
 from ..codec.channels import ChannelSpec
 from ..codec import tools as tool_formats
+from ..embedding import EmbedInput
 from ..errors import ProtocolError, SuperfluidError
 from ..link import messages as m
 from ..link.node_state import NodeState, RetryBuffer
@@ -206,7 +207,8 @@ class NodeServer:
     def hello_ack(self) -> dict:
         eng = self.engine
         return {"version": m.VERSION, "node": self.node_id,
-                "models": [{"id": eng.model_id, "n_ctx": eng.n_ctx, "lanes": eng.cfg.max_batch}],
+                "models": [{"id": eng.model_id, "n_ctx": eng.n_ctx, "lanes": eng.cfg.max_batch,
+                            "embed_window": eng.embed_window, "kind": eng.model_kind}],
                 "status": self.status()}
 
     def head_gone(self, head: _Head) -> None:
@@ -242,6 +244,25 @@ class NodeServer:
         elif kind == m.SESSION_REVOKE:
             for gen in self.state.revoke(str(body["session"]), int(body["epoch"])):
                 self._cancel(gen)
+        elif kind == m.EMBED_REQ:
+            inputs = [EmbedInput([int(t) for t in toks], int(at)) for toks, at in body["inputs"]]
+            task = asyncio.create_task(self._embed(head, body["id"], inputs, Qos(int(body.get("qos", 4)))))
+            self._tasks.append(task)
+            task.add_done_callback(self._tasks.remove)
+
+    async def _embed(self, head: _Head, rid, inputs: list[EmbedInput], qos: Qos) -> None:
+        """A batch to embed: answered to the head that asked, if it is still there (it sends
+        the batch elsewhere when it loses us: embedding is idempotent)."""
+        try:
+            vectors = await self.engine.embed(inputs, qos)
+            body = {"id": rid, "vectors": [v.astype("<f4").tobytes() for v in vectors]}
+        except SuperfluidError as e:
+            body = {"id": rid, "error": [e.code or e.type, e.message]}
+        if not head.link.closed:
+            try:
+                head.link.send(m.EMBED_RESP, body)
+            except ConnectionError:
+                pass
 
     def _generate(self, head: _Head, b: dict) -> None:
         gen, epoch, session = str(b["gen"]), int(b["epoch"]), str(b["session"])

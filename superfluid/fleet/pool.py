@@ -53,6 +53,9 @@ class NodeConn:
     def serves(self, model_id: str) -> bool:
         return any(x.get("id") == model_id for x in self.models)
 
+    def embed_window(self, model_id: str) -> int:
+        return max((int(x.get("embed_window") or 0) for x in self.models if x.get("id") == model_id), default=0)
+
 
 class NodePool:
     def __init__(self, nodes: list[tuple[str, int]], psk: bytes | None, *, timeout: float = 5.0,
@@ -279,6 +282,10 @@ class NodePool:
                 self.cancel(n, gen)
             else:
                 eng.on_tokens(n, body)
+        elif kind == m.EMBED_RESP:
+            eng = self._owner(str(body.get("id")))
+            if eng is not None:
+                eng.on_embedded(n, body)
         elif kind == m.NODE_STATUS:
             n.status = body
         elif kind == m.RECONCILE_ACK:

@@ -5,8 +5,10 @@ answers HELLO_ACK (identity, models, capacity, limits), then:
 head -> node: GENERATE_REQ {cmd, gen, session, epoch, prompt, sampling, max_tokens, stop,
               qos, channels}, GENERATE_CANCEL {cmd, gen}, WATERMARK_ACK {gen, epoch, upto},
               RECONCILE {gens: {gen: [epoch, last_seq]}}, SESSION_REVOKE {session, epoch},
-              KEEPALIVE {} (it also renews every lease)
-node -> head: TOKEN_EVENTS {gen, epoch, events: [[seq, chunk]...]}, RECONCILE_ACK {gens
+              KEEPALIVE {} (it also renews every lease),
+              EMBED_REQ {id, inputs: [[tokens, pair_at]...], qos} (a batch to embed or score)
+node -> head: EMBED_RESP {id, vectors: [float32 bytes...]} or {id, error: [code, message]},
+              TOKEN_EVENTS {gen, epoch, events: [[seq, chunk]...]}, RECONCILE_ACK {gens
               it no longer has}, NODE_STATUS {lanes, running, waiting, kv_used, kv_total,
               decode_tps}, KEEPALIVE {}
 
@@ -39,10 +41,11 @@ OPTIONAL_BIT = 0x8000
 HELLO, HELLO_ACK = 1, 2
 GENERATE_REQ, GENERATE_CANCEL, TOKEN_EVENTS, WATERMARK_ACK = 10, 11, 12, 13
 RECONCILE, RECONCILE_ACK, SESSION_REVOKE = 14, 15, 16
+EMBED_REQ, EMBED_RESP = 17, 18  # idempotent: a batch whose node is lost is simply sent to another
 NODE_STATUS, KEEPALIVE = 0x8000 | 20, 0x8000 | 21  # optional: a peer may ignore them
 STAGE_LOAD, STAGE_READY, STAGE_FORWARD_REQ, STAGE_FORWARD_RESP, STAGE_COPY, STAGE_DROP = 30, 31, 32, 33, 34, 35
 KNOWN = {HELLO, HELLO_ACK, GENERATE_REQ, GENERATE_CANCEL, TOKEN_EVENTS, WATERMARK_ACK, RECONCILE,
-         RECONCILE_ACK, SESSION_REVOKE, NODE_STATUS, KEEPALIVE, STAGE_LOAD, STAGE_READY, STAGE_FORWARD_REQ,
+         RECONCILE_ACK, SESSION_REVOKE, EMBED_REQ, EMBED_RESP, NODE_STATUS, KEEPALIVE, STAGE_LOAD, STAGE_READY, STAGE_FORWARD_REQ,
          STAGE_FORWARD_RESP, STAGE_COPY, STAGE_DROP}
 
 

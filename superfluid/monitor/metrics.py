@@ -17,6 +17,7 @@ _COUNTERS = (
     ("prefill_tokens", "prompt tokens sent to the worker to prefill"),
     ("decode_tokens", "tokens decoded"),
     ("coalesced", "admissions seeded by copying a prefix another running lane computed"),
+    ("embed_tokens", "tokens of embedding and rerank inputs sent to the worker"),
 )
 
 
