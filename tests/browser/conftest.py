@@ -50,6 +50,14 @@ def start_daemon(*args: str, port: int | None = None, **kw) -> Daemon:
     return d
 
 
+@pytest.fixture(scope="package")
+def d():
+    """A plain daemon the chat, page-security and monitor tests share."""
+    daemon = start_daemon(max_context=1024)
+    yield daemon
+    daemon.stop()
+
+
 @pytest.fixture(scope="session")
 def browser():
     _need_browser()
@@ -67,11 +75,11 @@ class Watch:
     def __init__(self, page):
         self.dialogs: list[str] = []
         self.errors: list[str] = []
-        self.requests: list[str] = []
+        self.requests: list[tuple[str, dict]] = []  # (url, headers)
         page.on("dialog", self._dialog)
         page.on("pageerror", lambda e: self.errors.append(f"uncaught: {e}"))
         page.on("console", self._console)
-        page.on("request", lambda r: self.requests.append(r.url))
+        page.on("request", lambda r: self.requests.append((r.url, r.headers)))
 
     def _dialog(self, d):
         self.dialogs.append(f"{d.type}: {d.message}")

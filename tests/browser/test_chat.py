@@ -8,14 +8,7 @@ import httpx
 import pytest
 
 from .chatpage import ANSWER, ChatPage, log_text
-from .conftest import screenshot, start_daemon
-
-
-@pytest.fixture(scope="module")
-def d():
-    daemon = start_daemon(max_context=1024)
-    yield daemon
-    daemon.stop()
+from .conftest import screenshot
 
 
 @pytest.fixture

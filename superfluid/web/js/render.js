@@ -17,7 +17,7 @@ const SAFE_URL = /^(https?:|mailto:)/i;
 const marked = new Marked({
   gfm: true,
   renderer: {
-    html({ text }) { return escapeHtml(text); },
+    html({ text, block }) { return block ? `<p class="raw-html">${escapeHtml(text)}</p>` : escapeHtml(text); },
     image({ href, text }) {
       const alt = escapeHtml(text || "image");
       if (!SAFE_URL.test(href || "")) return `<span class="img-blocked">[image: ${alt}]</span>`;
