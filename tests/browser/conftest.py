@@ -112,6 +112,7 @@ def screenshot(page, name: str, tmp_path: Path) -> Path:
     else under the test's tmp dir."""
     out = (SHOTS if os.environ.get("SUPERFLUID_SCREENSHOTS") == "1" else tmp_path) / name
     out.parent.mkdir(parents=True, exist_ok=True)
+    page.mouse.move(0, page.viewport_size["height"] - 1)  # no hover state in the picture
     page.screenshot(path=str(out))
     return out
 

@@ -160,3 +160,17 @@ def test_theme_and_phone_layout(context, d, tmp_path):
     assert page.locator("label[for=input]").count() == 1  # labelled for screen readers
     c.open()
     assert page.get_attribute("html", "data-theme") == "dark"  # a preference: kept across loads
+
+
+def test_tool_calls_show_as_cards(page, d):
+    s = httpx.post(f"{d.url}/v1/sessions", json={"title": "Tools"}).json()["id"]
+    httpx.post(f"{d.url}/v1/sessions/{s}/messages", json={"role": "user", "content": "Weather in Paris?"})
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    r = httpx.post(f"{d.url}/v1/sessions/{s}/messages", json={"role": "assistant", "content": "", "tool_calls": [call]})
+    assert r.status_code == 200, r.text
+    httpx.post(f"{d.url}/v1/sessions/{s}/tool_results", json={"call_id": "call_1", "content": "18 C, clear"})
+    ChatPage(page, d.url).open(s)
+    card = page.locator("article.msg.assistant .tool-card")
+    card.wait_for()
+    assert "get_weather" in card.inner_text() and '"city": "Paris"' in card.inner_text()
+    assert page.locator("article.msg.tool .content").inner_text() == "18 C, clear"

@@ -10,6 +10,8 @@ import pytest
 from superfluid.client import Client
 
 from .chatpage import ChatPage, log_text
+from tests.integration.proxy import Proxy
+
 from .conftest import start_daemon
 
 PROMPT = "Write a long story about a lighthouse keeper and a storm."
@@ -83,3 +85,24 @@ def test_daemon_killed_and_restarted_mid_answer(page, context, d, home, referenc
     assert chat.last().get_attribute("data-finish") == "length"
     assert page.get_attribute("body", "data-mismatch") is None
     assert chat.answers()[-1] == shown(context.new_page(), old.url, reference[1])
+
+
+
+def test_connection_lost_mid_answer(page, context, d, reference):
+    """The network drops every connection mid-answer (a proxy cuts them): the page resumes
+    from its cursor with Last-Event-ID."""
+    url = d["d"].url
+    proxy = Proxy(d["d"].port)
+    try:
+        chat = start(page, f"http://127.0.0.1:{proxy.port}")
+        sid = chat.sid()
+        n = len(page.watch.requests)
+        proxy.cut()
+        chat.wait_done(0)
+    finally:
+        proxy.close()
+    resumed = [h for u, h in page.watch.requests[n:] if u.endswith(f"/v1/sessions/{sid}/resume")]
+    assert resumed and resumed[0]["last-event-id"].startswith(f"{sid}:")
+    assert log_text(url, sid) == reference[0]
+    assert page.get_attribute("body", "data-mismatch") is None
+    assert chat.answers()[-1] == shown(context.new_page(), url, reference[1])

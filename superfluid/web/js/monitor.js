@@ -56,6 +56,9 @@ function draw(canvas, series, now) {
   const css = getComputedStyle(document.documentElement);
   const colors = [css.getPropertyValue("--accent"), css.getPropertyValue("--warn")];
   const top = Math.max(1e-9, ...series.flatMap((s) => s.values.map((p) => p.v)));
+  // the x axis grows with the history, up to the last KEEP_S seconds
+  const oldest = Math.min(now, ...series.flatMap((s) => s.values.map((p) => p.t)));
+  const span = Math.min(KEEP_S * 1000, Math.max(10_000, now - oldest));
   ctx.strokeStyle = css.getPropertyValue("--line");
   ctx.beginPath();
   ctx.moveTo(0, hgt - 0.5);
@@ -66,7 +69,7 @@ function draw(canvas, series, now) {
     ctx.lineWidth = 1.5;
     ctx.beginPath();
     s.values.forEach((p, j) => {
-      const x = w - ((now - p.t) / (KEEP_S * 1000)) * w;
+      const x = w - ((now - p.t) / span) * w;
       const y = hgt - 3 - (p.v / top) * (hgt - 8);
       if (j === 0) ctx.moveTo(x, y); else ctx.lineTo(x, y);
     });
