@@ -66,9 +66,18 @@ def test_stop_mid_answer_and_continue(chat, d):
 
 
 def test_rename_archive_search_and_delete(chat, d):
+    chat.page.fill("#input", "Name one")
+    chat.page.press("#input", "Shift+Enter")  # a new line, not a send
+    chat.page.type("#input", "planet.")
+    assert chat.page.input_value("#input") == "Name one\nplanet." and chat.done_count() == 0
     chat.send("Name one planet.")
     sid = chat.sid()
     item = chat.page.locator(f"#sessions li[data-sid='{sid}']")
+    chat.page.click("#new-chat")
+    assert chat.page.locator("article.msg").count() == 0
+    item.locator(".open").click()  # open a past conversation from the list
+    chat.page.wait_for_function(f"() => location.hash === '#s={sid}'")
+    chat.page.locator("article.msg.assistant").wait_for()
     item.locator("[data-act=rename]").click()
     chat.page.fill("#sessions input.rename", "Planets talk")
     chat.page.press("#sessions input.rename", "Enter")
