@@ -64,6 +64,8 @@ def _engine_flags(s: argparse.ArgumentParser) -> None:
     s.add_argument("--class-lanes", type=_class_lanes, default=(), metavar="CLASS=N,...", help="most lanes a class may hold, e.g. background=2,agent=6")
     s.add_argument("--aging-steps", type=_positive, default=256, help="a waiting job rises one class every N steps (default 256)")
     s.add_argument("--step-ms", type=_positive, default=250, help="prefill chunks are sized so a step takes about this long (default 250)")
+    s.add_argument("--pooling", choices=("mean", "cls", "last"), help="embeddings from a GGUF: how token states become one vector (default: what the GGUF declares, else mean)")
+    s.add_argument("--matryoshka", action="store_true", help="the model was trained for shortened embeddings: requests may ask for fewer dimensions")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -73,6 +75,7 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="serve a model over HTTP (default: the embedded SmolLM2-135M-Instruct)")
     s.add_argument("model", nargs="?", help="path to a .gguf file (default: the embedded model)")
     s.add_argument("--model", action="append", default=[], dest="models", metavar="PATH", help="another GGUF model to serve (repeatable; the first model given is the default)")
+    s.add_argument("--embedding-model", metavar="PATH|default", help="also serve an embedding model, the one /v1/embeddings, /api/embed and /v1/rerank use when a request names none: a sentence-transformers or cross-encoder folder, a GGUF, or 'default' (the embedded all-MiniLM-L6-v2)")
     s.add_argument("--model-dir", metavar="DIR", help="serve every .gguf in DIR too, each loaded on its first request")
     s.add_argument("--idle-timeout", type=float, metavar="S", help="unload a model (never the default) after S idle seconds")
     s.add_argument("--host", default=DEFAULT_HOST, help=f"listen address (default {DEFAULT_HOST})")
@@ -84,6 +87,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--key-policy", metavar="FILE", help="JSON file of named keys with QoS class, best class allowed, requests per minute, max concurrent requests, admin flag")
     s.add_argument("--rate-limit", type=_positive, metavar="RPM", help="requests per minute per client address")
     s.add_argument("--no-tui", action="store_true", help="plain logs even on a terminal (the live monitor is shown only when stdout is a terminal)")
+    s.add_argument("--no-ui", action="store_true", help="do not serve the web app (the chat at / and the engine view at /monitor)")
     s.add_argument("--log-format", choices=("text", "json"), default="text", help="log lines as text (default) or one JSON object per line")
     s.add_argument("--max-body", type=_positive, default=16 * 1024 * 1024, help="largest request body in bytes (default 16 MiB)")
     s.add_argument("--sessions", metavar="DIR", help="session store directory (default: $SUPERFLUID_HOME/sessions, ~/.superfluid/sessions)")
@@ -188,7 +192,8 @@ def _engine_config(args: argparse.Namespace, src) -> EngineConfig | int:
                         max_context=args.max_context, threads=args.threads, step_tokens=step_tokens,
                         kv_slots=args.kv_slots, class_lanes=args.class_lanes,
                         aging_steps=args.aging_steps, step_target_s=args.step_ms / 1000, chat_template=template,
-                        runtime=args.runtime or default_runtime(src.path))
+                        runtime=args.runtime or default_runtime(src.path), pooling=args.pooling,
+                        matryoshka=args.matryoshka)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -198,6 +203,13 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         paths = ([args.model] if args.model else []) + args.models
         sources = [resolve(p) for p in paths] if paths else [resolve(None)]
+        embedding = None
+        if args.embedding_model:
+            from .runtime.registry import embedded_embedding_model
+            esrc = embedded_embedding_model() if args.embedding_model == "default" else resolve(args.embedding_model)
+            embedding = esrc.id
+            if all(s.id != esrc.id for s in sources):
+                sources.append(esrc)
         if args.model_dir and not os.path.isdir(args.model_dir):
             raise ModelLoadError(f"--model-dir {args.model_dir} is not a directory")
     except ModelLoadError as e:
@@ -222,7 +234,8 @@ def _serve(args: argparse.Namespace) -> int:
                       args.idle_timeout, args.sessions, args.sessions_cache, args.resume_grace,
                       int(args.sessions_max_mb * 1024 * 1024) if args.sessions_max_mb else None,
                       tuple(args.fleet), None, args.fleet_policy, args.fleet_timeout, args.fleet_grace,
-                      args.fleet_listen, args.fleet_local, not args.no_mdns)
+                      args.fleet_listen, args.fleet_local, not args.no_mdns, embedding_model=embedding,
+                      ui=not args.no_ui)
     if args.fleet_local and not (args.fleet or args.fleet_listen):
         print("superfluid: --fleet-local needs --fleet or --fleet-listen (a head with other nodes)", file=sys.stderr)
         return 2

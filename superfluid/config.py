@@ -76,3 +76,5 @@ class ServeConfig:
     fleet_listen: tuple | None = None  # (host, port) where nodes join the head
     fleet_local: bool = False  # the head also serves its default model as one of the nodes
     fleet_mdns: bool = True  # advertise --fleet-listen on mDNS (_superfluid-fleet._tcp)
+    ui: bool = True  # the web app at / and /monitor
+    embedding_model: str | None = None  # the model id embedding requests without a model go to

@@ -140,6 +140,7 @@ async def serve(cfg: ServeConfig, sock: socket.socket, store: Store) -> None:
     models = Models(cfg.engine, build_fleet_engine(cfg, store) if cfg.fleet or cfg.fleet_listen else build_local,
                     idle_timeout=cfg.idle_timeout)
     models.sessions = sessions
+    models.embedding = cfg.embedding_model
     models.on_load.append(lambda eng: setattr(eng, "log", sessions))
     for src in cfg.models:
         models.add(src)
@@ -161,8 +162,9 @@ async def serve(cfg: ServeConfig, sock: socket.socket, store: Store) -> None:
     store.on_commit = metrics.commit.observe
     app = create_app(models, max_body=cfg.max_body_bytes, default_qos=cfg.default_qos,
                      metrics_registry=metrics.registry, policies=list(cfg.policies),
-                     loopback_bind=is_loopback_host(host), ip_rpm=cfg.ip_rpm)
-    app = AccessLog(app, cfg.log_format, on_record=metrics.observe_request)
+                     loopback_bind=is_loopback_host(host), ip_rpm=cfg.ip_rpm, ui=cfg.ui)
+    app = AccessLog(app, cfg.log_format, on_record=metrics.observe_request,
+                    skip=frozenset({"/health", "/metrics", "/v1/monitor"}))  # polled each second, like /metrics
     server = _Server(uvicorn.Config(app, log_level="warning", access_log=False,
                                     timeout_graceful_shutdown=3, lifespan="off"))
     server.drain_timeout = cfg.drain_timeout

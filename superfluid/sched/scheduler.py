@@ -129,6 +129,9 @@ class Scheduler:
         # prefill tokens per step; the engine sizes it from measured speed to keep steps short.
         # Start small: until the first step is measured, a long step would stall a chat.
         self.prefill_budget = min(step_tokens, 64)
+        # embedding tokens per step: they run in the runtime's own embedding batch, not the
+        # lanes' (step_tokens does not bound them); the engine sizes it from measured speed
+        self.embed_budget = 512
         self.eog = eog
         self.slots = KvSlots(slots or lanes)
         if len(self.slots) < lanes:
@@ -316,7 +319,8 @@ class Scheduler:
                 self.counters.decode_tokens += 1
         room = self.step_tokens - len(runs)  # the worker's batch holds step_tokens at most
         budget = min(max(1, self.prefill_budget - len(runs)), room)
-        # prefills and embedding jobs share the budget, best class first (a prefill before an
+        spent = 0  # prefill and embedding tokens planned so far in this step
+        # prefills and embedding jobs share the step, best class first (a prefill before an
         # embedding job of its class: it holds a lane)
         work: list[Job | EmbedJob] = [j for j in self.running.values() if j.status == JobStatus.PREFILLING]
         work += self.embeds.ready()
@@ -326,20 +330,20 @@ class Scheduler:
             work = [j for j in work if j.qos == Qos.INTERACTIVE]
             budget = room
         for job in work:
-            if budget <= 0:
-                break
             if isinstance(job, EmbedJob):
-                alone = not embeds and not any(not r.sample or len(r.tokens) > 1 for r in runs)
-                used = self.embeds.take(job, budget, alone, embeds, step)
+                alone = not embeds and spent == 0
+                used = self.embeds.take(job, max(0, self.embed_budget - spent), alone, embeds, step)
                 self.counters.embed_tokens += used
-                budget -= used
+                spent += used
                 if used == 0:
                     break  # its next input waits for a step of its own; nothing jumps ahead
                 continue
-            n = min(job.planned_len - job.scheduled, budget)
+            if budget - spent <= 0:
+                break
+            n = min(job.planned_len - job.scheduled, budget - spent)
             runs.append(self._run(job, n))
             self.counters.prefill_tokens += n
-            budget -= n
+            spent += n
         return runs
 
     def _wants_token(self, job: Job) -> bool:

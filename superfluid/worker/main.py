@@ -41,6 +41,14 @@ def _load(args: argparse.Namespace):
                                f"pip install 'superfluid[hf]' ({e})") from None
         return TransformersRuntime(args.model, lanes=args.lanes, n_ctx=args.ctx,
                                    threads=args.threads, batch_tokens=args.batch_tokens)
+    if args.runtime == "sentence":  # embeddings (sentence-transformers folder) or a cross-encoder
+        try:
+            from ..runtime.sentence import SentenceRuntime
+        except ImportError as e:
+            raise RuntimeError(f"the sentence runtime needs torch and transformers: "
+                               f"pip install 'superfluid[hf]' ({e})") from None
+        return SentenceRuntime(args.model, lanes=args.lanes, n_ctx=args.ctx,
+                               threads=args.threads, batch_tokens=args.batch_tokens)
     if args.runtime == "pipeline":  # a model split by layers over stage nodes (fleet/pipeline.py)
         from ..fleet.pipeline import PipelineRuntime
         def addrs(s: str) -> list[tuple[str, int]]:

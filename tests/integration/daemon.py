@@ -20,12 +20,13 @@ def free_port() -> int:
 
 
 class Daemon:
-    def __init__(self, *args: str, max_context: int = 1024, max_batch: int = 8, home: str | None = None):
+    def __init__(self, *args: str, max_context: int = 1024, max_batch: int = 8, home: str | None = None,
+                 threads: int = 1):
         self.home = home or tempfile.mkdtemp(prefix="superfluid-home-")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "superfluid.cli", "serve", *args, "--port", str(self.port),
-               "--max-context", str(max_context), "--max-batch", str(max_batch), "--threads", "1"]
+               "--max-context", str(max_context), "--max-batch", str(max_batch), "--threads", str(threads)]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1", "SUPERFLUID_HOME": self.home})
         self.banner = ""

