@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import time
 from typing import TYPE_CHECKING
 
@@ -22,6 +23,8 @@ from ..request import Qos
 
 if TYPE_CHECKING:
     from .pool import NodeConn
+
+log = logging.getLogger("superfluid.fleet")
 
 EMBED_BATCH = 256
 NODE_WAIT_S = 10.0  # how long a batch waits for a node serving the model to be up
@@ -74,6 +77,7 @@ class FleetEmbedder:
             try:
                 return await fut
             except _NodeLost:
+                log.warning("embedding batch %s: node %s was lost; sending it to another node", rid, node.addr)
                 continue  # idempotent: send it to another node
             finally:
                 self._waits.pop(rid, None)
