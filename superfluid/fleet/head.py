@@ -53,7 +53,8 @@ class FleetEngine(Engine):
         self._placed: dict[str, _Placed] = {}
         self._rr = itertools.count()
         self._watcher: asyncio.Task | None = None
-        self.embedder = FleetEmbedder(self)  # type: ignore[assignment]  # batches go to the nodes
+        self.fleet_embedder = FleetEmbedder(self)  # batches go to the nodes
+        self.embedder = self.fleet_embedder  # type: ignore[assignment]  # Engine.embed and close call it
 
     # -- lifecycle -----------------------------------------------------------------------
     @property
@@ -96,7 +97,7 @@ class FleetEngine(Engine):
 
     # -- the pool's calls ------------------------------------------------------------------
     def owns(self, gen: str) -> bool:
-        return gen in self._placed or self.embedder.owns(gen)
+        return gen in self._placed or self.fleet_embedder.owns(gen)
 
     def placed_on(self, n: NodeConn) -> int:
         return sum(1 for p in self._placed.values() if p.node is n)
@@ -112,7 +113,7 @@ class FleetEngine(Engine):
         return kinds[0] if kinds else "generate"
 
     def on_embedded(self, n: NodeConn, body: dict) -> None:
-        self.embedder.on_embedded(n, body)
+        self.fleet_embedder.on_embedded(n, body)
 
     def node_up(self, n: NodeConn) -> dict:
         """A node (re)connected: our generations on it, as RECONCILE wants them."""
@@ -127,7 +128,7 @@ class FleetEngine(Engine):
     def node_lost(self, n: NodeConn, *, at: float, gens: tuple[str, ...] | None = None) -> None:
         """The link to n ended (at: when) or n refused us / lost them (at=0: move at once)."""
         if gens is None:
-            self.embedder.node_lost(n)  # its embedding batches go to another node now
+            self.fleet_embedder.node_lost(n)  # its embedding batches go to another node now
         for p in self._placed.values():
             if p.node is n and (gens is None or p.req.id in gens) and (p.lost_at is None or at == 0.0):
                 p.lost_at = at

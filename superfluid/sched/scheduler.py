@@ -329,10 +329,10 @@ class Scheduler:
             # a chat prefills alone, in the largest chunks: short steps exist to let it in
             work = [j for j in work if j.qos == Qos.INTERACTIVE]
             budget = room
-        for job in work:
-            if isinstance(job, EmbedJob):
+        for w in work:
+            if isinstance(w, EmbedJob):
                 alone = not embeds and spent == 0
-                used = self.embeds.take(job, max(0, self.embed_budget - spent), alone, embeds, step)
+                used = self.embeds.take(w, max(0, self.embed_budget - spent), alone, embeds, step)
                 self.counters.embed_tokens += used
                 spent += used
                 if used == 0:
@@ -340,8 +340,8 @@ class Scheduler:
                 continue
             if budget - spent <= 0:
                 break
-            n = min(job.planned_len - job.scheduled, budget - spent)
-            runs.append(self._run(job, n))
+            n = min(w.planned_len - w.scheduled, budget - spent)
+            runs.append(self._run(w, n))
             self.counters.prefill_tokens += n
             spent += n
         return runs
