@@ -39,7 +39,7 @@ def _qos(s: str) -> Qos:
     try:
         return Qos(int(s)) if s.isdigit() else Qos[s.upper()]
     except (KeyError, ValueError):
-        raise argparse.ArgumentTypeError("use interactive, completion, agent or background (0-3)") from None
+        raise argparse.ArgumentTypeError("use interactive, completion, agent, background or embedding (0-4)") from None
 
 
 def _class_lanes(s: str) -> tuple[tuple[int, int], ...]:

@@ -100,7 +100,7 @@ def parse_qos(request: Request, default: Qos = Qos.AGENT) -> Qos:
         return Qos(int(raw)) if raw.isdigit() else Qos[raw.upper()]
     except (KeyError, ValueError):
         raise BadRequest(f"unknown x-superfluid-qos '{raw}': use interactive, completion, "
-                         f"agent or background (0-3)", param="x-superfluid-qos") from None
+                         f"agent, background or embedding (0-4)", param="x-superfluid-qos") from None
 
 
 def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Qos.AGENT,

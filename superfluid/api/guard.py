@@ -125,7 +125,7 @@ class Guard:
             asked = Qos(int(raw)) if raw.isdigit() else Qos[raw.upper()]
         except (KeyError, ValueError):
             return None  # the API answers 400 for an unknown class
-        if asked < policy.max_qos:
+        if asked.rank < policy.max_qos.rank:
             return (f"key '{policy.name}' may ask for QoS class {policy.max_qos.name.lower()} at best, "
                     f"not {asked.name.lower()}")
         return None

@@ -139,3 +139,14 @@ def test_concurrency_limit_holds_while_a_response_runs():
         return second_sent[0]["status"], sent[0]["status"], third[0]["status"]
 
     assert asyncio.run(scenario()) == (429, 200, 200)
+
+
+def test_the_embedding_class_ranks_between_agent_and_background_for_a_key_s_best_class():
+    from superfluid.api.guard import Guard
+
+    bg_only = KeyPolicy("bg", "sk-bbbbbbbb", qos=Qos.BACKGROUND, max_qos=Qos.BACKGROUND)
+    assert Guard._qos_check(bg_only, {"x-superfluid-qos": "embedding"}) is not None  # better than background
+    assert Guard._qos_check(bg_only, {"x-superfluid-qos": "background"}) is None
+    agent = KeyPolicy("ag", "sk-gggggggg", max_qos=Qos.AGENT)
+    assert Guard._qos_check(agent, {"x-superfluid-qos": "4"}) is None
+    assert Guard._qos_check(agent, {"x-superfluid-qos": "completion"}) is not None
