@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .errors import BadRequest, ContextLengthExceeded, EmbeddingUnsupported, SuperfluidError, WorkerCrashed
+from .errors import (BadRequest, ContextLengthExceeded, EmbeddingUnsupported, ModelUnloaded, SuperfluidError,
+                     WorkerCrashed)
 from .ids import new_id
 from .request import FinishReason, Qos
 from .sched.embeds import EmbedEvent, EmbedJob
@@ -30,10 +31,14 @@ class EmbedInput:
     pair_at: int = 0  # >0: a (query, document) pair for a cross-encoder; the document starts here
 
 
+MAX_TOKENS = 1 << 20  # tokens in one embedding request (2048 inputs of 512)
+
+
 @dataclass
 class _Wait:
     vectors: list[np.ndarray | None]
     future: asyncio.Future = field(repr=False)
+    missing: int = 0
 
 
 def _error(code: str, message: str) -> SuperfluidError:
@@ -56,7 +61,9 @@ def check(eng, inputs: list[EmbedInput]) -> None:
                                    param="model")
     if not inputs:
         raise BadRequest("there is nothing to embed", param="input")
-    valid = eng.tokenizer.valid
+    if sum(len(x.tokens) for x in inputs) > MAX_TOKENS:
+        raise BadRequest(f"one embedding request may hold at most {MAX_TOKENS} tokens", param="input")
+    n_vocab = eng.tokenizer.n_vocab
     for i, x in enumerate(inputs):
         if not x.tokens:
             raise BadRequest(f"input {i} is empty", param="input")
@@ -64,7 +71,8 @@ def check(eng, inputs: list[EmbedInput]) -> None:
             raise ContextLengthExceeded(
                 f"input {i} has {len(x.tokens)} tokens; this model embeds at most {window} tokens per input "
                 f"(ask for truncation to cut it)", param="input")
-        if not all(valid(t) for t in x.tokens):
+        ids = np.asarray(x.tokens, dtype=np.int64)  # one pass in C, not a call per token on the loop
+        if ids.min() < 0 or ids.max() >= n_vocab:
             raise BadRequest(f"input {i} has token ids outside the vocabulary", param="input")
 
 
@@ -80,9 +88,11 @@ class Embedder:
     async def embed(self, inputs: list[EmbedInput], qos: Qos = Qos.EMBEDDING) -> list[np.ndarray]:
         """One vector per input, in order; raises a typed error if any input fails."""
         eng = self.engine
+        if eng.closed:
+            raise ModelUnloaded(f"the model {eng.model_id} was unloaded; retry to load it again")
         check(eng, inputs)
         job = EmbedJob(new_id("emb"), [(tuple(x.tokens), x.pair_at) for x in inputs], qos)
-        wait = _Wait([None] * len(inputs), asyncio.get_running_loop().create_future())
+        wait = _Wait([None] * len(inputs), asyncio.get_running_loop().create_future(), len(inputs))
         self._waits[job.id] = wait
         eng.sched.add_embed(job)
         eng.wake()
@@ -103,10 +113,18 @@ class Embedder:
                 self.engine.sched.finish(ev.job_id, _CANCELLED)
                 wait.future.set_exception(_error(ev.code, ev.error))
                 continue
+            if wait.vectors[ev.index] is None:
+                wait.missing -= 1
             wait.vectors[ev.index] = np.frombuffer(ev.data, dtype="<f4")
-            if all(v is not None for v in wait.vectors):
+            if wait.missing == 0:
                 self._waits.pop(ev.job_id, None)
                 wait.future.set_result(wait.vectors)
+
+    def fail(self, job_id: str, err: SuperfluidError) -> None:
+        wait = self._waits.pop(job_id, None)
+        self.engine.sched.finish(job_id, _CANCELLED)
+        if wait is not None and not wait.future.done():
+            wait.future.set_exception(err)
 
     def fail_all(self, err: SuperfluidError) -> None:
         """The engine stops, or its worker cannot be started: every waiting request ends."""

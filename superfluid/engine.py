@@ -23,8 +23,8 @@ from .codec.tokenizer import Tokenizer
 from .codec.tools import detect as detect_tool_format
 from .config import EngineConfig
 from .embedding import Embedder
-from .errors import (BadRequest, ContextLengthExceeded, EmbeddingUnsupported, SuperfluidError, WorkerCrashed,
-                     WorkerUnavailable)
+from .errors import (BadRequest, ContextLengthExceeded, EmbeddingUnsupported, ModelUnloaded, SuperfluidError,
+                     WorkerCrashed, WorkerUnavailable)
 from .plan import StepPlan
 from .request import Chunk, FinishReason, GenRequest, Qos, TokenLogprob
 from .runtime.base import ModelInfo
@@ -75,6 +75,7 @@ class Engine:
         self.log: SessionLog | None = None
         self.out = Deliveries(lambda: self.log, self._fail)
         self.embedder = Embedder(self)
+        self.closed = False  # close() ran: nothing new is taken
 
     @property
     def n_ctx(self) -> int:
@@ -95,6 +96,7 @@ class Engine:
     async def close(self, error: SuperfluidError | None = None) -> None:
         """Stop the loop and the worker. Requests still running end with `error` (a typed
         error), or as cancelled when the whole daemon is stopping."""
+        self.closed = True
         if self._task is not None:
             self._task.cancel()
             try:
@@ -182,6 +184,8 @@ class Engine:
     async def embed(self, inputs, qos: Qos = Qos.EMBEDDING):
         """One float32 vector per input (embedding.EmbedInput), batched by the scheduler."""
         self.last_used = time.monotonic()
+        if self.closed:
+            raise ModelUnloaded(f"the model {self.model_id} was unloaded; retry to load it again")
         return await self.embedder.embed(inputs, qos)
 
     def keep_running(self, request_id: str) -> None:
@@ -259,6 +263,7 @@ class Engine:
                     # a pipeline with spare stages: the next worker takes a spare in place of the
                     # lost stage, and the running requests continue on it after a re-prefill
                     self.sched.reset(requeue=True)
+                    self._fail_poisoned(err)
                 else:
                     self._lose_lanes(err)
                 await self._respawn()  # now, not at the next request: /health comes back
@@ -329,6 +334,13 @@ class Engine:
             st = self._streams.get(job.id)
             if st is not None:
                 self._end(st, st.final(FinishReason.ERROR, err))
+        self._fail_poisoned(err)
+
+    def _fail_poisoned(self, err: SuperfluidError) -> None:
+        """Embedding jobs whose inputs were in flight at every one of the last worker deaths."""
+        for job_id in self.sched.embeds.take_poisoned():
+            self.embedder.fail(job_id, WorkerCrashed(f"the worker died twice while embedding this request's "
+                                                     f"inputs ({err.message}); it is not retried again"))
 
     def _end(self, st: _Stream, chunk: Chunk) -> None:
         """End a stream off the token path (worker lost, stopping): the log says how."""

@@ -85,10 +85,14 @@ class Models:
             return eng
 
     def _runtime(self, src: ModelSource) -> str:
-        """The base runtime (--runtime), unless only one runtime can serve this model: an
-        embedding or cross-encoder folder, or a GGUF next to such a default."""
+        """The model's own runtime (llama.cpp for a GGUF, transformers for a folder, sentence
+        for an embedding or cross-encoder folder), unless --runtime chose one for every model
+        (which a sentence folder still overrides)."""
+        if src.path == self.base.model_path:
+            return self.base.runtime
         own = default_runtime(src.path)
-        if own == "sentence" or self.base.runtime in ("sentence", "pipeline") and src.path != self.base.model_path:
+        chosen = self.base.runtime != default_runtime(self.base.model_path)  # --runtime said so
+        if own == "sentence" or self.base.runtime == "pipeline" or not chosen:
             return own
         return self.base.runtime
 

@@ -115,8 +115,12 @@ def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Q
         """The request's class: its header, else its key's class, else `default` (the
         route's kind of work) or the server's --default-qos."""
         key = request.scope.get("state", {}).get("key")
-        return parse_qos(request, key.qos if key is not None and key.qos is not None
-                         else default if default is not None else default_qos)
+        if key is not None and key.qos is not None:
+            return parse_qos(request, key.qos)
+        fallback = default if default is not None else default_qos
+        if key is not None and fallback.rank < key.max_qos.rank:
+            fallback = key.max_qos  # a route's default never lifts a key above its best class
+        return parse_qos(request, fallback)
 
     @app.exception_handler(SuperfluidError)
     async def _on_error(request: Request, e: SuperfluidError):

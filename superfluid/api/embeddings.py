@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import time
 
 import numpy as np
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from ..embedding import EmbedInput
+from ..embedding import EmbedInput, check
 from ..errors import BadRequest
 from ..ids import new_id
 from ..request import Qos
@@ -53,6 +54,9 @@ async def embed_texts(eng, texts: list[str] | None, ids: list[list[int]] | None,
     """Vectors for texts (tokenized here, off the event loop) or token ids, and the tokens
     they took. `truncate`: cut each input to that many tokens (None: over the window is a 400)."""
     window = eng.embed_window
+    if not window:  # before any tokenizing: a model that cannot embed answers at once
+        check(eng, [])
+    eng.last_used = time.monotonic()  # an idle reaper must not unload it while we tokenize
     limit = None if truncate is None or not window else min(window, truncate) if truncate > 0 else window
     if texts is not None:
         ids = await asyncio.to_thread(_tokenize, eng.tokenizer, texts, limit)
@@ -81,6 +85,17 @@ def shorten(eng, vectors: list[np.ndarray], dimensions: int | None) -> list[np.n
     return out
 
 
+def _openai_body(model: str, vectors: list[np.ndarray], encoding: str, tokens: int) -> bytes:
+    """The reply, serialised off the event loop (2048 vectors of thousands of floats)."""
+    if encoding == "base64":
+        data: list = [base64.b64encode(np.asarray(v, dtype="<f4").tobytes()).decode() for v in vectors]
+    else:
+        data = [v.tolist() for v in vectors]
+    return orjson.dumps({"object": "list", "model": model,
+                         "data": [{"object": "embedding", "index": i, "embedding": d} for i, d in enumerate(data)],
+                         "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+
+
 def _record(request: Request, eng, qos: Qos, tokens: int) -> None:
     rec = request.scope.setdefault("state", {}).setdefault("access", {})
     rec.update(model=eng.model_id, qos=qos.name.lower(), prompt_tokens=tokens)
@@ -106,13 +121,8 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
         vectors, tokens = await embed_texts(eng, texts, ids, truncate=truncate, qos=q)  # type: ignore[arg-type]
         vectors = shorten(eng, vectors, body.dimensions)
         _record(request, eng, q, tokens)
-        if body.encoding_format == "base64":
-            data = [base64.b64encode(np.asarray(v, dtype="<f4").tobytes()).decode() for v in vectors]
-        else:
-            data = [v.tolist() for v in vectors]
-        return _json({"object": "list", "model": eng.model_id,
-                      "data": [{"object": "embedding", "index": i, "embedding": d} for i, d in enumerate(data)],
-                      "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+        return Response(await asyncio.to_thread(_openai_body, eng.model_id, vectors, body.encoding_format, tokens),
+                        media_type="application/json")
 
     async def rerank(request: Request):
         body = parse(RerankRequest, await request.body())
@@ -125,7 +135,8 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
         else:
             vectors, tokens = await embed_texts(eng, [body.query, *docs], None,
                                                 truncate=-1 if body.truncate else None, qos=q)
-            scores = [float(np.dot(vectors[0], v)) for v in vectors[1:]]
+            qv = vectors[0] / max(float(np.linalg.norm(vectors[0])), 1e-12)
+            scores = [float(np.dot(qv, v) / max(float(np.linalg.norm(v)), 1e-12)) for v in vectors[1:]]
             scoring = "cosine"  # no classification head: similarity of embeddings
         _record(request, eng, q, tokens)
         order = sorted(range(len(docs)), key=lambda i: -scores[i])[:body.top_n or len(docs)]
@@ -145,6 +156,9 @@ async def _cross_scores(eng, query: str, docs: list[str], truncate: bool, qos: Q
     sigmoid of a single logit, or the probability of the last label."""
     window = eng.embed_window
     tok = eng.tokenizer
+    if not window:
+        check(eng, [])  # a model that cannot score answers before any tokenizing
+    eng.last_used = time.monotonic()
 
     def encode() -> list[EmbedInput]:
         out = []

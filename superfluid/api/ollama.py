@@ -227,8 +227,12 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
         vectors = shorten(eng, vectors, dims)
         request.scope.setdefault("state", {}).setdefault("access", {}).update(
             model=eng.model_id, qos=q.name.lower(), prompt_tokens=tokens)
-        if _unload_now(body.get("keep_alive")) and eng.model_id != models.default:
-            asyncio.get_running_loop().create_task(models.unload(eng.model_id))
+        key = request.scope.get("state", {}).get("key")
+        if _unload_now(body.get("keep_alive")) and eng.model_id != models.default and (key is None or key.admin):
+            # as Ollama: unloaded once nobody uses it (never under another client's request)
+            task = asyncio.get_running_loop().create_task(_unload_if_idle(models, eng))
+            _UNLOADS.add(task)
+            task.add_done_callback(_UNLOADS.discard)
         if legacy:
             return {"embedding": vectors[0].tolist()}
         return {"model": eng.model_id, "embeddings": [v.tolist() for v in vectors],
@@ -313,6 +317,14 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
 async def _not_here():
     return error_response(501, "superfluid serves local model files: pull, push, create, copy and delete are not "
                        "supported (use superfluid serve --model PATH)")
+
+
+_UNLOADS: set[asyncio.Task] = set()
+
+
+async def _unload_if_idle(models, eng) -> None:
+    if eng.idle:
+        await models.unload(eng.model_id)
 
 
 def _unload_now(keep_alive) -> bool:

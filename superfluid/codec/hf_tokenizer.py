@@ -11,6 +11,7 @@ caller asks to parse them (the rendered prompt does)."""
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 from ..errors import ModelLoadError
@@ -51,6 +52,7 @@ class HfTokenizer(Vocab):
         from tokenizers import Tokenizer as _Tok
 
         d = Path(folder)
+        self._lock = threading.Lock()
         try:
             self._tok = _Tok.from_file(str(d / "tokenizer.json"))
         except Exception as e:  # tokenizers raises its own exception types
@@ -120,16 +122,18 @@ class HfTokenizer(Vocab):
 
     def encode(self, text: str, *, add_special: bool = False, parse_special: bool = False) -> list[int]:
         """Token ids of `text`; add_special adds the post-processor's specials (BERT: [CLS] ... [SEP])."""
-        self._tok.encode_special_tokens = not parse_special
-        return list(self._tok.encode(text, add_special_tokens=add_special).ids)
+        with self._lock:  # the flag is the tokenizer's state: embeddings tokenize in threads
+            self._tok.encode_special_tokens = not parse_special
+            return list(self._tok.encode(text, add_special_tokens=add_special).ids)
 
     def encode_pair(self, a: str, b: str) -> tuple[list[int], int]:
         """A (query, document) pair for a cross-encoder, with the post-processor's specials for
         a pair (BERT: [CLS] a [SEP] b [SEP]), and the index where segment B starts: its first
         token of type 1, or, for a tokenizer that gives pairs no type ids (RoBERTa), the first
         token of b. Special tokens in either text are plain text."""
-        self._tok.encode_special_tokens = True
-        enc = self._tok.encode(a, b, add_special_tokens=True)
+        with self._lock:
+            self._tok.encode_special_tokens = True
+            enc = self._tok.encode(a, b, add_special_tokens=True)
         ids = list(enc.ids)
         at = next((i for i, t in enumerate(enc.type_ids) if t == 1), None)
         if at is None:

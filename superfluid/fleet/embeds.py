@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("superfluid.fleet")
 
-EMBED_BATCH = 256
+EMBED_BATCH = 64  # inputs per batch: 64 vectors of 16384 floats are 4 MiB, far under the frame cap
 NODE_WAIT_S = 10.0  # how long a batch waits for a node serving the model to be up
 
 
@@ -53,7 +53,12 @@ class FleetEmbedder:
     async def embed(self, inputs: list[EmbedInput], qos: Qos = Qos.EMBEDDING) -> list[np.ndarray]:
         check(self.engine, inputs)
         parts = [inputs[i:i + EMBED_BATCH] for i in range(0, len(inputs), EMBED_BATCH)]
-        results = await asyncio.gather(*(self._batch(p, qos) for p in parts))
+        tasks = [asyncio.ensure_future(self._batch(p, qos)) for p in parts]
+        try:
+            results = await asyncio.gather(*tasks)
+        finally:  # one batch failed, or the client went away: the others stop waiting
+            for t in tasks:
+                t.cancel()
         return [v for r in results for v in r]
 
     async def _batch(self, inputs: list[EmbedInput], qos: Qos) -> list[np.ndarray]:

@@ -76,6 +76,7 @@ class FleetEngine(Engine):
         self._fit_window()
 
     async def close(self, error: SuperfluidError | None = None) -> None:
+        self.closed = True
         if self._watcher is not None:
             self._watcher.cancel()
         finish = FinishReason.ERROR if error else FinishReason.CANCELLED
@@ -116,8 +117,10 @@ class FleetEngine(Engine):
         self.fleet_embedder.on_embedded(n, body)
 
     def node_up(self, n: NodeConn) -> dict:
-        """A node (re)connected: our generations on it, as RECONCILE wants them."""
+        """A node (re)connected: our generations on it, as RECONCILE wants them. Embedding
+        batches sent over its old link are answered there, if at all: they go out again."""
         self._fit_window()
+        self.fleet_embedder.node_lost(n)
         view = {}
         for p in self._placed.values():
             if p.node is n:

@@ -246,11 +246,11 @@ class NodeServer:
                 self._cancel(gen)
         elif kind == m.EMBED_REQ:
             inputs = [EmbedInput([int(t) for t in toks], int(at)) for toks, at in body["inputs"]]
-            task = asyncio.create_task(self._embed(head, body["id"], inputs, Qos(int(body.get("qos", 4)))))
+            task = asyncio.create_task(self._embed(head, str(body["id"]), inputs, Qos(int(body.get("qos", 4)))))
             self._tasks.append(task)
             task.add_done_callback(self._tasks.remove)
 
-    async def _embed(self, head: _Head, rid, inputs: list[EmbedInput], qos: Qos) -> None:
+    async def _embed(self, head: _Head, rid: str, inputs: list[EmbedInput], qos: Qos) -> None:
         """A batch to embed: answered to the head that asked, if it is still there (it sends
         the batch elsewhere when it loses us: embedding is idempotent)."""
         try:
@@ -260,7 +260,10 @@ class NodeServer:
             body = {"id": rid, "error": [e.code or e.type, e.message]}
         if not head.link.closed:
             try:
-                head.link.send(m.EMBED_RESP, body)
+                try:
+                    head.link.send(m.EMBED_RESP, body)
+                except ProtocolError as e:  # over the frame cap: the head gets an error, not silence
+                    head.link.send(m.EMBED_RESP, {"id": rid, "error": [e.code or "protocol_error", e.message]})
             except ConnectionError:
                 pass
 

@@ -107,13 +107,16 @@ class Runtime(ABC):
         return StepResult(plan.step, tuple(sampled), time.perf_counter() - t0, vectors)
 
     def _embed(self, items: tuple[EmbedItem, ...]) -> tuple[Vector, ...]:
-        """The step's embeddings. A batch the runtime refuses fails its items, not the worker
-        (and not the step's generations)."""
+        """The step's embeddings. A batch the runtime refuses is tried again an item at a
+        time, so only the items that fail get an error (typed for the API by the engine): not
+        the worker, not the step's generations, not other clients' items in the batch."""
         try:
             out = self.embed(items)
-        except Exception as e:  # the items' error: typed for the API by the engine
+        except Exception as e:  # noqa: BLE001 -- the items' error, isolated item by item
+            if len(items) > 1:
+                return tuple(v for it in items for v in self._embed((it,)))
             msg = getattr(e, "message", None) or f"{type(e).__name__}: {e}"
-            return tuple(Vector(it.key, error=msg, code=getattr(e, "code", None) or "") for it in items)
+            return (Vector(items[0].key, error=msg, code=getattr(e, "code", None) or ""),)
         return tuple(Vector(it.key, np.asarray(v, dtype="<f4").tobytes()) for it, v in zip(items, out, strict=True))
 
     def _resolve(self, run: Run) -> Run:

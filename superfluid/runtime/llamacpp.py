@@ -91,10 +91,13 @@ class LlamaCppRuntime(Runtime):
         self.n_embd = ll.llama_model_n_embd(self.model)
         self._ectx = None  # the embedding context, made on first use
         n_ctx_seq = ll.llama_n_ctx_seq(self.ctx)
+        # an input never runs past the positions the model learned (an encoder's 512, say)
+        window = min(EMBED_WINDOW, n_ctx_seq, ll.llama_model_n_ctx_train(self.model) or n_ctx_seq)
         self.info = ModelInfo(n_vocab=n_vocab, n_ctx=n_ctx_seq, n_lanes=lanes,
                               n_ctx_train=ll.llama_model_n_ctx_train(self.model),
                               description=desc.value.decode(errors="replace"),
-                              n_embd=self.n_embd, embed_window=min(EMBED_WINDOW, n_ctx_seq),
+                              n_embd=self.n_embd,
+                              embed_window=window,
                               pooling=self.pooling)
 
     def _meta(self, key: str) -> str | None:

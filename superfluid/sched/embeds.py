@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from ..plan import EmbedItem
 from ..request import Qos
 
+MAX_LOST = 2  # worker deaths with a job's inputs in flight before the job is given up
+
 
 @dataclass(frozen=True, slots=True)
 class EmbedEvent:
@@ -33,6 +35,7 @@ class EmbedJob:
     received: int = 0  # inputs whose vectors came back
     order: int = 0
     enqueued_step: int = 0
+    lost: int = 0  # times a worker died with inputs of this job in flight
 
     @property
     def left(self) -> int:
@@ -50,6 +53,7 @@ class EmbedQueue:
     batch: int = 64  # most inputs in one step
     jobs: dict[str, EmbedJob] = field(default_factory=dict)
     inflight: dict[int, dict[int, tuple[EmbedJob, int]]] = field(default_factory=dict)  # step -> key -> job, index
+    poisoned: list[str] = field(default_factory=list)  # jobs given up: their inputs kept killing the worker
     _key: int = 0
     _order: int = 0
 
@@ -107,7 +111,18 @@ class EmbedQueue:
         return events
 
     def reset(self) -> None:
-        """The worker is gone: inputs in flight are planned again (embedding is idempotent)."""
+        """The worker is gone: inputs in flight are planned again (embedding is idempotent),
+        unless this job's inputs were in flight at MAX_LOST deaths: then it is given up
+        (`poisoned`), so an input that crashes the runtime cannot crash it forever."""
         self.inflight.clear()
-        for job in self.jobs.values():
+        for job in list(self.jobs.values()):
+            if job.sent > job.received:
+                job.lost += 1
+                if job.lost >= MAX_LOST:
+                    self.jobs.pop(job.id)
+                    self.poisoned.append(job.id)
             job.sent = job.received
+
+    def take_poisoned(self) -> list[str]:
+        out, self.poisoned = self.poisoned, []
+        return out

@@ -324,7 +324,9 @@ class Scheduler:
         # embedding job of its class: it holds a lane)
         work: list[Job | EmbedJob] = [j for j in self.running.values() if j.status == JobStatus.PREFILLING]
         work += self.embeds.ready()
-        work.sort(key=lambda j: (j.qos.rank, isinstance(j, EmbedJob), j.admitted if isinstance(j, Job) else j.order))
+        # an embedding job ages as a waiting job does: steady prefill of better classes never starves it
+        work.sort(key=lambda j: (self.waiting.effective(j, step), True, j.order) if isinstance(j, EmbedJob)
+                  else (j.qos.rank, False, j.admitted))
         if work and work[0].qos == Qos.INTERACTIVE and isinstance(work[0], Job):
             # a chat prefills alone, in the largest chunks: short steps exist to let it in
             work = [j for j in work if j.qos == Qos.INTERACTIVE]

@@ -80,3 +80,34 @@ def test_copies_apply_after_opens_and_before_runs():
     rt.step(StepPlan(1, (LaneOpen(0, GREEDY),), (Run(0, 0, (1, 2, 3), True),)))
     rt.step(StepPlan(2, (LaneOpen(1, GREEDY),), (Run(1, 2, (3,), True),), copies=(Copy(0, 1, 2),)))
     assert rt.fed[-2:] == [(1, -1, (0, 2)), (1, 2, (3,))]
+
+
+class SumRuntime(EchoRuntime):
+    """Embeds an input as [sum of its tokens]; an input holding token 13 breaks the batch."""
+
+    def embed(self, items):
+        if any(13 in it.tokens for it in items):
+            raise ValueError("token 13 is cursed")
+        return [np.array([sum(it.tokens)], dtype=np.float32) for it in items]
+
+
+def test_a_failing_embed_input_fails_alone_and_the_step_s_generations_go_on():
+    from superfluid.plan import EmbedItem
+
+    rt = SumRuntime()
+    plan = StepPlan(1, (LaneOpen(0, GREEDY),), (Run(0, 0, (1, 2), True),),
+                    embeds=(EmbedItem(5, (1, 2)), EmbedItem(6, (13,)), EmbedItem(7, (4,))))
+    r = rt.step(plan)
+    assert [(s.seq, s.token) for s in r.sampled] == [(0, 3)]
+    by_key = {v.key: v for v in r.vectors}
+    assert sorted(by_key) == [5, 6, 7]
+    assert np.frombuffer(by_key[5].data, dtype="<f4").tolist() == [3.0] and by_key[5].error == ""
+    assert "cursed" in by_key[6].error and by_key[6].data == b""
+    assert np.frombuffer(by_key[7].data, dtype="<f4").tolist() == [4.0]
+
+
+def test_a_runtime_without_embeddings_answers_each_item_with_a_typed_error():
+    from superfluid.plan import EmbedItem
+
+    r = EchoRuntime().step(StepPlan(1, embeds=(EmbedItem(1, (1,)), EmbedItem(2, (2,)))))
+    assert [(v.key, v.code) for v in r.vectors] == [(1, "model_not_supported"), (2, "model_not_supported")]

@@ -153,3 +153,29 @@ def test_embedding_jobs_count_in_the_queue_depth_of_their_class():
     s.add_embed(ejob("e", [4]))
     assert s.queue_depth()[Qos.EMBEDDING] == 1
     assert Qos.AGENT.rank < Qos.EMBEDDING.rank < Qos.BACKGROUND.rank
+
+
+def test_an_embedding_job_ages_past_steady_agent_prefill():
+    s = Scheduler(lanes=1, n_ctx=4096, step_tokens=64, eog=frozenset({0}), embed_window=48, aging_steps=2)
+    s.prefill_budget = s.embed_budget = 16
+    s.add(Job("a", list(range(100, 1100)), SamplingParams(), 5, Qos.AGENT))  # a long agent prompt
+    s.add_embed(ejob("e", [16]))
+    seen = []
+    for _ in range(6):
+        p = s.schedule()
+        seen.append(embeds_of(p))
+        s.update(p, answer(p))
+    assert seen[0] == [] and [16] in seen  # first the agent's prompt takes the step, then e's turn comes
+
+
+def test_a_job_in_flight_at_two_worker_deaths_is_given_up():
+    s = sched(budget=8)
+    s.add_embed(ejob("e", [4, 4]))
+    s.add_embed(ejob("f", [40]))
+    s.schedule()
+    s.reset()
+    assert s.embeds.take_poisoned() == []
+    s.schedule()
+    s.reset()
+    assert s.embeds.take_poisoned() == ["e"]  # f never reached a step: it is not to blame
+    assert "f" in s.embeds.jobs and "e" not in s.embeds.jobs
