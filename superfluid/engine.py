@@ -91,6 +91,7 @@ class Engine:
         # llama.cpp may round the per-lane window; never promise more than it holds
         self.sched.n_ctx = min(self.sched.n_ctx, self.info.n_ctx)
         self.sched.embeds.window = self.info.embed_window
+        self.sched.embeds.chunks = self.info.embed_chunks
         self._task = asyncio.create_task(self._loop(), name="engine-loop")
 
     async def close(self, error: SuperfluidError | None = None) -> None:

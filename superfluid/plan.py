@@ -47,9 +47,14 @@ class EmbedItem:
     """One input to embed (or, with pair_at, one (query, document) pair to score with a
     cross-encoder). Embeddings use no lane and keep no KV: the runtime pools the whole input
     in this step."""
-    key: int  # the scheduler's id for the item, echoed with its vector
+    key: int  # the scheduler's id for the input, echoed with its vector
     tokens: tuple[int, ...]  # tokenized by the daemon, with the model's own special tokens
     pair_at: int = 0  # >0: tokens[pair_at:] are the pair's second segment (token type 1)
+    # A long input of a causal model may come in chunks over several steps (ModelInfo
+    # .embed_chunks): `pos` is where this chunk starts, and only the `last` one gets a vector.
+    # A chunk with no tokens drops the runtime's partial state for the key (a cancelled input).
+    pos: int = 0
+    last: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +76,7 @@ class StepPlan:
                 [[r.seq, r.pos, list(r.tokens), r.sample] for r in self.runs],
                 list(self.closes),
                 [[c.src, c.dst, c.n] for c in self.copies],
-                [[e.key, list(e.tokens), e.pair_at] for e in self.embeds]]
+                [[e.key, list(e.tokens), e.pair_at, e.pos, e.last] for e in self.embeds]]
 
     @classmethod
     def from_wire(cls, w: list) -> StepPlan:
@@ -81,7 +86,7 @@ class StepPlan:
                    tuple(Run(s, p, tuple(t), bool(x)) for s, p, t, x in runs),
                    tuple(closes),
                    tuple(Copy(a, b, n) for a, b, n in copies),
-                   tuple(EmbedItem(k, tuple(t), a) for k, t, a in embeds))
+                   tuple(EmbedItem(k, tuple(t), a, p, bool(x)) for k, t, a, p, x in embeds))
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,7 @@ class ModelInfo:
     description: str
     n_embd: int = 0  # the size of an embedding (0: unknown)
     embed_window: int = 0  # most tokens in one input to embed (0: the model cannot embed)
+    embed_chunks: bool = False  # an input may be embedded in chunks over several steps (causal models)
     pooling: str = ""  # how an input's token states become one vector
     kind: str = "generate"  # or "embedding" (embeds only), "cross-encoder" (scores pairs only)
 
@@ -117,7 +118,8 @@ class Runtime(ABC):
                 return tuple(v for it in items for v in self._embed((it,)))
             msg = getattr(e, "message", None) or f"{type(e).__name__}: {e}"
             return (Vector(items[0].key, error=msg, code=getattr(e, "code", None) or ""),)
-        return tuple(Vector(it.key, np.asarray(v, dtype="<f4").tobytes()) for it, v in zip(items, out, strict=True))
+        return tuple(Vector(it.key, np.asarray(v, dtype="<f4").tobytes())
+                     for it, v in zip(items, out, strict=True) if it.last and it.tokens)
 
     def _resolve(self, run: Run) -> Run:
         if PLACEHOLDER not in run.tokens:

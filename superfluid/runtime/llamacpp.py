@@ -5,11 +5,9 @@ has its own KV stream (kv_unified off), so a sequence's attention never sees ano
 cells: output does not depend on what else is in the batch. One `llama_decode` per step
 feeds every run; logits are requested only for the last token of runs that sample.
 
-Embeddings use a second context on the same weights, made on the first embedding step: the
-chat context keeps no pooled outputs and its lanes' KV is never touched by an embedding. That
-context pools as the GGUF declares (`{arch}.pooling_type`: mean, CLS, last; a decoder model
-that declares none is mean-pooled), or as `pooling` says, and its KV is cleared after every
-batch. Vectors are L2-normalised, as llama-server's OpenAI endpoint returns them."""
+Embeddings (runtime/llamacpp_embed.py) use a second context on the same weights, pooled as
+the GGUF declares (`{arch}.pooling_type`: mean, CLS, last; a decoder that declares none is
+mean-pooled) or as `pooling` says."""
 
 from __future__ import annotations
 
@@ -23,6 +21,7 @@ from ..codec.tokenizer import quiet_llama_logs
 from ..errors import EmbeddingUnsupported, ModelLoadError
 from ..plan import EmbedItem, Run
 from .base import ModelInfo, Runtime
+from .llamacpp_embed import EMBED_WINDOW, POOLING, LlamaEmbedder
 
 
 def extra_buffers_safe() -> bool:
@@ -48,9 +47,6 @@ def model_params():
     return mp
 
 
-POOLING = {"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}  # llama_pooling_type
-EMBED_WINDOW = 2048  # most tokens in one input to embed (the embedding context's batch)
-EMBED_SEQS = 64  # most inputs in one embedding batch
 
 
 class LlamaCppRuntime(Runtime):
@@ -85,11 +81,16 @@ class LlamaCppRuntime(Runtime):
         desc = ctypes.create_string_buffer(256)
         ll.llama_model_desc(self.model, desc, 256)
         self.threads = threads
-        self.pooling = pooling or self._declared_pooling() or "mean"
+        self.pooling = pooling or self._declared_pooling() or "mean"  # a decoder that declares none: mean
         if self.pooling not in POOLING or self.pooling in ("none", "rank"):
             raise ModelLoadError(f"pooling '{self.pooling}' cannot make one vector per input: use mean, cls or last")
         self.n_embd = ll.llama_model_n_embd(self.model)
-        self._ectx = None  # the embedding context, made on first use
+        self._embedder: LlamaEmbedder | None = None  # the embedding context, made on first use
+        declared = self._declared_pooling()
+        # a causal model's input may be embedded in chunks: a generative decoder (it declares
+        # no pooling) or a last-token embedder; an encoder (mean, CLS) needs it whole
+        chunked = declared in (None, "last") and not (ll.llama_model_has_encoder(self.model)
+                                                        and not ll.llama_model_has_decoder(self.model))
         n_ctx_seq = ll.llama_n_ctx_seq(self.ctx)
         # an input never runs past the positions the model learned (an encoder's 512, say)
         window = min(EMBED_WINDOW, n_ctx_seq, ll.llama_model_n_ctx_train(self.model) or n_ctx_seq)
@@ -97,8 +98,7 @@ class LlamaCppRuntime(Runtime):
                               n_ctx_train=ll.llama_model_n_ctx_train(self.model),
                               description=desc.value.decode(errors="replace"),
                               n_embd=self.n_embd,
-                              embed_window=window,
-                              pooling=self.pooling)
+                              embed_window=window, embed_chunks=chunked, pooling=self.pooling)
 
     def _meta(self, key: str) -> str | None:
         buf = ctypes.create_string_buffer(256)
@@ -111,71 +111,13 @@ class LlamaCppRuntime(Runtime):
         names = {v: k for k, v in POOLING.items()}
         return names.get(int(value)) if value and value.isdigit() and int(value) in (1, 2, 3) else None
 
-    def _embed_context(self):
-        if self._ectx is None:
-            cp = ll.llama_context_default_params()
-            cp.n_ctx = cp.n_batch = cp.n_ubatch = self.info.embed_window
-            cp.n_seq_max = EMBED_SEQS
-            cp.n_threads = cp.n_threads_batch = self.threads
-            cp.embeddings = True
-            cp.pooling_type = POOLING[self.pooling]
-            cp.kv_unified = True  # one stream: the batch's sequences share the window
-            # flash attention's f16 accumulation moves a pooled vector by ~1e-4 in cosine;
-            # without it the vectors equal llama.cpp's reference (embedding example, Llama.embed)
-            cp.flash_attn_type = 0
-            cp.no_perf = True
-            ctx = ll.llama_init_from_model(self.model, cp)
-            if not ctx:
-                raise EmbeddingUnsupported("llama.cpp could not create an embedding context for this model")
-            self._ectx = ctx
-            self._ebatch = ll.llama_batch_init(self.info.embed_window, 0, 1)
-            self._encoder = bool(ll.llama_model_has_encoder(self.model)) and not ll.llama_model_has_decoder(self.model)
-        return self._ectx
-
     def embed(self, items: tuple[EmbedItem, ...]) -> list[np.ndarray]:
         if any(it.pair_at for it in items):
             raise EmbeddingUnsupported("this model is not a cross-encoder: it cannot score pairs")
-        ctx = self._embed_context()
-        out: list[np.ndarray] = []
-        group: list[EmbedItem] = []
-        used = 0
-        for it in items:
-            if len(it.tokens) > self.info.embed_window:
-                raise EmbeddingUnsupported(f"an input of {len(it.tokens)} tokens is over the "
-                                           f"{self.info.embed_window}-token embedding window")
-            if group and (used + len(it.tokens) > self.info.embed_window or len(group) == EMBED_SEQS):
-                out += self._embed_batch(ctx, group)
-                group, used = [], 0
-            group.append(it)
-            used += len(it.tokens)
-        if group:
-            out += self._embed_batch(ctx, group)
-        return out
-
-    def _embed_batch(self, ctx, items: list[EmbedItem]) -> list[np.ndarray]:
-        b = self._ebatch
-        i = 0
-        for k, it in enumerate(items):
-            for j, tok in enumerate(it.tokens):
-                b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = tok, j, 1, 1
-                b.seq_id[i][0] = k
-                i += 1
-        b.n_tokens = i
-        rc = ll.llama_encode(ctx, b) if self._encoder else ll.llama_decode(ctx, b)
-        try:
-            if rc != 0:
-                raise RuntimeError(f"llama.cpp failed to embed the batch (code {rc})")
-            vecs = []
-            for k in range(len(items)):
-                ptr = ll.llama_get_embeddings_seq(ctx, k)
-                if not ptr:
-                    raise RuntimeError("llama.cpp returned no pooled embedding")
-                v = np.ctypeslib.as_array(ptr, shape=(self.n_embd,)).astype(np.float32)
-                norm = float(np.linalg.norm(v))
-                vecs.append(v / norm if norm > 0 else v)
-            return vecs
-        finally:
-            ll.llama_memory_clear(ll.llama_get_memory(ctx), True)
+        if self._embedder is None:
+            self._embedder = LlamaEmbedder(self.model, window=self.info.embed_window, threads=self.threads,
+                                           pooling=self.pooling, chunked=self.info.embed_chunks, n_embd=self.n_embd)
+        return self._embedder.embed(items)
 
     def grammar_tokenizer(self):
         from llguidance.llamacpp import lltokenizer_from_vocab
@@ -222,10 +164,10 @@ class LlamaCppRuntime(Runtime):
                 for seq, k in out_index.items()}
 
     def close(self) -> None:
-        if getattr(self, "_ectx", None):
-            ll.llama_batch_free(self._ebatch)
-            ll.llama_free(self._ectx)
-            self._ectx = None
+        embedder = getattr(self, "_embedder", None)
+        if embedder is not None:
+            embedder.close()
+            self._embedder = None
         if getattr(self, "ctx", None):
             ll.llama_batch_free(self.batch)
             ll.llama_free(self.ctx)

@@ -323,6 +323,7 @@ class Scheduler:
         # prefills and embedding jobs share the step, best class first (a prefill before an
         # embedding job of its class: it holds a lane)
         work: list[Job | EmbedJob] = [j for j in self.running.values() if j.status == JobStatus.PREFILLING]
+        self.embeds.take_drops(embeds)  # cancelled half-sent inputs: the runtime frees their state
         work += self.embeds.ready()
         # an embedding job ages as a waiting job does: steady prefill of better classes never starves it
         work.sort(key=lambda j: (self.waiting.effective(j, step), True, j.order) if isinstance(j, EmbedJob)
@@ -333,7 +334,7 @@ class Scheduler:
             budget = room
         for w in work:
             if isinstance(w, EmbedJob):
-                alone = not embeds and spent == 0
+                alone = not any(e.tokens for e in embeds) and spent == 0
                 used = self.embeds.take(w, max(0, self.embed_budget - spent), alone, embeds, step)
                 self.counters.embed_tokens += used
                 spent += used

@@ -238,3 +238,20 @@ def test_a_chat_is_answered_while_an_embedding_job_runs_on_its_model(daemon, cli
     # embeddings are not sessions: the log gained only the chat
     after = httpx.get(daemon.url + "/v1/sessions", params={"limit": 1000}).json()
     assert len(after["data"]) == len(sessions["data"]) + 1
+
+
+def test_ollama_keep_alive_0_unloads_the_model_once_idle_and_the_next_request_loads_it(daemon):
+    oc = ollama.Client(host=daemon.url)
+
+    def loaded() -> bool:
+        return httpx.get(daemon.url + f"/v1/models/{EMBEDDING_ID}").json()["meta"]["loaded"]
+
+    assert loaded()
+    oc.embed(model=EMBEDDING_ID, input="x", keep_alive=0)
+    deadline = time.monotonic() + 30
+    while loaded() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not loaded()
+    assert len(oc.embed(model=EMBEDDING_ID, input="x").embeddings[0]) == 384 and loaded()
+    oc.embed(model=MODEL, input="x", keep_alive=0)  # the default model is never unloaded
+    assert httpx.get(daemon.url + f"/v1/models/{MODEL}").json()["meta"]["loaded"]

@@ -66,7 +66,7 @@ def test_embeddings_through_the_head_equal_the_model_s(fleet):
 
 def test_a_lost_node_s_batches_go_to_the_other_node(fleet):
     head, a, b = fleet
-    texts = [f"item {i}" for i in range(600)]  # three batches of at most 256
+    texts = [f"item {i}" for i in range(600)]  # ten batches of at most 64, spread over both nodes
     os.kill(a.proc.pid, signal.SIGSTOP)  # A takes batches and never answers
     out: dict = {}
     th = threading.Thread(target=lambda: out.update(r=client(head).embeddings.create(

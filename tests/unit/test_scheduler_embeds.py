@@ -179,3 +179,53 @@ def test_a_job_in_flight_at_two_worker_deaths_is_given_up():
     s.reset()
     assert s.embeds.take_poisoned() == ["e"]  # f never reached a step: it is not to blame
     assert "f" in s.embeds.jobs and "e" not in s.embeds.jobs
+
+
+def chunk_sched(budget: int = 16) -> Scheduler:
+    s = sched(budget=budget, window=200)
+    s.embeds.chunks = True
+    return s
+
+
+def test_a_causal_model_s_long_input_comes_in_chunks_and_only_its_last_chunk_has_a_vector():
+    s = chunk_sched(budget=16)
+    s.add_embed(ejob("e", [40, 4]))
+    plans = []
+    events = []
+    while s.has_work:
+        p = s.schedule()
+        plans.append([(len(e.tokens), e.pos, e.last) for e in p.embeds])
+        events += s.update(p, StepResult(p.step, (), 0.0, tuple(Vector(e.key, b"\0" * 4) for e in p.embeds
+                                                               if e.last)))
+    assert plans == [[(16, 0, False)], [(16, 16, False)], [(8, 32, True), (4, 0, True)]]
+    assert [e.index for e in events] == [0, 1]
+
+
+def test_no_step_of_a_chunked_model_is_over_its_budget_and_a_chat_prefill_goes_first():
+    s = chunk_sched(budget=16)
+    s.add_embed(ejob("e", [100]))
+    s.schedule()
+    s.add(gjob("chat", 10, Qos.AGENT))
+    p = s.schedule()
+    assert [len(r.tokens) for r in p.runs] == [10] and p.embeds == ()  # 6 tokens left: too small a chunk
+    s.update(p, StepResult(p.step, (Sampled(p.runs[0].seq, 7),), 0.0))
+    p = s.schedule()
+    assert [(len(e.tokens), e.pos) for e in p.embeds] == [(16, 16)]  # beside the chat's decode
+
+
+def test_a_cancelled_half_sent_input_is_dropped_in_the_runtime():
+    s = chunk_sched(budget=16)
+    s.add_embed(ejob("e", [100]))
+    key = s.schedule().embeds[0].key
+    s.finish("e", None)  # type: ignore[arg-type]
+    p = s.schedule()
+    assert [(e.key, e.tokens) for e in p.embeds] == [(key, ())] and not s.has_work
+
+
+def test_a_worker_death_restarts_a_half_sent_input_from_its_first_token():
+    s = chunk_sched(budget=16)
+    s.add_embed(ejob("e", [40]))
+    s.schedule()
+    s.reset()
+    p = s.schedule()
+    assert [(len(e.tokens), e.pos) for e in p.embeds] == [(16, 0)] and not s.embeds.drops
