@@ -58,8 +58,8 @@ def d():
     daemon.stop()
 
 
-@pytest.fixture(scope="session")
-def browser():
+@pytest.fixture(scope="package")  # not session: Playwright's sync API runs an event loop in this
+def browser():  # thread while it lives, and every later test's asyncio.run() would refuse to start
     _need_browser()
     from playwright.sync_api import sync_playwright
     with sync_playwright() as p:

@@ -65,7 +65,7 @@ def test_preload_and_errors(daemon, oc):
     with pytest.raises(ollama.ResponseError) as e:
         oc.pull(MODEL)
     assert e.value.status_code == 501
-    r = httpx.post(daemon.url + "/api/embed", json={"model": MODEL, "input": "x"})
-    assert r.status_code == 400 and r.json() == {"error": "this model cannot embed"}
+    r = httpx.post(daemon.url + "/api/embed", json={"model": MODEL, "input": 5})
+    assert r.status_code == 400 and r.json() == {"error": "input must be a string or a list of 1 to 2048 strings"}
     r = httpx.post(daemon.url + "/api/chat", content=b"{bad")
     assert r.status_code == 400 and "JSON" in r.json()["error"]
