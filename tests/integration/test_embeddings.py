@@ -20,6 +20,8 @@ from .conftest import MODEL
 from .daemon import Daemon
 from .embed_models import build_cross_encoder
 
+pytest.importorskip("transformers")  # the embedding model and the cross-encoder need superfluid[hf]
+
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "minilm_reference.json"
 XENC = "tiny-cross-encoder"
 

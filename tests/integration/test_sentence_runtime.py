@@ -12,16 +12,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from superfluid.codec.hf_tokenizer import HfTokenizer
 from superfluid.errors import EmbeddingUnsupported
 from superfluid.plan import EmbedItem, StepPlan
-import torch
-
-from superfluid.codec.hf_tokenizer import HfTokenizer
 from superfluid.runtime.registry import EMBEDDING_ID, default_runtime, embedded_embedding_model, resolve
-from superfluid.runtime.sentence import SentenceRuntime
 from superfluid.runtime.sentence_config import sentence_config
 
 from .embed_models import build_cross_encoder
+
+torch = pytest.importorskip("torch")  # superfluid[hf]
+from superfluid.runtime.sentence import SentenceRuntime  # noqa: E402  (it needs torch)
 
 REFERENCE = json.loads((Path(__file__).parents[1] / "fixtures" / "minilm_reference.json").read_text())
 
