@@ -6,10 +6,11 @@ import argparse
 from dataclasses import replace
 import logging
 import os
+import shutil
 import sys
 
 from . import __version__
-from .config import DEFAULT_HOST, DEFAULT_PORT, EngineConfig, ServeConfig, default_threads
+from .config import DEFAULT_HOST, DEFAULT_PORT, EngineConfig, ServeConfig, default_threads, home
 from .api.guard import is_loopback_host
 from .api.policy import KeyPolicy, PolicyError, load_policies
 from .errors import ModelLoadError, SuperfluidError
@@ -66,6 +67,8 @@ def _engine_flags(s: argparse.ArgumentParser) -> None:
     s.add_argument("--step-ms", type=_positive, default=250, help="prefill chunks are sized so a step takes about this long (default 250)")
     s.add_argument("--pooling", choices=("mean", "cls", "last"), help="embeddings from a GGUF: how token states become one vector (default: what the GGUF declares, else mean)")
     s.add_argument("--matryoshka", action="store_true", help="the model was trained for shortened embeddings: requests may ask for fewer dimensions")
+    s.add_argument("--kv-disk", choices=("on", "off"), default="on", help="keep finished and evicted prefixes' KV on disk under $SUPERFLUID_HOME/kv, restored instead of prefilled, across restarts too (default on; llama.cpp models)")
+    s.add_argument("--kv-disk-mb", type=_positive, metavar="MB", help="most MiB of KV on disk, least recently used evicted first (default: a quarter of the free disk, at most 16 GiB)")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -193,7 +196,21 @@ def _engine_config(args: argparse.Namespace, src) -> EngineConfig | int:
                         kv_slots=args.kv_slots, class_lanes=args.class_lanes,
                         aging_steps=args.aging_steps, step_target_s=args.step_ms / 1000, chat_template=template,
                         runtime=args.runtime or default_runtime(src.path), pooling=args.pooling,
-                        matryoshka=args.matryoshka)
+                        matryoshka=args.matryoshka, **_kv_disk(args))
+
+
+def _kv_disk(args: argparse.Namespace) -> dict:
+    """The disk tier's directory and cap (none with --kv-disk off)."""
+    if getattr(args, "kv_disk", "off") == "off":
+        return {}
+    d = home() / "kv"
+    mb = args.kv_disk_mb
+    if mb is None:
+        probe = d
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        mb = min(16384.0, shutil.disk_usage(probe).free / 4 / (1 << 20))
+    return {"kv_dir": str(d), "kv_disk_mb": float(mb)}
 
 
 def _serve(args: argparse.Namespace) -> int:

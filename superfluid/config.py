@@ -43,6 +43,8 @@ class EngineConfig:
     stage_split: str = "even"  # pipeline: layers split evenly or by the memory each stage reports
     pooling: str | None = None  # embeddings on llama.cpp: mean, cls or last (None: the GGUF's, else mean)
     matryoshka: bool = False  # embeddings may be cut to `dimensions` (a model trained for it)
+    kv_dir: str = ""  # the disk tier of the KV cache ("": none); each model file gets its own folder in it
+    kv_disk_mb: float = 0.0  # its size cap
 
     @property
     def slots(self) -> int:

@@ -53,7 +53,8 @@ class Engine:
         self.reasoning = reasoning_markers(self.template.source)
         self.spec = WorkerSpec(cfg.model_path, cfg.slots, n_ctx, cfg.threads, cfg.step_tokens, runtime=cfg.runtime,
                                stages=cfg.stages, spares=cfg.stage_spares, stage_psk=cfg.stage_psk,
-                               split=cfg.stage_split, pooling=cfg.pooling)
+                               split=cfg.stage_split, pooling=cfg.pooling, kv_dir=cfg.kv_dir,
+                               kv_disk_mb=cfg.kv_disk_mb)
         self.worker: WorkerProcess | None = None
         self.info: ModelInfo | None = None
         self.sched = Scheduler(lanes=cfg.max_batch, n_ctx=n_ctx, step_tokens=cfg.step_tokens,
@@ -88,6 +89,7 @@ class Engine:
     async def start(self) -> None:
         self.worker = WorkerProcess(self.spec)
         self.info = await self.worker.start()
+        self.sched.seed_disk(self.worker.kv_entries)
         # llama.cpp may round the per-lane window; never promise more than it holds
         self.sched.n_ctx = min(self.sched.n_ctx, self.info.n_ctx)
         self.sched.embeds.window = self.info.embed_window
@@ -314,6 +316,7 @@ class Engine:
             worker = WorkerProcess(self.spec)
             try:
                 self.info = await worker.start()
+                self.sched.seed_disk(worker.kv_entries)
                 self.worker = worker
                 self.respawns += 1
                 log.warning("worker respawned (pid %s)", worker.pid)

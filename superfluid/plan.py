@@ -8,6 +8,9 @@ Both travel over Link W as plain msgpack lists."""
 
 from __future__ import annotations
 
+import hashlib
+from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .request import SamplingParams
@@ -32,6 +35,37 @@ class Copy:
     src: int
     dst: int
     n: int
+
+
+@dataclass(frozen=True, slots=True)
+class Save:
+    """Write lane seq's first n tokens of KV to the disk tier as entry `key` (the lane keeps
+    them). Applied before opens: an evicted slot is saved before its next job wipes it.
+    `tokens` are those n tokens: the entry's index, read back after a restart."""
+    seq: int
+    key: int
+    tokens: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """Restore disk entry `key` into lane seq (opened with keep=0), keeping its first n
+    tokens. Applied after copies, before runs. A load that fails (the entry is gone or
+    corrupt) leaves the lane empty and is reported in StepResult.failed."""
+    seq: int
+    key: int
+    n: int
+
+
+def kv_key(tokens: Sequence[int]) -> int:
+    """The disk tier's name for the KV of exactly these tokens (from position 0)."""
+    digest = hashlib.blake2b(array("i", tokens).tobytes(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1  # 63 bits: a msgpack int on every link
+
+
+# A restored token costs about this fraction of a prefilled one (a 1,500-token entry of the
+# embedded model: 37 ms to load against 17 s to prefill): the step budget counts it so
+RESTORE_COST = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,10 +99,15 @@ class StepPlan:
     closes: tuple[int, ...] = ()  # lanes retired: their sampler goes, their KV stays (a cache entry)
     copies: tuple[Copy, ...] = ()
     embeds: tuple[EmbedItem, ...] = ()  # inputs embedded in this step, after the runs
+    saves: tuple[Save, ...] = ()  # KV written to the disk tier, before opens
+    loads: tuple[Load, ...] = ()  # KV restored from the disk tier, after copies
+    drops: tuple[int, ...] = ()  # disk entries no longer wanted (superseded by a longer one)
 
     @property
     def n_tokens(self) -> int:
-        return sum(len(r.tokens) for r in self.runs) + sum(len(e.tokens) for e in self.embeds)
+        """Prefill-equivalent tokens of work (restored ones at their RESTORE_COST share)."""
+        return (sum(len(r.tokens) for r in self.runs) + sum(len(e.tokens) for e in self.embeds)
+                + sum(ld.n for ld in self.loads) // RESTORE_COST)
 
     def to_wire(self) -> list:
         return [self.step,
@@ -76,17 +115,23 @@ class StepPlan:
                 [[r.seq, r.pos, list(r.tokens), r.sample] for r in self.runs],
                 list(self.closes),
                 [[c.src, c.dst, c.n] for c in self.copies],
-                [[e.key, list(e.tokens), e.pair_at, e.pos, e.last] for e in self.embeds]]
+                [[e.key, list(e.tokens), e.pair_at, e.pos, e.last] for e in self.embeds],
+                [[v.seq, v.key, list(v.tokens)] for v in self.saves],
+                [[ld.seq, ld.key, ld.n] for ld in self.loads],
+                list(self.drops)]
 
     @classmethod
     def from_wire(cls, w: list) -> StepPlan:
-        step, opens, runs, closes, copies, embeds = w
+        step, opens, runs, closes, copies, embeds, saves, loads, drops = w
         return cls(step,
                    tuple(LaneOpen(s, SamplingParams.from_wire(p), tuple(h), k) for s, p, h, k in opens),
                    tuple(Run(s, p, tuple(t), bool(x)) for s, p, t, x in runs),
                    tuple(closes),
                    tuple(Copy(a, b, n) for a, b, n in copies),
-                   tuple(EmbedItem(k, tuple(t), a, p, bool(x)) for k, t, a, p, x in embeds))
+                   tuple(EmbedItem(k, tuple(t), a, p, bool(x)) for k, t, a, p, x in embeds),
+                   tuple(Save(q, k, tuple(t)) for q, k, t in saves),
+                   tuple(Load(q, k, n) for q, k, n in loads),
+                   tuple(drops))
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,20 +153,34 @@ class Vector:
 
 
 @dataclass(frozen=True, slots=True)
+class KvIo:
+    """The disk tier's traffic in one step, in bytes."""
+    saved: int = 0
+    restored: int = 0
+    evicted: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class StepResult:
     step: int
     sampled: tuple[Sampled, ...]
     elapsed_s: float = 0.0
     vectors: tuple[Vector, ...] = ()
+    failed: tuple[int, ...] = ()  # lanes whose KV is lost (a load that failed): their runs were skipped
+    dropped: tuple[int, ...] = ()  # disk entries gone (evicted for space, unwritable, corrupt)
+    kvio: KvIo = KvIo()
 
     def to_wire(self) -> list:
         return [self.step, [[s.seq, s.token, s.logprob, [list(t) for t in s.top]]
                             for s in self.sampled], self.elapsed_s,
-                [[v.key, v.data, v.error, v.code] for v in self.vectors]]
+                [[v.key, v.data, v.error, v.code] for v in self.vectors],
+                list(self.failed), list(self.dropped),
+                [self.kvio.saved, self.kvio.restored, self.kvio.evicted]]
 
     @classmethod
     def from_wire(cls, w: list) -> StepResult:
-        step, sampled, elapsed, vectors = w
+        step, sampled, elapsed, vectors, failed, dropped, kvio = w
         return cls(step, tuple(Sampled(q, t, lp, tuple((a, b) for a, b in top))
                                for q, t, lp, top in sampled), elapsed,
-                   tuple(Vector(k, bytes(d), str(e), str(c)) for k, d, e, c in vectors))
+                   tuple(Vector(k, bytes(d), str(e), str(c)) for k, d, e, c in vectors),
+                   tuple(failed), tuple(dropped), KvIo(*kvio))

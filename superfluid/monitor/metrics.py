@@ -18,6 +18,13 @@ _COUNTERS = (
     ("decode_tokens", "tokens decoded"),
     ("coalesced", "admissions seeded by copying a prefix another running lane computed"),
     ("embed_tokens", "tokens of embedding and rerank inputs sent to the worker"),
+    ("disk_lookups", "admissions that looked for their prefix in the KV disk tier"),
+    ("restores", "admissions whose prefix was restored from the KV disk tier (hit rate: restores / disk_lookups)"),
+    ("restored_tokens", "prompt tokens restored from the KV disk tier, not prefilled"),
+    ("kv_saves", "lanes' KV written to the disk tier"),
+    ("kv_saved_bytes", "bytes of KV written to the disk tier"),
+    ("kv_restored_bytes", "bytes of KV read back from the disk tier"),
+    ("kv_evicted_bytes", "bytes of KV deleted from the disk tier to stay under --kv-disk-mb"),
 )
 
 

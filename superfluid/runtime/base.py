@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import EmbeddingUnsupported
-from ..plan import PLACEHOLDER, EmbedItem, Run, Sampled, StepPlan, StepResult, Vector
+from ..plan import PLACEHOLDER, EmbedItem, KvIo, Run, Sampled, Save, StepPlan, StepResult, Vector
+from .kvstore import KvStore
 from .sampling import LaneSampler
 
 
@@ -42,10 +43,16 @@ class Runtime(ABC):
     info: ModelInfo
     eog: np.ndarray  # end-of-generation token ids (banned when ignore_eos)
 
+    # A runtime whose lanes can be saved to disk (save_state / load_state) names its KV format
+    # here: it is part of the disk entries' fingerprint. Empty: no disk tier.
+    kv_format: str = ""
+
     def __init__(self) -> None:
         self._samplers: dict[int, LaneSampler] = {}
         self._last: dict[int, int] = {}  # seq -> its last sampled token (resolves PLACEHOLDER)
         self._lltok: Any = None  # llguidance tokenizer, built on the first constrained lane
+        self._broken: set[int] = set()  # lanes whose KV is lost until they are opened again
+        self.kv_store: KvStore | None = None  # the disk tier, attached by the worker
 
     @abstractmethod
     def open_lane(self, seq: int, keep: int) -> None: ...
@@ -79,24 +86,58 @@ class Runtime(ABC):
     def grammar_tokenizer(self):
         raise NotImplementedError(f"{type(self).__name__} has no grammar support")
 
+    def lane_len(self, seq: int) -> int | None:
+        """Positions the lane's KV holds (None: this runtime cannot tell)."""
+        return None
+
+    def save_state(self, seq: int, n: int) -> bytes | None:
+        """The lane's KV for its first n tokens, as bytes load_state takes back (the lane
+        may drop what it holds past n). None: this runtime has no disk tier."""
+        return None
+
+    def load_state(self, seq: int, data: bytes, n: int) -> bool:
+        """Put saved KV into the lane and keep its first n tokens; False if it does not fit
+        this runtime (the lane is then left empty)."""
+        return False
+
     def close(self) -> None:
         """Release weights and KV."""
 
     def step(self, plan: StepPlan) -> StepResult:
         t0 = time.perf_counter()
+        failed: list[int] = []
         for seq in plan.closes:
             self._samplers.pop(seq, None)
             self._last.pop(seq, None)
             self.close_lane(seq)
+        saved = sum(self._save(s) for s in plan.saves)
+        if self.kv_store is not None:
+            for key in plan.drops:
+                self.kv_store.drop(key)
         for o in plan.opens:
+            self._broken.discard(o.seq)
             self.open_lane(o.seq, o.keep)
+            held = self.lane_len(o.seq) if o.keep else None
+            if held is not None and held < o.keep:
+                self._break(o.seq, failed)  # the cache entry it was seeded from is not there
             matcher = self.grammar_matcher(o.sampling.grammar) if o.sampling.grammar else None
             self._samplers[o.seq] = LaneSampler(o.sampling, o.history, self.eog, matcher)
         for c in plan.copies:
-            self.copy_lane(c.src, c.dst, c.n)
+            held = self.lane_len(c.src)
+            if c.src in self._broken or (held is not None and held < c.n):
+                self._break(c.dst, failed)
+            else:
+                self.copy_lane(c.src, c.dst, c.n)
+        restored = 0
+        for ld in plan.loads:
+            data = self.kv_store.get(ld.key) if self.kv_store is not None else None
+            if data is not None and self.load_state(ld.seq, data, ld.n):
+                restored += len(data)
+            else:
+                self._break(ld.seq, failed)
         sampled: list[Sampled] = []
-        if plan.runs:
-            runs = tuple(self._resolve(r) for r in plan.runs)
+        runs = tuple(self._resolve(r) for r in plan.runs if r.seq not in self._broken)
+        if runs:
             logits = self.forward(runs)
             for run in runs:
                 if run.sample:
@@ -105,7 +146,32 @@ class Runtime(ABC):
                     self._last[run.seq] = s.token
                     sampled.append(s)
         vectors = self._embed(plan.embeds) if plan.embeds else ()
-        return StepResult(plan.step, tuple(sampled), time.perf_counter() - t0, vectors)
+        dropped, evicted = self.kv_store.take_dropped() if self.kv_store is not None else ([], 0)
+        return StepResult(plan.step, tuple(sampled), time.perf_counter() - t0, vectors, tuple(failed),
+                          tuple(dropped), KvIo(saved, restored, evicted))
+
+    def _break(self, seq: int, failed: list[int]) -> None:
+        """The lane's KV is lost: empty it, skip its runs until it is opened again, and tell
+        the scheduler (which requeues the lane's job to prefill from scratch)."""
+        self.open_lane(seq, 0)
+        self._broken.add(seq)
+        if seq not in failed:
+            failed.append(seq)
+
+    def _save(self, sv: Save) -> int:
+        store = self.kv_store
+        if store is None:
+            return 0
+        n = len(sv.tokens)
+        held = self.lane_len(sv.seq)
+        data = None
+        if sv.seq not in self._broken and (held is None or held >= n):
+            data = self.save_state(sv.seq, n)
+        if data is None or not store.put(sv.key, sv.tokens, data):
+            if data is None:
+                store.reject(sv.key)
+            return 0
+        return len(data)
 
     def _embed(self, items: tuple[EmbedItem, ...]) -> tuple[Vector, ...]:
         """The step's embeddings. A batch the runtime refuses is tried again an item at a

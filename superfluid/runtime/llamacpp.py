@@ -94,6 +94,9 @@ class LlamaCppRuntime(Runtime):
         n_ctx_seq = ll.llama_n_ctx_seq(self.ctx)
         # an input never runs past the positions the model learned (an encoder's 512, say)
         window = min(EMBED_WINDOW, n_ctx_seq, ll.llama_model_n_ctx_train(self.model) or n_ctx_seq)
+        # the disk tier's entries fit only this build's state format and this KV layout
+        self.kv_format = (f"llamacpp-{ll.__version__}-streams-{ll.llama_model_n_layer(self.model)}"
+                          f"x{ll.llama_model_n_embd(self.model)}")
         self.info = ModelInfo(n_vocab=n_vocab, n_ctx=n_ctx_seq, n_lanes=lanes,
                               n_ctx_train=ll.llama_model_n_ctx_train(self.model),
                               description=desc.value.decode(errors="replace"),
@@ -136,6 +139,30 @@ class LlamaCppRuntime(Runtime):
         ll.llama_memory_seq_rm(self.mem, dst, -1, -1)
         ll.llama_memory_seq_cp(self.mem, src, dst, -1, -1)
         ll.llama_memory_seq_rm(self.mem, dst, n, -1)
+
+    def lane_len(self, seq: int) -> int | None:
+        return ll.llama_memory_seq_pos_max(self.mem, seq) + 1
+
+    def save_state(self, seq: int, n: int) -> bytes | None:
+        # the slot holds exactly n tokens for the scheduler: anything past them (a decode
+        # planned before its job ended) goes now, and the state is just those n
+        ll.llama_memory_seq_rm(self.mem, seq, n, -1)
+        size = ll.llama_state_seq_get_size(self.ctx, seq)
+        buf = (ctypes.c_uint8 * size)()
+        if ll.llama_state_seq_get_data(self.ctx, buf, size, seq) != size:
+            return None
+        return bytes(buf)
+
+    def load_state(self, seq: int, data: bytes, n: int) -> bool:
+        src = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        if ll.llama_state_seq_set_data(self.ctx, src, len(data), seq) != len(data):
+            ll.llama_memory_seq_rm(self.mem, seq, -1, -1)
+            return False
+        ll.llama_memory_seq_rm(self.mem, seq, n, -1)
+        if self.lane_len(seq) != n:
+            ll.llama_memory_seq_rm(self.mem, seq, -1, -1)
+            return False
+        return True
 
     def forward(self, runs: tuple[Run, ...]) -> dict[int, np.ndarray]:
         b = self.batch

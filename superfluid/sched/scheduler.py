@@ -24,97 +24,18 @@ recomputes them, and greedy or seeded sampling (keyed by position) draws the sam
 
 from __future__ import annotations
 
-import enum
-from dataclasses import dataclass, field
-
-from ..plan import PLACEHOLDER, Copy, EmbedItem, LaneOpen, Run, StepPlan, StepResult
-from ..request import FinishReason, Qos, SamplingParams
+from ..plan import RESTORE_COST, Copy, EmbedItem, LaneOpen, Load, Run, Save, StepPlan, StepResult, kv_key
+from ..request import FinishReason, Qos
 from .embeds import EmbedEvent, EmbedJob, EmbedQueue
+from .jobs import Counters, Job, JobStatus, TokenEvent
+from .kvdisk import BLOCK, MIN_ENTRY, DiskIndex
 from .lanes import KvSlots, Slot
 from .prefix import common_prefix
 from .queues import WaitQueue
 
 MIN_COPY = 16  # a shorter shared prefix is cheaper to recompute than a KV stream copy
 COALESCE_MIN = 64  # wait for another job's prefill only when it saves at least this much
-
-
-class JobStatus(enum.IntEnum):
-    WAITING = 0
-    PREFILLING = 1
-    DECODING = 2
-    FINISHED = 3
-
-
-@dataclass(eq=False)
-class Job:
-    id: str
-    prompt: list[int]
-    sampling: SamplingParams
-    max_tokens: int
-    qos: Qos = Qos.AGENT
-    status: JobStatus = JobStatus.WAITING
-    seq: int | None = None
-    scheduled: int = 0  # context tokens sent to the worker (in flight included)
-    pending: int = 0  # samples requested but not yet received
-    output: list[int] = field(default_factory=list)
-    finish: FinishReason | None = None
-    cached: int | None = None  # prompt tokens seeded from KV at first admission
-    incarnation: int = 0  # bumped at every admission; stale results are dropped
-    admitted: int = 0  # admission order, for "youngest first"
-    enqueued_step: int = 0
-    order: int = 0
-    preemptions: int = 0
-    prior: tuple[int, ...] = ()  # tokens of this turn generated before this job (in the prompt)
-
-    @property
-    def context_len(self) -> int:
-        """Known context: prompt and received output."""
-        return len(self.prompt) + len(self.output)
-
-    @property
-    def planned_len(self) -> int:
-        """Context once every in-flight sample has arrived."""
-        return self.context_len + self.pending
-
-    @property
-    def generated(self) -> int:
-        return len(self.output) + self.pending
-
-    def known(self) -> list[int]:
-        return self.prompt + self.output
-
-    def kv_tokens(self) -> list[int]:
-        """Known tokens whose KV has been sent to the worker."""
-        return self.known()[:min(self.scheduled, self.context_len)]
-
-    def context(self, start: int, n: int) -> tuple[int, ...]:
-        """Tokens [start, start+n) of the planned context; PLACEHOLDER past the known part."""
-        lp, lo = len(self.prompt), len(self.output)
-        return tuple(self.prompt[i] if i < lp else self.output[i - lp] if i - lp < lo else PLACEHOLDER
-                     for i in range(start, start + n))
-
-
-@dataclass(frozen=True, slots=True)
-class TokenEvent:
-    job_id: str
-    token: int
-    logprob: float | None
-    top: tuple[tuple[int, float], ...]
-    finish: FinishReason | None
-    cached: int = 0
-
-
-@dataclass
-class Counters:
-    admissions: int = 0
-    cold_admissions: int = 0
-    cached_tokens: int = 0
-    preemptions: int = 0
-    evictions: int = 0
-    prefill_tokens: int = 0
-    decode_tokens: int = 0
-    coalesced: int = 0
-    embed_tokens: int = 0
+MIN_RESTORE = BLOCK  # restore from disk only when it saves at least this much prefill over RAM
 
 
 class Scheduler:
@@ -144,6 +65,9 @@ class Scheduler:
         self.counters = Counters()
         self._to_close: list[int] = []
         self._inflight: dict[int, dict[int, tuple[Job, int]]] = {}  # step -> {seq: (job, incarnation)}
+        self.disk: DiskIndex | None = None  # the disk tier's index (None: the worker has no disk tier)
+        self._to_save: list[tuple[int, list[int]]] = []  # (seq, KV tokens) of lanes whose turn ended
+        self._loads: dict[int, dict[int, int]] = {}  # step -> {seq: disk key} restores in flight
         self._step = 0
         self._admitted = 0
 
@@ -176,7 +100,7 @@ class Scheduler:
         if job.status == JobStatus.WAITING:
             self.waiting.remove(job_id)
         elif job.seq is not None and job.status != JobStatus.FINISHED:
-            self._release(job)
+            self._release(job, save=True)
         job.status, job.finish = JobStatus.FINISHED, job.finish or reason
         return True
 
@@ -197,6 +121,8 @@ class Scheduler:
         self.running.clear()
         self._to_close.clear()
         self._inflight.clear()
+        self._to_save.clear()
+        self._loads.clear()
         self.embeds.reset()
         self.slots = KvSlots(len(self.slots))
         return lost
@@ -217,25 +143,72 @@ class Scheduler:
         # slots this plan opens or copies from: their jobs may not be preempted in this plan,
         # or the worker (opens before copies) would wipe a copy's source or destination
         pinned: set[int] = set()
+        saves: list[Save] = []
+        drops: list[int] = []
+        loads: list[Load] = []
+        for seq, tokens in self._to_save:  # turns that ended: their KV goes to disk
+            self._save(seq, tokens, step, saves, drops)
+        self._to_save.clear()
         for job in self.waiting.ordered(step):
             full = len(self.running) >= self.max_lanes
             if full and job.qos.rank > Qos.COMPLETION:
                 continue  # only interactive and completion jobs preempt
             if not self._admissible(job):
                 continue
+            restore = self._restore_for(job)
+            if restore is not None and job.qos != Qos.INTERACTIVE and (loads or self._chat_prefilling()):
+                continue  # one restore a step, and none while a chat prefills: it waits a step
             if full and not self._preempt_for(job, step, pinned):
                 continue
-            self._admit(job, step, opens, copies, pinned)
+            self._admit(job, step, opens, copies, pinned, restore, loads, saves, drops)
         closes = tuple(self._to_close)
         self._to_close.clear()
         embeds: list[EmbedItem] = []
-        runs = self._runs(step, embeds)
-        if not (opens or runs or closes or embeds):
+        runs = self._runs(step, embeds, sum(ld.n for ld in loads) // RESTORE_COST)
+        if not (opens or runs or closes or embeds or saves or drops):
             return None
         self._step = step
         self._inflight[step] = {r.seq: (self.running[r.seq], self.running[r.seq].incarnation)
                                 for r in runs if r.sample}
-        return StepPlan(step, tuple(opens), tuple(runs), closes, tuple(copies), tuple(embeds))
+        if loads:
+            self._loads[step] = {ld.seq: ld.key for ld in loads}
+        return StepPlan(step, tuple(opens), tuple(runs), closes, tuple(copies), tuple(embeds),
+                        tuple(saves), tuple(loads), tuple(drops))
+
+    # -- the disk tier ---------------------------------------------------------------------
+    def _restore_for(self, job: Job) -> tuple[int, int] | None:
+        """(disk key, tokens) when restoring the job's prefix from disk saves at least
+        MIN_RESTORE tokens of prefill over the best KV a slot holds."""
+        if not self.disk:
+            return None
+        tokens = job.known()
+        key, n = self.disk.match(tokens)
+        n = min(n, len(tokens) - 1)  # the last token is fed again: its logits are needed
+        if key is None or n < self.slots.best_match(tokens, Job.kv_tokens)[1] + MIN_RESTORE:
+            return None
+        return key, n
+
+    def _chat_prefilling(self) -> bool:
+        return any(j.qos == Qos.INTERACTIVE and j.status == JobStatus.PREFILLING for j in self.running.values())
+
+    def _save(self, seq: int, tokens: list[int], step: int, saves: list[Save], drops: list[int]) -> None:
+        """Write a slot's KV to disk unless the disk tier already holds all but a block of it."""
+        if self.disk is None or len(tokens) < MIN_ENTRY or self.disk.match(tokens)[1] > len(tokens) - BLOCK:
+            return
+        key = kv_key(tokens)
+        saves.append(Save(seq, key, tuple(tokens)))
+        drops.extend(self.disk.add(key, tokens, step))
+        self.counters.kv_saves += 1
+
+    def seed_disk(self, entries: list[tuple[int, tuple[int, ...]]] | None) -> None:
+        """A (new) worker's disk tier: index what it holds (None: it has none)."""
+        if entries is None:
+            self.disk = None
+            return
+        self.disk = DiskIndex()
+        for i, (key, tokens) in enumerate(entries):  # least recently used first
+            if len(tokens) >= MIN_ENTRY:
+                self.disk.add(key, tokens, -len(entries) + i)
 
     def _admissible(self, job: Job) -> bool:
         cap = self.class_lanes.get(job.qos)
@@ -272,7 +245,8 @@ class Scheduler:
         self.waiting.push_front(victim, step)
         return True
 
-    def _admit(self, job: Job, step: int, opens: list[LaneOpen], copies: list[Copy], pinned: set[int]) -> None:
+    def _admit(self, job: Job, step: int, opens: list[LaneOpen], copies: list[Copy], pinned: set[int],
+               restore: tuple[int, int] | None, loads: list[Load], saves: list[Save], drops: list[int]) -> None:
         tokens = job.known()
         src, n = self.slots.best_match(tokens, Job.kv_tokens)
         n = min(n, len(tokens) - 1)  # the last token is fed again: its logits are needed
@@ -280,7 +254,17 @@ class Scheduler:
             # a few shared tokens (a chat template's header) are worth neither a copy nor
             # most of a longer cache entry
             src, n = None, 0
-        if src is not None and src.job is None and n > 0:
+        if restore is not None:  # the disk tier holds a longer prefix than any slot
+            src = None
+            free = self.slots.evictable()
+            assert free is not None, "a free lane always has a free slot"
+            slot, keep, (key, n) = free, 0, restore
+            loads.append(Load(slot.seq, key, n))
+            self.disk.entries[key].used = step  # type: ignore[union-attr]
+            if job.cached is None:
+                self.counters.restores += 1
+                self.counters.restored_tokens += n
+        elif src is not None and src.job is None and n > 0:
             slot, keep = src, n
         else:
             free = self.slots.evictable()
@@ -292,8 +276,11 @@ class Scheduler:
                 pinned.add(src.seq)
                 src.hits += 1
                 self.counters.coalesced += 1
+        if self.disk is not None and job.cached is None:
+            self.counters.disk_lookups += 1
         if slot.kv and slot is not src:
             self.counters.evictions += 1
+            self._save(slot.seq, slot.kv, step, saves, drops)  # before the open wipes it
         if slot is src:
             slot.hits += 1
         slot.job, slot.kv, slot.last_used = job, [], step
@@ -311,14 +298,14 @@ class Scheduler:
         pinned.add(slot.seq)
         opens.append(LaneOpen(slot.seq, job.sampling, job.prior + tuple(job.output), keep))
 
-    def _runs(self, step: int, embeds: list[EmbedItem]) -> list[Run]:
+    def _runs(self, step: int, embeds: list[EmbedItem], restore_cost: int) -> list[Run]:
         runs: list[Run] = []
         for job in self.running.values():
             if job.status == JobStatus.DECODING and self._wants_token(job):
                 runs.append(self._run(job, 1))
                 self.counters.decode_tokens += 1
         room = self.step_tokens - len(runs)  # the worker's batch holds step_tokens at most
-        budget = min(max(1, self.prefill_budget - len(runs)), room)
+        budget = min(max(1, self.prefill_budget - len(runs) - restore_cost), room)
         spent = 0  # prefill and embedding tokens planned so far in this step
         # prefills and embedding jobs share the step, best class first (a prefill before an
         # embedding job of its class: it holds a lane)
@@ -367,6 +354,8 @@ class Scheduler:
         if result.step != plan.step:
             raise ValueError(f"result of step {result.step} for plan {plan.step}")
         owners = self._inflight.pop(plan.step, {})
+        loads = self._loads.pop(plan.step, {})
+        self._disk_result(result, loads)
         events: list[TokenEvent | EmbedEvent] = list(self.embeds.update(plan.step, result.vectors))
         for s in result.sampled:
             job, inc = owners.get(s.seq, (None, 0))
@@ -378,7 +367,7 @@ class Scheduler:
             reason = self._finish_reason(job, s.token)
             if reason is not None:
                 job.finish = reason
-                self._release(job)
+                self._release(job, save=True)
                 self.jobs.pop(job.id, None)
                 job.status = JobStatus.FINISHED
             events.append(TokenEvent(job.id, s.token, s.logprob, s.top, reason, job.cached or 0))
@@ -391,10 +380,39 @@ class Scheduler:
             return FinishReason.LENGTH
         return None
 
-    def _release(self, job: Job) -> None:
-        """The job leaves its lane; the slot keeps the job's KV as a cache entry."""
+    def _disk_result(self, result: StepResult, loads: dict[int, int]) -> None:
+        c = self.counters
+        c.kv_saved_bytes += result.kvio.saved
+        c.kv_restored_bytes += result.kvio.restored
+        c.kv_evicted_bytes += result.kvio.evicted
+        if self.disk is not None:
+            for key in result.dropped:
+                self.disk.remove(key)
+        for seq in result.failed:  # the lane's KV is gone (a restore that failed)
+            if self.disk is not None and seq in loads:
+                self.disk.remove(loads[seq])
+            slot = self.slots[seq]
+            job = slot.job
+            slot.kv = []
+            if job is None:
+                continue
+            # back to the front of its queue, to be prefilled from what it knows: as a
+            # preempted job, it draws the same tokens
+            self.running.pop(seq, None)
+            self._to_close.append(seq)
+            slot.job = None
+            if seq in loads:
+                job.cached = None  # it was not restored after all
+            job.status, job.pending, job.seq = JobStatus.WAITING, 0, None
+            self.waiting.push_front(job, self._step)
+
+    def _release(self, job: Job, save: bool = False) -> None:
+        """The job leaves its lane; the slot keeps the job's KV as a cache entry (and, at the
+        end of a turn, the disk tier gets a copy)."""
         assert job.seq is not None
         slot: Slot = self.slots[job.seq]
         slot.kv, slot.job, slot.last_used = job.kv_tokens(), None, self._step
         self.running.pop(job.seq, None)
         self._to_close.append(job.seq)
+        if save and self.disk is not None:
+            self._to_save.append((job.seq, slot.kv))

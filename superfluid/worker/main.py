@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+from array import array
 import ctypes
 import os
 import signal
@@ -56,6 +57,17 @@ def _load(args: argparse.Namespace):
     raise SystemExit(f"unknown runtime {args.runtime}")
 
 
+def _attach_kv_store(runtime, args: argparse.Namespace) -> list:
+    """The disk tier, where the runtime has one and the daemon asked for it: its entries
+    (key, int32 tokens) go to the scheduler's index in HELLO_ACK."""
+    if not (args.kv_dir and args.kv_disk_mb > 0 and runtime.kv_format):
+        return []
+    from ..runtime.kvstore import KvStore, file_fingerprint
+    runtime.kv_store = KvStore(args.kv_dir, file_fingerprint(args.model, runtime.kv_format),
+                               int(args.kv_disk_mb * (1 << 20)))
+    return [[key, array("i", tokens).tobytes()] for key, tokens in runtime.kv_store.scan()]
+
+
 def serve(sock: socket.socket, args: argparse.Namespace) -> int:
     dec = FrameDecoder()
     runtime = None
@@ -77,8 +89,9 @@ def serve(sock: socket.socket, args: argparse.Namespace) -> int:
                         sock.sendall(encode(Msg.ERROR, {"message": getattr(e, "message", None) or str(e),
                                                         "code": getattr(e, "code", None)}))
                         return 3
-                    sock.sendall(encode(Msg.HELLO_ACK, {"version": VERSION,
-                                                        "info": runtime.info.to_wire()}))
+                    kv = _attach_kv_store(runtime, args)
+                    sock.sendall(encode(Msg.HELLO_ACK, {"version": VERSION, "info": runtime.info.to_wire(),
+                                                        "kv": kv if runtime.kv_store is not None else None}))
                 elif msg == Msg.STEP:
                     if runtime is None:
                         raise ProtocolError("STEP before HELLO")
@@ -97,6 +110,8 @@ def serve(sock: socket.socket, args: argparse.Namespace) -> int:
         return 1
     finally:
         if runtime is not None:
+            if runtime.kv_store is not None:
+                runtime.kv_store.close()  # queued saves reach the disk before the process goes
             runtime.close()
 
 
@@ -113,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stages", default="", help="pipeline runtime: the stage nodes, HOST:PORT,...")
     p.add_argument("--split", default="even", help="pipeline runtime: layers split evenly or by memory")
     p.add_argument("--spares", default="", help="pipeline runtime: stage nodes that stand in for unreachable ones")
+    p.add_argument("--kv-dir", default="", help="the disk tier of the KV cache (empty: none)")
+    p.add_argument("--kv-disk-mb", type=float, default=0.0, help="most MiB the disk tier holds")
     args = p.parse_args(argv)
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the daemon decides when we stop

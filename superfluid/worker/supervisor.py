@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+from array import array
 from dataclasses import dataclass
 
 from ..errors import ProtocolError, WorkerCrashed
@@ -36,6 +37,8 @@ class WorkerSpec:
     stage_psk: bytes | None = None  # their fleet token's PSK (passed in the environment, not argv)
     split: str = "even"  # how the stages share the layers: even or memory
     pooling: str | None = None  # llama.cpp embeddings: mean, cls or last (None: the GGUF's)
+    kv_dir: str = ""  # the disk tier of the KV cache ("" : none)
+    kv_disk_mb: float = 0.0  # its size cap
 
 
 class WorkerProcess:
@@ -43,6 +46,7 @@ class WorkerProcess:
         self.spec = spec
         self.proc: subprocess.Popen | None = None
         self.info: ModelInfo | None = None
+        self.kv_entries: list[tuple[int, tuple[int, ...]]] | None = None  # the disk tier's index (None: no tier)
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._dec = FrameDecoder()
@@ -65,6 +69,8 @@ class WorkerProcess:
                "--batch-tokens", str(s.batch_tokens)]
         if s.pooling:
             cmd += ["--pooling", s.pooling]
+        if s.kv_dir and s.kv_disk_mb > 0:
+            cmd += ["--kv-dir", s.kv_dir, "--kv-disk-mb", str(s.kv_disk_mb)]
         env = os.environ.copy()
         if s.stages:
             cmd += ["--stages", ",".join(f"{h}:{p}" for h, p in s.stages), "--split", s.split,
@@ -86,6 +92,8 @@ class WorkerProcess:
             await self.stop()
             raise
         self.info = ModelInfo(**body["info"])
+        kv = body.get("kv")
+        self.kv_entries = None if kv is None else [(int(k), tuple(array("i", bytes(t)))) for k, t in kv]
         return self.info
 
     def _send(self, msg: Msg, body, **kw) -> None:

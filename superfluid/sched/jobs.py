@@ -1,0 +1,96 @@
+"""A generation job as the scheduler sees it, the token events it yields, and the
+scheduler's counters (read by /metrics)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from ..plan import PLACEHOLDER
+from ..request import FinishReason, Qos, SamplingParams
+
+
+class JobStatus(enum.IntEnum):
+    WAITING = 0
+    PREFILLING = 1
+    DECODING = 2
+    FINISHED = 3
+
+
+@dataclass(eq=False)
+class Job:
+    id: str
+    prompt: list[int]
+    sampling: SamplingParams
+    max_tokens: int
+    qos: Qos = Qos.AGENT
+    status: JobStatus = JobStatus.WAITING
+    seq: int | None = None
+    scheduled: int = 0  # context tokens sent to the worker (in flight included)
+    pending: int = 0  # samples requested but not yet received
+    output: list[int] = field(default_factory=list)
+    finish: FinishReason | None = None
+    cached: int | None = None  # prompt tokens seeded from KV at first admission
+    incarnation: int = 0  # bumped at every admission; stale results are dropped
+    admitted: int = 0  # admission order, for "youngest first"
+    enqueued_step: int = 0
+    order: int = 0
+    preemptions: int = 0
+    prior: tuple[int, ...] = ()  # tokens of this turn generated before this job (in the prompt)
+
+    @property
+    def context_len(self) -> int:
+        """Known context: prompt and received output."""
+        return len(self.prompt) + len(self.output)
+
+    @property
+    def planned_len(self) -> int:
+        """Context once every in-flight sample has arrived."""
+        return self.context_len + self.pending
+
+    @property
+    def generated(self) -> int:
+        return len(self.output) + self.pending
+
+    def known(self) -> list[int]:
+        return self.prompt + self.output
+
+    def kv_tokens(self) -> list[int]:
+        """Known tokens whose KV has been sent to the worker."""
+        return self.known()[:min(self.scheduled, self.context_len)]
+
+    def context(self, start: int, n: int) -> tuple[int, ...]:
+        """Tokens [start, start+n) of the planned context; PLACEHOLDER past the known part."""
+        lp, lo = len(self.prompt), len(self.output)
+        return tuple(self.prompt[i] if i < lp else self.output[i - lp] if i - lp < lo else PLACEHOLDER
+                     for i in range(start, start + n))
+
+
+@dataclass(frozen=True, slots=True)
+class TokenEvent:
+    job_id: str
+    token: int
+    logprob: float | None
+    top: tuple[tuple[int, float], ...]
+    finish: FinishReason | None
+    cached: int = 0
+
+
+@dataclass
+class Counters:
+    admissions: int = 0
+    cold_admissions: int = 0
+    cached_tokens: int = 0
+    preemptions: int = 0
+    evictions: int = 0
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    coalesced: int = 0
+    embed_tokens: int = 0
+    disk_lookups: int = 0  # admissions that looked for their prefix in the disk tier
+    restores: int = 0  # admissions seeded from the disk tier
+    restored_tokens: int = 0  # prompt tokens restored from disk, not prefilled
+    kv_saves: int = 0  # lanes' KV written to the disk tier
+    kv_saved_bytes: int = 0
+    kv_restored_bytes: int = 0
+    kv_evicted_bytes: int = 0  # disk entries deleted to stay under --kv-disk-mb
