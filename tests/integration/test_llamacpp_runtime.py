@@ -86,3 +86,61 @@ def test_lanes_in_one_batch_match_lanes_alone(rt, prompt):
             outs[s.seq].append(s.token)
     step(closes=(1, 3))
     assert [outs[1], outs[3]] == alone
+
+
+# -- the disk tier: a restored lane continues exactly like a freshly prefilled one ----------
+
+
+@pytest.fixture
+def long_prompt():
+    tok = Tokenizer(embedded_model().path)
+    words = " ".join(f"river{i} stone lantern" for i in range(60))
+    text = ChatTemplate(tok.chat_template).render([{"role": "user", "content": f"Summarise: {words}"}])
+    p = tok.encode_prompt(text)
+    assert 200 < len(p) < 500
+    return p
+
+
+def continue_greedy(step, seq, prompt, start, n, chunk=100):
+    for i in range(start, len(prompt), chunk):  # the runtime's batch holds 128 tokens
+        part = prompt[i:i + chunk]
+        r = step(runs=(Run(seq, i, tuple(part), i + len(part) == len(prompt)),))
+    out = [r.sampled[0].token]
+    while len(out) < n:
+        r = step(runs=(Run(seq, len(prompt) + len(out) - 1, (PLACEHOLDER,), True),))
+        out.append(r.sampled[0].token)
+    step(closes=(seq,))
+    return out
+
+
+def test_restored_lane_continues_like_a_fresh_one(rt, long_prompt, tmp_path):
+    from superfluid.plan import Load, Save, kv_key
+    from superfluid.runtime.kvstore import KvStore
+
+    want = greedy(rt, 0, long_prompt, 8, chunk=100)
+    rt.kv_store = KvStore(tmp_path, "test", 1 << 30)
+    try:
+        step = Stepper(rt)
+        # lane 1 prefills the prompt; its first 128 tokens (a block boundary) go to disk
+        step(opens=(LaneOpen(1, GREEDY),))
+        for i in range(0, len(long_prompt), 100):
+            step(runs=(Run(1, i, tuple(long_prompt[i:i + 100]), False),))
+        head = tuple(long_prompt[:128])
+        r = step(saves=(Save(1, kv_key(head), head),), closes=(1,))
+        assert r.kvio.saved > 128 * 10_000  # ~23 kB of KV per token for this model
+        rt.kv_store.flush()
+        # restored at the boundary, then the rest prefilled
+        r = step(opens=(LaneOpen(2, GREEDY),), loads=(Load(2, kv_key(head), 128),))
+        assert r.failed == () and r.kvio.restored > 0
+        assert continue_greedy(step, 2, long_prompt, 128, 8) == want
+        # restored mid-block (the entry cut to 100 tokens), then a partial prefill
+        step(opens=(LaneOpen(3, GREEDY),), loads=(Load(3, kv_key(head), 100),))
+        assert continue_greedy(step, 3, long_prompt, 100, 8) == want
+        # a missing entry: that lane is reported and skipped, a lane in the same step is not
+        r = step(opens=(LaneOpen(2, GREEDY), LaneOpen(0, GREEDY)), loads=(Load(2, 12345, 100),),
+                 runs=(Run(2, 100, tuple(long_prompt[100:200]), True), Run(0, 0, tuple(long_prompt[:20]), True)))
+        assert r.failed == (2,) and [s.seq for s in r.sampled] == [0]
+        step(closes=(0, 2))
+    finally:
+        rt.kv_store.close()
+        rt.kv_store = None

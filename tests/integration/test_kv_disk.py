@@ -1,0 +1,97 @@
+"""The KV disk tier through the real daemon: a conversation's KV outlives a restart, its next
+turn restores it instead of prefilling (usage shows the restored tokens), greedy output is the
+same as after a fresh prefill, and a corrupt entry is ignored, deleted and prefilled instead."""
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from .daemon import Daemon
+
+DOC = " ".join(f"lantern{i} meadow copper" for i in range(70))
+Q = [{"role": "system", "content": "You answer in one short sentence."},
+     {"role": "user", "content": f"Here is a list: {DOC}\nWhich word comes first?"}]
+
+
+def chat(d: Daemon, messages: list[dict]) -> tuple[str, int, int]:
+    """(text, prompt tokens, cached tokens) of a greedy 8-token answer."""
+    r = httpx.post(d.url + "/v1/chat/completions", timeout=300, json={
+        "model": "SmolLM2-135M-Instruct", "messages": messages, "max_tokens": 8, "temperature": 0})
+    assert r.status_code == 200, r.text
+    b = r.json()
+    return (b["choices"][0]["message"]["content"], b["usage"]["prompt_tokens"],
+            (b["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+
+
+def metric(d: Daemon, name: str) -> float:
+    for line in httpx.get(d.url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """Answers after a fresh prefill, from a daemon without the disk tier."""
+    d = Daemon("--kv-disk", "off", max_context=2048)
+    try:
+        a, n, cached = chat(d, Q)
+        assert cached == 0
+        q2 = Q + [{"role": "assistant", "content": a}, {"role": "user", "content": "And the last word?"}]
+        a2, _, _ = chat(d, q2)
+        assert not list(Path(d.home).glob("kv/*/*.kv"))  # --kv-disk off writes nothing
+        yield {"q": a, "q2": q2, "a2": a2, "n": n}
+    finally:
+        d.stop()
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("kvhome"))
+
+
+def test_a_turn_is_restored_after_a_restart_with_identical_output(reference, home):
+    d = Daemon(max_context=2048, home=home)
+    try:
+        text, n, cached = chat(d, Q)
+        assert (text, cached) == (reference["q"], 0)
+    finally:
+        d.stop()  # queued saves reach the disk as the worker stops
+    files = list(Path(home).glob("kv/*/*.kv"))
+    assert len(files) == 1 and files[0].stat().st_size > 20_000 * n  # ~23 kB a token
+    d = Daemon(max_context=2048, home=home)
+    try:
+        text, _, cached = chat(d, Q)
+        assert text == reference["q"]
+        assert cached == n - 1  # all but the last prompt token, which is fed again for its logits
+        assert metric(d, "superfluid_restores_total") == 1
+        assert metric(d, "superfluid_kv_restored_bytes_total") >= files[0].stat().st_size - 4096
+    finally:
+        d.stop()
+
+
+def test_the_next_turn_restores_then_prefills_the_rest(reference, home):
+    d = Daemon(max_context=2048, home=home)
+    try:
+        text, n2, cached = chat(d, reference["q2"])
+        assert text == reference["a2"]
+        assert reference["n"] - 1 <= cached < n2 - 5  # the old turn restored, the new message prefilled
+    finally:
+        d.stop()
+
+
+def test_a_corrupt_entry_is_deleted_and_the_prompt_prefilled(reference, home):
+    files = list(Path(home).glob("kv/*/*.kv"))
+    assert files
+    for f in files:
+        raw = bytearray(f.read_bytes())
+        raw[-5000] ^= 0xFF
+        f.write_bytes(bytes(raw))
+    d = Daemon(max_context=2048, home=home)
+    try:
+        text, _, cached = chat(d, reference["q2"])
+        assert text == reference["a2"] and cached == 0
+        assert not any(f.exists() for f in files)
+    finally:
+        d.stop()
