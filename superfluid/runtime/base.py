@@ -91,8 +91,8 @@ class Runtime(ABC):
         return None
 
     def save_state(self, seq: int, n: int) -> bytes | None:
-        """The lane's KV for its first n tokens, as bytes load_state takes back (the lane
-        may drop what it holds past n). None: this runtime has no disk tier."""
+        """The lane's KV, holding at least its first n tokens, as bytes load_state takes back
+        (the lane is left as it is: it may be running). None: this runtime has no disk tier."""
         return None
 
     def load_state(self, seq: int, data: bytes, n: int) -> bool:

@@ -35,6 +35,7 @@ log = logging.getLogger("superfluid.kvstore")
 MAGIC = b"SFKV\x01"
 MAX_PENDING = 1 << 30  # bytes queued for the writer; a save beyond it is dropped, not waited for
 MAX_HEADER = 64 << 20
+MAX_INDEX_TOKENS = 2_000_000  # tokens of all entries the index holds (8 MB of HELLO_ACK)
 
 
 def file_fingerprint(path: str, extra: str) -> str:
@@ -97,10 +98,21 @@ class KvStore:
             self._entries[key] = _Entry(st.st_size, st.st_mtime)
             found.append((st.st_mtime, key, tokens))
         for p in self.dir.glob("*.tmp"):
-            self._unlink(p)  # a write cut short by a crash
-        found.sort()
+            try:
+                if time.time() - p.stat().st_mtime > 600:
+                    self._unlink(p)  # a write cut short by a crash (not another process's, in flight)
+            except OSError:
+                pass
+        found.sort(reverse=True)  # the most recently used first: they fit the index
+        kept, total = [], 0
+        for mtime, key, tokens in found:
+            total += len(tokens)
+            if total > MAX_INDEX_TOKENS:  # the index travels in one Link W frame: the oldest go
+                self._forget(key, self._path(key), report=False)
+            else:
+                kept.append((key, tokens))
         self._evict_over_cap()
-        return [(k, t) for _, k, t in found if k in self._entries]
+        return [(k, t) for k, t in reversed(kept) if k in self._entries]
 
     def _read_header(self, f, file_size: int) -> tuple[int, tuple[int, ...], int]:
         if f.read(len(MAGIC)) != MAGIC:
@@ -223,7 +235,7 @@ class KvStore:
         header = msgpack.packb({"fp": self.fp, "tokens": tb, "size": size, "crc": zlib.crc32(data),
                                 "hcrc": zlib.crc32(tb + struct.pack("<Q", size))}, use_bin_type=True)
         p = self._path(key)
-        tmp = p.with_suffix(".tmp")
+        tmp = p.with_suffix(f".{os.getpid()}.tmp")  # two processes may share a home
         try:
             with open(tmp, "wb") as f:
                 f.write(MAGIC + struct.pack("<I", len(header)) + header)

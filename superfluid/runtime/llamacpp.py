@@ -144,9 +144,8 @@ class LlamaCppRuntime(Runtime):
         return ll.llama_memory_seq_pos_max(self.mem, seq) + 1
 
     def save_state(self, seq: int, n: int) -> bytes | None:
-        # the slot holds exactly n tokens for the scheduler: anything past them (a decode
-        # planned before its job ended) goes now, and the state is just those n
-        ll.llama_memory_seq_rm(self.mem, seq, n, -1)
+        # the whole lane: a running one is not touched; positions past n (a decode planned
+        # before its job ended, a running job's newer tokens) are cut off by load_state
         size = ll.llama_state_seq_get_size(self.ctx, seq)
         buf = (ctypes.c_uint8 * size)()
         if ll.llama_state_seq_get_data(self.ctx, buf, size, seq) != size:

@@ -36,6 +36,7 @@ from .queues import WaitQueue
 MIN_COPY = 16  # a shorter shared prefix is cheaper to recompute than a KV stream copy
 COALESCE_MIN = 64  # wait for another job's prefill only when it saves at least this much
 MIN_RESTORE = BLOCK  # restore from disk only when it saves at least this much prefill over RAM
+SAVE_PROMPT = 512  # a prompt that prefilled this many tokens is saved as soon as it has (not only at its end)
 
 
 class Scheduler:
@@ -66,7 +67,7 @@ class Scheduler:
         self._to_close: list[int] = []
         self._inflight: dict[int, dict[int, tuple[Job, int]]] = {}  # step -> {seq: (job, incarnation)}
         self.disk: DiskIndex | None = None  # the disk tier's index (None: the worker has no disk tier)
-        self._to_save: list[tuple[int, list[int]]] = []  # (seq, KV tokens) of lanes whose turn ended
+        self._to_save: dict[int, list[int]] = {}  # seq -> KV tokens to save: a turn ended, a long prompt prefilled
         self._loads: dict[int, dict[int, int]] = {}  # step -> {seq: disk key} restores in flight
         self._step = 0
         self._admitted = 0
@@ -146,7 +147,7 @@ class Scheduler:
         saves: list[Save] = []
         drops: list[int] = []
         loads: list[Load] = []
-        for seq, tokens in self._to_save:  # turns that ended: their KV goes to disk
+        for seq, tokens in self._to_save.items():  # turns that ended, long prompts prefilled: to disk
             self._save(seq, tokens, step, saves, drops)
         self._to_save.clear()
         for job in self.waiting.ordered(step):
@@ -364,6 +365,8 @@ class Scheduler:
                 continue  # ended or preempted while the step ran
             job.pending -= 1
             job.output.append(s.token)
+            if len(job.output) == 1 and self.disk is not None and len(job.prompt) - (job.cached or 0) >= SAVE_PROMPT:
+                self._to_save[s.seq] = job.prompt  # its first token: a long prompt's KV outlives a crash
             reason = self._finish_reason(job, s.token)
             if reason is not None:
                 job.finish = reason
@@ -415,4 +418,4 @@ class Scheduler:
         self.running.pop(job.seq, None)
         self._to_close.append(job.seq)
         if save and self.disk is not None:
-            self._to_save.append((job.seq, slot.kv))
+            self._to_save[job.seq] = slot.kv

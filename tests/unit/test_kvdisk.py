@@ -193,3 +193,18 @@ def test_dropped_entries_leave_the_index_and_no_tier_means_no_saves():
     s2 = Scheduler(lanes=1, n_ctx=1024, step_tokens=512, eog=frozenset({EOG}))
     s2.add(Job("a", toks(20, 200), SamplingParams(), 2))
     assert all(not p.saves and not p.loads for p in run_to_end(s2))
+
+
+def test_a_long_prompt_is_saved_once_prefilled_while_its_job_runs():
+    s = sched(n_ctx=2048)
+    prompt = toks(21, 600)
+    s.add(Job("a", list(prompt), SamplingParams(), 5))
+    plan = s.schedule()
+    while not plan.saves:
+        s.update(plan, result(plan))
+        plan = s.schedule()
+    assert [sv.tokens for sv in plan.saves] == [tuple(prompt)]
+    assert s.jobs["a"].status == JobStatus.DECODING  # saved while it runs: a crash now loses no prefill
+    plans = run_to_end(s)
+    # the turn's end adds only a few tokens: the prompt's entry already covers it
+    assert not any(p.saves for p in plans)
