@@ -2,10 +2,15 @@
 turn restores it instead of prefilling (usage shows the restored tokens), greedy output is the
 same as after a fresh prefill, and a corrupt entry is ignored, deleted and prefilled instead."""
 
+import os
+import signal
+import time
 from pathlib import Path
 
 import httpx
 import pytest
+
+from superfluid.client import Client
 
 from .daemon import Daemon
 
@@ -93,5 +98,31 @@ def test_a_corrupt_entry_is_deleted_and_the_prompt_prefilled(reference, home):
         text, _, cached = chat(d, reference["q2"])
         assert text == reference["a2"] and cached == 0
         assert not any(f.exists() for f in files)
+    finally:
+        d.stop()
+
+
+def test_a_generation_cut_by_a_crash_continues_from_the_saved_prompt(tmp_path):
+    """SIGKILL mid-answer: the long prompt's KV was saved once prefilled, so the continued
+    turn after the restart restores it instead of prefilling it again."""
+    home = str(tmp_path)
+    d = Daemon(max_context=2048, home=home)
+    with Client(d.url) as c:
+        sid = c.create(system="Be brief.", temperature=0)["id"]
+        c.append(sid, "user", f"Repeat this list twice: {DOC} {DOC[:1500]}")
+        for i, _ in enumerate(c.stream(sid, max_tokens=200)):
+            if i == 3:
+                time.sleep(0.5)  # the writer thread puts the prompt's KV on disk
+                os.kill(d.proc.pid, signal.SIGKILL)
+                break
+    d.proc.wait(10)
+    assert list(Path(home).glob("kv/*/*.kv"))
+    d = Daemon(max_context=2048, home=home)
+    try:
+        with Client(d.url) as c:
+            out = c.generate(sid, max_tokens=4)
+            assert out["text"]
+        assert metric(d, "superfluid_restores_total") == 1
+        assert metric(d, "superfluid_restored_tokens_total") >= 512
     finally:
         d.stop()
