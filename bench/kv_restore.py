@@ -75,12 +75,15 @@ def run_case(words: int, ctx: int, rounds: int) -> dict:
             t, _, c, _ = turn(d.url, msgs)
             rows["after restart"].append(t)
             cached["after restart"] = c
-            for i in range(32):  # 32 other conversations take every RAM slot (16 by default)
-                turn(d.url, [{"role": "user", "content": f"Conversation {i}: {document(5000 + i, 60)}"}], 1)
+            for i in range(32):  # 32 other conversations take every RAM slot (16 by default); each
+                # starts differently, so none reuses another's slot in place
+                turn(d.url, [{"role": "system", "content": f"{i} {document(5000 + i, 8)}"},
+                             {"role": "user", "content": document(6000 + i, 60)}], 1)
             t, _, c, _ = turn(d.url, msgs)
             rows["after eviction"].append(t)
             cached["after eviction"] = c
             cached["restores"] = int(metric(d.url, "superfluid_restores_total"))
+            cached["ram evictions"] = int(metric(d.url, "superfluid_evictions_total"))
         finally:
             d.stop()
     med = {k: statistics.median(v) for k, v in rows.items()}

@@ -44,6 +44,29 @@ class Stream:
     ttft_s: float | None = None
     t_last: float = 0.0
 
+    def chunk(self, token: int, finish: FinishReason | None, cached: int) -> Chunk:
+        """The chunk of a sampled token: its text (a caller's stop string ends the stream
+        there) split into channels; the last one flushes what the detokenizer and channels hold."""
+        self.n_out += 1
+        text = self.text.push(token)
+        if self.text.stopped_by is not None:
+            finish = FinishReason.STOP_SEQUENCE
+        elif finish is not None:
+            text += self.text.finish()
+        raw, reasoning, calls = text, "", []
+        if self.channels is not None:
+            parts = self.channels.feed(text)
+            if finish is not None:
+                end = self.channels.finish()
+                parts.content += end.content
+                parts.reasoning += end.reasoning
+                parts.calls += end.calls
+            text, reasoning, calls = parts.content, parts.reasoning, parts.calls
+        return Chunk(self.req.id, text=text, tokens=[token], finish=finish, prompt_tokens=len(self.req.prompt),
+                     completion_tokens=self.n_out, cached_tokens=cached,
+                     ttft_s=self.ttft_s if finish is not None else None, stop_sequence=self.text.stopped_by,
+                     reasoning=reasoning, tool_calls=calls, raw=raw if self.channels is not None else None)
+
     def final(self, finish: FinishReason, error: Exception | None = None) -> Chunk:
         """The last chunk of a stream ended off the token path (cancel, error, stop)."""
         return Chunk(self.req.id, finish=finish, error=error, prompt_tokens=len(self.req.prompt),

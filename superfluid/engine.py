@@ -123,6 +123,8 @@ class Engine:
 
     def check(self, req: GenRequest) -> None:
         """Raise the typed error a request that can never run gets."""
+        if self.closed:
+            raise ModelUnloaded(f"the model {self.model_id} was unloaded; retry to load it again")
         if self.model_kind != "generate":
             raise EmbeddingUnsupported(f"the model {self.model_id} is an {self.model_kind} model: it cannot generate "
                                        f"text (use /v1/embeddings or /v1/rerank)", param="model")
@@ -151,7 +153,8 @@ class Engine:
             if st.channels is not None:
                 st.channels.feed(text)
         self._streams[req.id] = st
-        self.sched.add(Job(req.id, list(req.prompt), req.sampling, req.max_tokens, req.qos, prior=tuple(req.history)))
+        self.sched.add(Job(req.id, list(req.prompt), req.sampling, req.max_tokens, req.qos, prior=tuple(req.history),
+                           session=req.session, cache=req.cache))
         if self._gave_up:  # a new request is the cue to try the worker again
             self._gave_up, self._failures = False, 0
         self._wake.set()
@@ -212,6 +215,11 @@ class Engine:
         self.out.push(st, st.final(FinishReason.CANCELLED))
         self._wake.set()
         return True
+
+    def pin(self, session: str, tokens: list[int] | None) -> int:
+        """Keep a session's context warm (sched/pins.py), or unpin it (None): tokens a slot holds."""
+        self._wake.set()  # the disk pin goes with the next plan
+        return self.sched.pin_session(session, tokens) if tokens is not None else int(self.sched.unpin_session(session))
 
     @property
     def idle(self) -> bool:
@@ -291,6 +299,7 @@ class Engine:
         self.sched.embed_budget = min(EMBED_STEP_MAX, max(64, want))
 
     def _fill(self, inflight: deque[StepPlan]) -> None:
+        self.sched.expire_pins(time.monotonic())  # the scheduler reads no clock
         while len(inflight) < PIPELINE_DEPTH and self.ready:
             plan = self.sched.schedule()
             if plan is None:
@@ -368,25 +377,8 @@ class Engine:
         st = self._streams.get(ev.job_id)
         if st is None:
             return None
-        st.n_out += 1
-        text = st.text.push(ev.token)
-        finish = ev.finish
-        if st.text.stopped_by is not None:
-            finish = FinishReason.STOP_SEQUENCE
-            self.sched.finish(ev.job_id, finish)
-        elif finish is not None:
-            text += st.text.finish()
-        raw, reasoning, calls = text, "", []
-        if st.channels is not None:
-            parts = st.channels.feed(text)
-            if finish is not None:
-                end = st.channels.finish()
-                parts.content += end.content
-                parts.reasoning += end.reasoning
-                parts.calls += end.calls
-            text, reasoning, calls = parts.content, parts.reasoning, parts.calls
         now = time.monotonic()
-        if st.n_out == 1:
+        if st.n_out == 0:
             st.ttft_s = now - st.t_submit
             self.recent_ttft.append(st.ttft_s)
             if self.observe_ttft is not None:
@@ -394,16 +386,14 @@ class Engine:
         elif self.observe_itl is not None:
             self.observe_itl(now - st.t_last)
         st.t_last = now
-        chunk = Chunk(ev.job_id, text=text, tokens=[ev.token], finish=finish,
-                      prompt_tokens=len(st.req.prompt), completion_tokens=st.n_out,
-                      cached_tokens=ev.cached, ttft_s=st.ttft_s if finish is not None else None,
-                      stop_sequence=st.text.stopped_by, reasoning=reasoning, tool_calls=calls,
-                      raw=raw if st.channels is not None else None)
+        chunk = st.chunk(ev.token, ev.finish, ev.cached)
+        if chunk.stop_sequence is not None:
+            self.sched.finish(ev.job_id, FinishReason.STOP_SEQUENCE)
         if ev.logprob is not None and ev.token not in self.tokenizer.eog:
             tt = self.tokenizer.token_text
             chunk.logprobs.append(TokenLogprob(ev.token, tt(ev.token), ev.logprob,
                                                tuple((t, tt(t), lp) for t, lp in ev.top)))
-        if finish is not None:
+        if chunk.finish is not None:
             st.done = True
             self._streams.pop(st.req.id, None)
         return st, chunk

@@ -90,6 +90,13 @@ class SessionBusy(SuperfluidError):
     code = "session_busy"
 
 
+class TooManyPins(SuperfluidError):
+    """Only --kv-slots minus --max-batch slots may be pinned: every lane must find a slot."""
+    status = 409
+    type = "invalid_request_error"
+    code = "too_many_pins"
+
+
 class StaleEpoch(SuperfluidError):
     """An append from an owner whose epoch was bumped (a pre-crash or replaced owner)."""
     status = 409

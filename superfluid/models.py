@@ -1,13 +1,17 @@
 """The models a daemon serves: each loaded one is an Engine with its own worker process.
 
-The first model is the default: loaded at start, never unloaded for idleness. Others come
-from `--model` (loaded at start) or `--model-dir` (loaded on their first request). Loading
-and unloading are serialized; an unloaded model loads again on its next request."""
+The first model is the default: loaded at start, never unloaded for idleness or by a
+client's keep_alive (/health reports ready only while it is loaded; an admin unloads it with
+/v1/models/unload). Others come from `--model` (loaded at start) or `--model-dir` (loaded on
+their first request), and are unloaded after --idle-timeout idle seconds, or what a client's
+Ollama keep_alive asked for that model. Loading and unloading are serialized; an unloaded
+model loads again on its next request."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -20,6 +24,9 @@ from .errors import ModelLoadError, ModelNotFound, ModelUnloaded
 from .runtime.registry import ModelSource, default_runtime, resolve
 
 log = logging.getLogger("superfluid.models")
+
+REAP_S = 0.5  # how often idle models are looked for
+GRACE_S = 1.0  # a model handed to a request is not unloaded sooner (it may not have submitted yet)
 
 
 class Models:
@@ -35,6 +42,7 @@ class Models:
         self.sessions: Any = None  # sessions.Sessions, when the daemon has a session store
         self.embedding: str | None = None  # where embedding requests that name no model go
         self.announce = False  # log loads once the server is up (the banner covers the first ones)
+        self.keep_alive: dict[str, float] = {}  # idle seconds a client asked a loaded model to stay (inf: forever)
         self._lock = asyncio.Lock()
 
     def add(self, src: ModelSource) -> str:
@@ -65,7 +73,10 @@ class Models:
     async def get(self, model: str | None) -> Engine:
         mid = self.resolve_id(model)
         eng = self.engines.get(mid)
-        return eng if eng is not None else await self.load(mid)
+        if eng is None:
+            return await self.load(mid)
+        eng.last_used = time.monotonic()  # not reaped between here and its request's submit
+        return eng
 
     async def load(self, model: str) -> Engine:
         if model not in self.sources and Path(model).suffix == ".gguf":
@@ -100,6 +111,7 @@ class Models:
         mid = self.resolve_id(model)
         async with self._lock:
             eng = self.engines.pop(mid, None)
+            self.keep_alive.pop(mid, None)
             if forget and mid != self.default:
                 self.sources.pop(mid, None)
             if eng is None:
@@ -112,14 +124,31 @@ class Models:
         for mid in list(self.engines):
             await self.engines.pop(mid).close()
 
+    def keep(self, mid: str, seconds: float | None) -> None:
+        """A client's keep_alive for a loaded model: stay loaded `seconds` after its last
+        request (0: unload it once idle; inf: never); None: back to --idle-timeout."""
+        if seconds is None:
+            self.keep_alive.pop(mid, None)
+        elif mid in self.engines:
+            self.keep_alive[mid] = seconds
+
+    def timeout(self, mid: str) -> float | None:
+        """Idle seconds after which the model is unloaded (None: never)."""
+        t = self.keep_alive.get(mid, self.idle_timeout)
+        return None if mid == self.default or t is None or math.isinf(t) else t
+
+    def expires(self, mid: str) -> float | None:
+        """When (time.monotonic()) the loaded model is unloaded if nobody uses it (None: never)."""
+        eng, t = self.engines.get(mid), self.timeout(mid)
+        return None if eng is None or t is None else eng.last_used + max(t, GRACE_S)
+
     async def reap_idle(self) -> None:
-        """Unload models idle for idle_timeout seconds (never the default), forever."""
-        if not self.idle_timeout:
-            return
+        """Unload models idle for their timeout (never the default), forever."""
         while True:
-            await asyncio.sleep(max(0.5, self.idle_timeout / 4))
+            await asyncio.sleep(REAP_S)
             now = time.monotonic()
             for mid, eng in list(self.engines.items()):
-                if mid != self.default and eng.idle and now - eng.last_used >= self.idle_timeout:
+                t = self.timeout(mid)
+                if t is not None and eng.idle and now - eng.last_used >= max(t, GRACE_S):
                     log.info("%s idle for %.0f s", mid, now - eng.last_used)
                     await self.unload(mid)

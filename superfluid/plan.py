@@ -102,6 +102,8 @@ class StepPlan:
     saves: tuple[Save, ...] = ()  # KV written to the disk tier, before opens
     loads: tuple[Load, ...] = ()  # KV restored from the disk tier, after copies
     drops: tuple[int, ...] = ()  # disk entries no longer wanted (superseded by a longer one)
+    # disk entries to pin (True: the store evicts them last) or unpin, after the saves
+    pins: tuple[tuple[int, bool], ...] = ()
 
     @property
     def n_tokens(self) -> int:
@@ -118,11 +120,12 @@ class StepPlan:
                 [[e.key, list(e.tokens), e.pair_at, e.pos, e.last] for e in self.embeds],
                 [[v.seq, v.key, list(v.tokens)] for v in self.saves],
                 [[ld.seq, ld.key, ld.n] for ld in self.loads],
-                list(self.drops)]
+                list(self.drops),
+                [[k, p] for k, p in self.pins]]
 
     @classmethod
     def from_wire(cls, w: list) -> StepPlan:
-        step, opens, runs, closes, copies, embeds, saves, loads, drops = w
+        step, opens, runs, closes, copies, embeds, saves, loads, drops, pins = w
         return cls(step,
                    tuple(LaneOpen(s, SamplingParams.from_wire(p), tuple(h), k) for s, p, h, k in opens),
                    tuple(Run(s, p, tuple(t), bool(x)) for s, p, t, x in runs),
@@ -131,7 +134,8 @@ class StepPlan:
                    tuple(EmbedItem(k, tuple(t), a, p, bool(x)) for k, t, a, p, x in embeds),
                    tuple(Save(q, k, tuple(t)) for q, k, t in saves),
                    tuple(Load(q, k, n) for q, k, n in loads),
-                   tuple(drops))
+                   tuple(drops),
+                   tuple((k, bool(p)) for k, p in pins))
 
 
 @dataclass(frozen=True, slots=True)

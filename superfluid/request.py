@@ -78,6 +78,9 @@ class GenRequest:
     # the end of `prompt` this turn already generated (a continuation or a failover): the
     # sampler's grammar and penalties pick up after it, as if the turn had never been cut
     history: tuple[int, ...] = ()
+    # a client's cache hint (Anthropic cache_control): keep the prompt's first n tokens warm
+    # for ttl seconds (in memory while a pinned slot is free, on disk in a pinned entry)
+    cache: tuple[int, float] | None = None
 
 
 @dataclass(frozen=True, slots=True)

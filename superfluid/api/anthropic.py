@@ -108,6 +108,64 @@ def conversation(body: dict) -> list[dict]:
     return turns
 
 
+TTLS = {"5m": 300.0, "1h": 3600.0}
+MAX_BREAKPOINTS = 4
+
+
+def _ttl(block, where: str) -> float | None:
+    """A block's cache_control TTL in seconds (None: the block has none)."""
+    cc = block.get("cache_control") if isinstance(block, dict) else None
+    if cc is None:
+        return None
+    if not isinstance(cc, dict) or cc.get("type") != "ephemeral":
+        raise BadRequest("cache_control must be {\"type\": \"ephemeral\"} with an optional ttl",
+                         param=f"{where}.cache_control")
+    ttl = cc.get("ttl", "5m")
+    if ttl not in TTLS:
+        raise BadRequest("cache_control.ttl must be \"5m\" or \"1h\"", param=f"{where}.cache_control.ttl")
+    return TTLS[ttl]
+
+
+def cache_breakpoints(body: dict) -> list[tuple[int, float]]:
+    """(message, ttl seconds) for each cache_control breakpoint: the index, in conversation()'s
+    messages, of the message that holds the marked block (-1 for tools and system: the first
+    message rendered, which holds them). A breakpoint marks the prompt through the end of
+    that message."""
+    marks: list[tuple[int, float]] = []
+    for where, blocks in (("tools", body.get("tools")), ("system", body.get("system"))):
+        for j, b in enumerate(blocks if isinstance(blocks, list) else []):
+            ttl = _ttl(b, f"{where}.{j}")
+            if ttl is not None:
+                marks.append((-1, ttl))
+    n = 0 if body.get("system") is None else 1
+    for i, m in enumerate(body.get("messages") or []):
+        count = len(_blocks(m, i))
+        results = 0  # tool results come first, one message each; the rest is the last message
+        for j, b in enumerate(m["content"] if isinstance(m.get("content"), list) else []):
+            ttl = _ttl(b, f"messages.{i}.content.{j}")
+            is_result = b.get("type") == "tool_result"
+            if ttl is not None:
+                marks.append((n + results if is_result else n + count - 1, ttl))
+            results += is_result
+        n += count
+    if len(marks) > MAX_BREAKPOINTS:
+        raise BadRequest(f"A maximum of {MAX_BREAKPOINTS} blocks with cache_control may be provided. "
+                         f"Found {len(marks)}.", param="cache_control")
+    return marks
+
+
+def cache_hint(body: dict, cp) -> tuple[int, float] | None:
+    """(prompt tokens, seconds) to keep warm: the longest marked prefix, for the longest TTL
+    asked (it holds every shorter marked prefix)."""
+    marks = cache_breakpoints(body)
+    if not marks:
+        return None
+    last = max(i for i, _ in marks)
+    # the bodies are the rendered messages, then the opener; tools may have added a system message
+    last = 0 if last < 0 else last + len(cp.bodies) - 1 - len(conversation(body))
+    return sum(len(b.span) for b in cp.bodies[:last + 1]), max(t for _, t in marks)
+
+
 def tools_of(body: dict) -> tuple[list[dict] | None, object]:
     """Anthropic tools and tool_choice in OpenAI's shapes."""
     tools = body.get("tools")
@@ -134,7 +192,7 @@ def tools_of(body: dict) -> tuple[list[dict] | None, object]:
 
 
 def gen_request(body: dict, prompt: list[int], n_ctx: int, seed: int, qos, grammar: str = "",
-                channels=None) -> GenRequest:
+                channels=None, cache: tuple[int, float] | None = None) -> GenRequest:
     mt = body.get("max_tokens")
     if isinstance(mt, bool) or not isinstance(mt, int) or mt < 1:
         raise BadRequest("max_tokens: a positive integer is required", param="max_tokens")
@@ -149,7 +207,7 @@ def gen_request(body: dict, prompt: list[int], n_ctx: int, seed: int, qos, gramm
         raise BadRequest("top_k must be a non-negative integer", param="top_k")
     sp = SamplingParams(temperature=number_in(body, "temperature", 0, 1, 1.0),
                         top_p=number_in(body, "top_p", 0.001, 1, 1.0), top_k=top_k, seed=seed, grammar=grammar)
-    return GenRequest(new_id("msg"), prompt, sp, mt, tuple(stops), qos, channels=channels)
+    return GenRequest(new_id("msg"), prompt, sp, mt, tuple(stops), qos, channels=channels, cache=cache)
 
 
 def chat_prompt(eng, body: dict):
@@ -180,9 +238,13 @@ def tool_use_block(call) -> dict:
     return {"type": "tool_use", "id": tool_id(call), "name": call.name, "input": args}
 
 
-def usage(c: Chunk, output_tokens: int) -> dict:
-    return {"input_tokens": c.prompt_tokens, "output_tokens": output_tokens,
-            "cache_read_input_tokens": c.cached_tokens, "cache_creation_input_tokens": 0}
+def usage(c: Chunk, output_tokens: int, marked: int = 0) -> dict:
+    """Anthropic's split of the prompt: read from cache (reused KV, restored included), written
+    to it (the marked prefix this request computed), and the rest; the three sum to the prompt."""
+    read = c.cached_tokens
+    created = max(0, min(marked, c.prompt_tokens) - read)
+    return {"input_tokens": c.prompt_tokens - read - created, "output_tokens": output_tokens,
+            "cache_read_input_tokens": read, "cache_creation_input_tokens": created}
 
 
 class _Blocks:
@@ -222,7 +284,8 @@ class _Blocks:
         return out + self.close()
 
 
-async def events(rid: str, model: str, prompt_tokens: int, stream, session: str | None = None) -> AsyncIterator[bytes]:
+async def events(rid: str, model: str, prompt_tokens: int, stream, session: str | None = None,
+                 marked: int = 0) -> AsyncIterator[bytes]:
     start: dict = {"id": rid, "type": "message", "role": "assistant", "model": model, "content": [],
                    "stop_reason": None, "stop_sequence": None,
                    "usage": {"input_tokens": prompt_tokens, "output_tokens": 0}}
@@ -254,7 +317,7 @@ async def events(rid: str, model: str, prompt_tokens: int, stream, session: str 
             yield _sse("message_delta", {"type": "message_delta",
                                          "delta": {"stop_reason": stop_reason(c, blocks.calls > 0),
                                                    "stop_sequence": c.stop_sequence},
-                                         "usage": usage(c, c.completion_tokens)})
+                                         "usage": usage(c, c.completion_tokens, marked)})
             yield _sse("message_stop", {"type": "message_stop"})
             return
         if time.monotonic() - last_ping > 10:
@@ -268,10 +331,13 @@ def add_routes(app: FastAPI, models, qos_for, body_of) -> None:
         body = await body_of(request)
         eng = await models.get(_model(body))
         cp = chat_prompt(eng, body)
-        req = gen_request(body, cp.prompt, eng.n_ctx, eng.new_seed(), qos_for(request), cp.grammar, cp.channels)
+        hint = cache_hint(body, cp)
+        req = gen_request(body, cp.prompt, eng.n_ctx, eng.new_seed(), qos_for(request), cp.grammar, cp.channels,
+                          hint)
+        marked = hint[0] if hint else 0
         streams = await submit_all(eng, [req], cp.bodies, api="anthropic.messages", params={"response_id": req.id})
         if body.get("stream"):
-            return sse(events(req.id, eng.model_id, len(cp.prompt), streams[0], req.session), eng, [req])
+            return sse(events(req.id, eng.model_id, len(cp.prompt), streams[0], req.session, marked), eng, [req])
         choices = await collect(request, streams)
         raise_first_error(choices)
         ch = choices[0]
@@ -287,7 +353,7 @@ def add_routes(app: FastAPI, models, qos_for, body_of) -> None:
         content += [tool_use_block(t) for t in ch.tool_calls]
         return {"id": req.id, "type": "message", "role": "assistant", "model": eng.model_id, "content": content,
                 "stop_reason": stop_reason(c, bool(ch.tool_calls)), "stop_sequence": c.stop_sequence,
-                "usage": usage(c, c.completion_tokens)}
+                "usage": usage(c, c.completion_tokens, marked)}
 
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(request: Request):

@@ -6,7 +6,6 @@ refused with a clear error; pull/push/create/delete/copy are 501."""
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import os
 import time
@@ -17,13 +16,14 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from ..errors import BadRequest, ContextLengthExceeded
+from ..errors import BadRequest, ContextLengthExceeded, Forbidden
 from ..ids import new_id
 from ..request import Chunk, GenRequest, Qos, SamplingParams
 from .embeddings import embed_texts, embedding_engine, shorten
 from .schema import MAX_EMBED_INPUTS, json_object
 from ..codec import grammar
 from ..codec.tools import new_call_id
+from . import keep_alive
 from .prompt import chat_prompt, template_options
 from .streams import collect, raise_first_error, sse, submit_all
 
@@ -167,7 +167,7 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
 
     @app.get("/api/ps")
     async def ps():
-        return {"models": [{**card(models, m), "expires_at": "2099-01-01T00:00:00Z", "size_vram": 0}
+        return {"models": [{**card(models, m), "expires_at": keep_alive.expires_at(models, m), "size_vram": 0}
                            for m in models.engines]}
 
     @app.post("/api/show")
@@ -217,6 +217,7 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
         truncate = body.get("truncate", True)
         if not isinstance(truncate, bool):
             raise BadRequest("truncate must be true or false", param="truncate")
+        ka = keep_alive.parse(body.get("keep_alive"))
         dims = body.get("dimensions")
         if dims is not None and (isinstance(dims, bool) or not isinstance(dims, int) or dims < 1):
             raise BadRequest("dimensions must be a positive integer", param="dimensions")
@@ -227,12 +228,7 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
         vectors = shorten(eng, vectors, dims)
         request.scope.setdefault("state", {}).setdefault("access", {}).update(
             model=eng.model_id, qos=q.name.lower(), prompt_tokens=tokens)
-        key = request.scope.get("state", {}).get("key")
-        if _unload_now(body.get("keep_alive")) and eng.model_id != models.default and (key is None or key.admin):
-            # as Ollama: unloaded once nobody uses it (never under another client's request)
-            task = asyncio.get_running_loop().create_task(_unload_if_idle(models, eng))
-            _UNLOADS.add(task)
-            task.add_done_callback(_UNLOADS.discard)
+        keep_alive.apply(request, models, eng.model_id, ka)  # 0: unloaded once nobody uses it
         if legacy:
             return {"embedding": vectors[0].tolist()}
         return {"model": eng.model_id, "embeddings": [v.tolist() for v in vectors],
@@ -243,12 +239,24 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
         t0 = time.monotonic()
         if not isinstance(body.get("model"), str):
             raise BadRequest("missing required parameter: 'model'", param="model")
-        eng = await models.get(body["model"])
+        ka = keep_alive.parse(body.get("keep_alive"))
         key = "message" if chat else "response"
         empty = {"role": "assistant", "content": ""} if chat else ""
         msgs = body.get("messages") or []
         if (chat and not msgs) or (not chat and not body.get("prompt")):
+            mid = models.resolve_id(body["model"])
+            if ka == 0 and mid != models.default:  # Ollama's way to unload a model
+                if not keep_alive.may_change(request):
+                    raise Forbidden("only an admin key may unload a model")
+                if mid in models.engines:
+                    models.keep(mid, 0)  # now if it is idle, else once it is
+                    if models.engines[mid].idle:
+                        await models.unload(mid)
+                return {"model": mid, "created_at": _now(), key: empty, "done": True, "done_reason": "unload"}
+            eng = await models.get(mid)  # loads it (the default model stays loaded whatever keep_alive says)
+            keep_alive.apply(request, models, eng.model_id, ka)
             return {"model": eng.model_id, "created_at": _now(), key: empty, "done": True, "done_reason": "load"}
+        eng = await models.get(body["model"])
         refuse_unsupported(body)
         g = format_grammar(body.get("format"))
         think = body.get("think")
@@ -275,6 +283,7 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
                          channels=channels)
         streams = await submit_all(eng, [req], bodies, api="ollama." + ("chat" if chat else "generate"),
                                    params={"response_id": req.id})
+        keep_alive.apply(request, models, eng.model_id, ka)  # submitted: 0 unloads it once the request is done
         model = eng.model_id
         if body.get("stream", True):
             async def lines():
@@ -317,18 +326,3 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
 async def _not_here():
     return error_response(501, "superfluid serves local model files: pull, push, create, copy and delete are not "
                        "supported (use superfluid serve --model PATH)")
-
-
-_UNLOADS: set[asyncio.Task] = set()
-
-
-async def _unload_if_idle(models, eng) -> None:
-    if eng.idle:
-        await models.unload(eng.model_id)
-
-
-def _unload_now(keep_alive) -> bool:
-    """Ollama's keep_alive 0 (a number or a duration string): unload the model afterwards."""
-    if isinstance(keep_alive, (int, float)) and not isinstance(keep_alive, bool):
-        return keep_alive == 0
-    return isinstance(keep_alive, str) and keep_alive.strip() in ("0", "0s", "0m", "0h")

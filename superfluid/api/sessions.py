@@ -1,6 +1,7 @@
 """The native session API under /v1/sessions: create, append messages and tool results,
 generate (SSE), cancel, read events, subscribe, resume a dropped stream, list, inspect,
-fork, trim, title/archive and purge. Translation only: the work is in sessions.Sessions."""
+fork, trim, title/archive, purge, and pin/unpin (the session's context stays warm in a KV
+slot and on disk). Translation only: the work is in sessions.Sessions and the engine."""
 
 from __future__ import annotations
 
@@ -183,6 +184,22 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
 
         return StreamingResponse(rest_of_generation(sessions, sid, after, continue_cut),
                                  media_type="text/event-stream", headers=SSE_HEADERS)
+
+    @app.post("/v1/sessions/{sid}/pin")
+    async def pin(sid: str):
+        st = await sessions.state(sid)
+        eng = await engine_of(sid)
+        if not hasattr(eng, "pin"):
+            raise BadRequest("session pins need a local engine (this model runs on a fleet)", code="pins_unsupported")
+        warm = eng.pin(sid, list(st.tokens))  # TooManyPins (409) beyond the share
+        return _json({"id": sid, "object": "session.pin", "pinned": True, "warm_tokens": warm})
+
+    @app.post("/v1/sessions/{sid}/unpin")
+    async def unpin(sid: str):
+        st = await sessions.state(sid)
+        eng = models.engines.get(models.resolve_id(st.params.get("model")))  # an unloaded model holds no pins
+        was = bool(eng.pin(sid, None)) if eng is not None and hasattr(eng, "pin") else False
+        return _json({"id": sid, "object": "session.pin", "pinned": False, "was_pinned": was})
 
     @app.post("/v1/sessions/{sid}/fork")
     async def fork(sid: str, request: Request):

@@ -114,6 +114,8 @@ class Runtime(ABC):
         if self.kv_store is not None:
             for key in plan.drops:
                 self.kv_store.drop(key)
+            for key, pinned in plan.pins:
+                self.kv_store.pin(key, pinned)
         for o in plan.opens:
             self._broken.discard(o.seq)
             self.open_lane(o.seq, o.keep)

@@ -73,6 +73,7 @@ class KvStore:
         self._pending: dict[int, bytes] = {}  # queued for the writer, served to loads meanwhile
         self._pending_bytes = 0
         self._dropped: list[int] = []
+        self._pinned: set[int] = set()  # pinned keys, written or still queued
         self._evicted_bytes = 0
         self._queue: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._writer, name="kv-writer", daemon=True)
@@ -105,7 +106,7 @@ class KvStore:
                 pass
         found.sort(reverse=True)  # the most recently used first: they fit the index
         kept, total = [], 0
-        for mtime, key, tokens in found:
+        for _, key, tokens in found:
             total += len(tokens)
             if total > MAX_INDEX_TOKENS:  # the index travels in one Link W frame: the oldest go
                 self._forget(key, self._path(key), report=False)
@@ -187,7 +188,12 @@ class KvStore:
         self._queue.put(("drop", key))
 
     def pin(self, key: int, pinned: bool) -> None:
+        """A pinned entry is evicted last (an entry still queued is pinned once written)."""
         with self._lock:
+            if pinned:
+                self._pinned.add(key)
+            else:
+                self._pinned.discard(key)
             e = self._entries.get(key)
             if e is not None:
                 e.pinned = pinned
@@ -242,7 +248,8 @@ class KvStore:
                 f.write(data)
             os.replace(tmp, p)
             with self._lock:
-                self._entries[key] = _Entry(len(MAGIC) + 4 + len(header) + size, time.time(), pinned)
+                self._entries[key] = _Entry(len(MAGIC) + 4 + len(header) + size, time.time(),
+                                            pinned or key in self._pinned)
         except OSError as e:
             log.warning("could not write KV entry %016x: %s", key, e)
             self._unlink(tmp)
@@ -275,6 +282,7 @@ class KvStore:
     def _forget(self, key: int, p: Path, report: bool = True) -> None:
         with self._lock:
             self._entries.pop(key, None)
+            self._pinned.discard(key)
             data = self._pending.pop(key, None)
             if data is not None:
                 self._pending_bytes -= len(data)

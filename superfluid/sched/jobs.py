@@ -37,6 +37,8 @@ class Job:
     order: int = 0
     preemptions: int = 0
     prior: tuple[int, ...] = ()  # tokens of this turn generated before this job (in the prompt)
+    session: str | None = None  # the session it generates for (a pinned session's context stays warm)
+    cache: tuple[int, float] | None = None  # a cache hint: (prompt tokens, seconds) to keep warm
 
     @property
     def context_len(self) -> int:

@@ -8,7 +8,8 @@ first i blocks, and the exact shared length (into the last, partial block) comes
 comparing the tokens. The chain's hashes also summarise what a node holds for the fleet.
 
 An entry whose tokens are a prefix of a newer one (the previous turn of the same
-conversation) is superseded: `add` returns it for the worker to delete."""
+conversation) is superseded: `add` returns it for the worker to delete; the newer one holds
+all it did, so it inherits its pin."""
 
 from __future__ import annotations
 
@@ -73,9 +74,10 @@ class DiskIndex:
         older = [k for b in blocks for k in self._by_last.get(b, ())
                  if len(self.entries[k].tokens) <= len(tokens)
                  and common_prefix(tokens, self.entries[k].tokens) == len(self.entries[k].tokens)]
+        pinned = any(self.entries[k].pinned for k in older)
         for k in older:
             self.remove(k)
-        self.entries[key] = DiskEntry(key, array("i", tokens), blocks, step)
+        self.entries[key] = DiskEntry(key, array("i", tokens), blocks, step, pinned)
         for b in blocks:
             self._by_block.setdefault(b, set()).add(key)
         self._by_last.setdefault(blocks[-1], set()).add(key)

@@ -4,11 +4,12 @@ its last job left behind, as a prefix-cache entry, until it is given to another 
 Choosing a slot for a new job: the slot whose KV shares the longest prefix with the job's
 context (used in place if it is free, copied from if it is running), else a free slot by
 eviction order: empty first, then entries never reused, then reused ones, least recently
-used first. Running slots are never evicted."""
+used first, and slots that hold a pinned prefix (sched/pins.py) last. Running slots are
+never evicted."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,8 +55,9 @@ class KvSlots:
                 best, n = s, m  # on a tie, a free slot (used in place, no copy) wins
         return best, n
 
-    def evictable(self, avoid: Slot | None = None) -> Slot | None:
+    def evictable(self, avoid: Slot | None = None, keep: Container[int] = ()) -> Slot | None:
+        """The free slot to give a new job; slots in `keep` (pinned) only when no other is free."""
         cands = [s for s in self.slots if s.job is None and s is not avoid]
         if not cands:
             return None
-        return min(cands, key=lambda s: (bool(s.kv), s.hits > 0, s.last_used))
+        return min(cands, key=lambda s: (s.seq in keep, bool(s.kv), s.hits > 0, s.last_used))

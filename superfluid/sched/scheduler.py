@@ -8,8 +8,9 @@
    (decoding before prefilling, youngest first), and the victim goes back to the front of
    its queue with its output as context: its client stream only pauses;
 3. seed each admitted job from the longest KV prefix any slot holds (a free slot in place,
-   a running one by copy) so only the rest is prefilled; a job whose long prefix another
-   job is prefilling right now waits for it (burst coalescing: computed once);
+   a running one by copy) or the disk tier (sched/tiers.py) so only the rest is prefilled; a
+   job whose long prefix another job is prefilling right now waits for it (burst coalescing:
+   computed once); a slot that holds a pinned prefix (sched/pins.py) is evicted last;
 4. one token for every decoding lane, then prefill chunks and embedding inputs (sched/embeds.py)
    under the step's budget, better classes first; while an interactive prompt prefills, lower
    classes do not prefill.
@@ -24,22 +25,23 @@ recomputes them, and greedy or seeded sampling (keyed by position) draws the sam
 
 from __future__ import annotations
 
-from ..plan import RESTORE_COST, Copy, EmbedItem, LaneOpen, Load, Run, Save, StepPlan, StepResult, kv_key
+from ..plan import RESTORE_COST, Copy, EmbedItem, LaneOpen, Load, Run, Save, StepPlan, StepResult
 from ..request import FinishReason, Qos
 from .embeds import EmbedEvent, EmbedJob, EmbedQueue
 from .jobs import Counters, Job, JobStatus, TokenEvent
-from .kvdisk import BLOCK, MIN_ENTRY, DiskIndex
+from .kvdisk import DiskIndex
 from .lanes import KvSlots, Slot
+from .pins import Pins
 from .prefix import common_prefix
 from .queues import WaitQueue
+from .tiers import KvTiers
 
 MIN_COPY = 16  # a shorter shared prefix is cheaper to recompute than a KV stream copy
 COALESCE_MIN = 64  # wait for another job's prefill only when it saves at least this much
-MIN_RESTORE = BLOCK  # restore from disk only when it saves at least this much prefill over RAM
 SAVE_PROMPT = 512  # a prompt that prefilled this many tokens is saved as soon as it has (not only at its end)
 
 
-class Scheduler:
+class Scheduler(KvTiers):
     def __init__(self, *, lanes: int, n_ctx: int, step_tokens: int, eog: frozenset[int],
                  slots: int | None = None, class_lanes: dict[Qos, int] | None = None,
                  aging_steps: int = 256, embed_window: int = 0, embed_batch: int = 64):
@@ -71,6 +73,8 @@ class Scheduler:
         self._loads: dict[int, dict[int, int]] = {}  # step -> {seq: disk key} restores in flight
         self._step = 0
         self._admitted = 0
+        self.pins = Pins(len(self.slots) - lanes)  # every lane must find an unpinned slot
+        self._now, self._pin_wanted, self._pin_ops = 0.0, [], []
 
     # -- job control -------------------------------------------------------------------
     def add(self, job: Job) -> None:
@@ -130,7 +134,8 @@ class Scheduler:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.running or self._to_close or len(self.waiting) or self.embeds.has_work)
+        return bool(self.running or self._to_close or len(self.waiting) or self.embeds.has_work
+                    or self._pin_wanted or self._pin_ops)
 
     def queue_depth(self) -> dict[Qos, int]:
         return {q: self.waiting.count(q) + sum(1 for j in self.embeds.ready() if j.qos == q) for q in Qos}
@@ -166,7 +171,8 @@ class Scheduler:
         self._to_close.clear()
         embeds: list[EmbedItem] = []
         runs = self._runs(step, embeds, sum(ld.n for ld in loads) // RESTORE_COST)
-        if not (opens or runs or closes or embeds or saves or drops):
+        pins = self._disk_pins(saves)
+        if not (opens or runs or closes or embeds or saves or drops or pins):
             return None
         self._step = step
         self._inflight[step] = {r.seq: (self.running[r.seq], self.running[r.seq].incarnation)
@@ -174,42 +180,7 @@ class Scheduler:
         if loads:
             self._loads[step] = {ld.seq: ld.key for ld in loads}
         return StepPlan(step, tuple(opens), tuple(runs), closes, tuple(copies), tuple(embeds),
-                        tuple(saves), tuple(loads), tuple(drops))
-
-    # -- the disk tier ---------------------------------------------------------------------
-    def _restore_for(self, job: Job) -> tuple[int, int] | None:
-        """(disk key, tokens) when restoring the job's prefix from disk saves at least
-        MIN_RESTORE tokens of prefill over the best KV a slot holds."""
-        if not self.disk:
-            return None
-        tokens = job.known()
-        key, n = self.disk.match(tokens)
-        n = min(n, len(tokens) - 1)  # the last token is fed again: its logits are needed
-        if key is None or n < self.slots.best_match(tokens, Job.kv_tokens)[1] + MIN_RESTORE:
-            return None
-        return key, n
-
-    def _chat_prefilling(self) -> bool:
-        return any(j.qos == Qos.INTERACTIVE and j.status == JobStatus.PREFILLING for j in self.running.values())
-
-    def _save(self, seq: int, tokens: list[int], step: int, saves: list[Save], drops: list[int]) -> None:
-        """Write a slot's KV to disk unless the disk tier already holds all but a block of it."""
-        if self.disk is None or len(tokens) < MIN_ENTRY or self.disk.match(tokens)[1] > len(tokens) - BLOCK:
-            return
-        key = kv_key(tokens)
-        saves.append(Save(seq, key, tuple(tokens)))
-        drops.extend(self.disk.add(key, tokens, step))
-        self.counters.kv_saves += 1
-
-    def seed_disk(self, entries: list[tuple[int, tuple[int, ...]]] | None) -> None:
-        """A (new) worker's disk tier: index what it holds (None: it has none)."""
-        if entries is None:
-            self.disk = None
-            return
-        self.disk = DiskIndex()
-        for i, (key, tokens) in enumerate(entries):  # least recently used first
-            if len(tokens) >= MIN_ENTRY:
-                self.disk.add(key, tokens, -len(entries) + i)
+                        tuple(saves), tuple(loads), tuple(drops), pins)
 
     def _admissible(self, job: Job) -> bool:
         cap = self.class_lanes.get(job.qos)
@@ -251,13 +222,14 @@ class Scheduler:
         tokens = job.known()
         src, n = self.slots.best_match(tokens, Job.kv_tokens)
         n = min(n, len(tokens) - 1)  # the last token is fed again: its logits are needed
+        guard = self.pins.guarded(self.slots) if self.pins else {}  # {seq: pinned length}
         if src is not None and n < MIN_COPY and (src.job is not None or 2 * n < len(src.kv)):
             # a few shared tokens (a chat template's header) are worth neither a copy nor
             # most of a longer cache entry
             src, n = None, 0
         if restore is not None:  # the disk tier holds a longer prefix than any slot
             src = None
-            free = self.slots.evictable()
+            free = self.slots.evictable(keep=guard)
             assert free is not None, "a free lane always has a free slot"
             slot, keep, (key, n) = free, 0, restore
             loads.append(Load(slot.seq, key, n))
@@ -265,10 +237,10 @@ class Scheduler:
             if job.cached is None:
                 self.counters.restores += 1
                 self.counters.restored_tokens += n
-        elif src is not None and src.job is None and n > 0:
+        elif src is not None and src.job is None and n > 0 and n >= guard.get(src.seq, 0):
             slot, keep = src, n
-        else:
-            free = self.slots.evictable()
+        else:  # a running slot, or a pinned one this job would cut into: copied from
+            free = self.slots.evictable(avoid=src, keep=guard)
             assert free is not None, "a free lane always has a free slot"
             slot = free
             keep = 0
@@ -383,32 +355,6 @@ class Scheduler:
             return FinishReason.LENGTH
         return None
 
-    def _disk_result(self, result: StepResult, loads: dict[int, int]) -> None:
-        c = self.counters
-        c.kv_saved_bytes += result.kvio.saved
-        c.kv_restored_bytes += result.kvio.restored
-        c.kv_evicted_bytes += result.kvio.evicted
-        if self.disk is not None:
-            for key in result.dropped:
-                self.disk.remove(key)
-        for seq in result.failed:  # the lane's KV is gone (a restore that failed)
-            if self.disk is not None and seq in loads:
-                self.disk.remove(loads[seq])
-            slot = self.slots[seq]
-            job = slot.job
-            slot.kv = []
-            if job is None:
-                continue
-            # back to the front of its queue, to be prefilled from what it knows: as a
-            # preempted job, it draws the same tokens
-            self.running.pop(seq, None)
-            self._to_close.append(seq)
-            slot.job = None
-            if seq in loads:
-                job.cached = None  # it was not restored after all
-            job.status, job.pending, job.seq = JobStatus.WAITING, 0, None
-            self.waiting.push_front(job, self._step)
-
     def _release(self, job: Job, save: bool = False) -> None:
         """The job leaves its lane; the slot keeps the job's KV as a cache entry (and, at the
         end of a turn, the disk tier gets a copy)."""
@@ -419,3 +365,5 @@ class Scheduler:
         self._to_close.append(job.seq)
         if save and self.disk is not None:
             self._to_save[job.seq] = slot.kv
+        if save:
+            self._keep_pinned(job, slot.kv)

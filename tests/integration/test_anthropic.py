@@ -49,7 +49,8 @@ def test_stop_sequence_and_max_tokens(ac):
 def test_count_tokens(ac):
     n = ac.messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": "Hello there"}])
     r = ac.messages.create(model=MODEL, max_tokens=1, messages=[{"role": "user", "content": "Hello there"}])
-    assert n.input_tokens == r.usage.input_tokens
+    u = r.usage  # the prompt is split into read from cache, written to it, and the rest
+    assert n.input_tokens == u.input_tokens + u.cache_read_input_tokens + u.cache_creation_input_tokens
 
 
 def test_errors_have_the_anthropic_shape(daemon, ac):
