@@ -112,8 +112,6 @@ class Runtime(ABC):
             self.close_lane(seq)
         saved = sum(self._save(s) for s in plan.saves)
         if self.kv_store is not None:
-            for key in plan.drops:
-                self.kv_store.drop(key)
             for key, pinned in plan.pins:
                 self.kv_store.pin(key, pinned)
         for o in plan.opens:
@@ -137,6 +135,9 @@ class Runtime(ABC):
                 restored += len(data)
             else:
                 self._break(ld.seq, failed)
+        if self.kv_store is not None:
+            for key in plan.drops:  # after the loads: an entry superseded in this plan is still read
+                self.kv_store.drop(key)
         sampled: list[Sampled] = []
         runs = tuple(self._resolve(r) for r in plan.runs if r.seq not in self._broken)
         if runs:
