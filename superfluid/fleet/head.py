@@ -29,6 +29,7 @@ from .embeds import FleetEmbedder
 from .node import spec_to_wire
 from .placement import pick
 from .pool import NodePool, NodeConn
+from .prefixes import wanted
 
 log = logging.getLogger("superfluid.fleet")
 
@@ -187,7 +188,7 @@ class FleetEngine(Engine):
                 "lanes": sum(int(n.status.get("lanes", 0)) for n in self.nodes if n.up and n.serves(self.model_id)),
                 "ready": self.ready, "worker_pid": None, "steps": 0, "kv_slots": 0,
                 "nodes": [{"addr": n.addr, "name": n.name, "up": n.up, "status": n.status,
-                           "models": [str(x.get("id")) for x in n.models],
+                           "models": [str(x.get("id")) for x in n.models], "prefixes": len(n.prefixes),
                            "placed": sum(1 for p in self._placed.values() if p.node is n)} for n in self.nodes]}
 
     # -- placement -------------------------------------------------------------------------
@@ -195,13 +196,16 @@ class FleetEngine(Engine):
         need = len(p.req.prompt) + p.req.max_tokens
         load = {id(n): sum(1 for e in self.pool.engines for q in e._placed.values() if q.node is n)
                 for n in self.nodes}  # every model's generations share a node's lanes
-        node = pick([n for n in self.nodes if n.up], self.model_id, need, self.policy, load, next(self._rr))
+        # the prompt as the node will hold it (a failover's includes what was delivered)
+        want = wanted(list(p.req.prompt) + p.delivered) if self.policy == "load-aware" else []
+        node = pick([n for n in self.nodes if n.up], self.model_id, need, self.policy, load, next(self._rr), want)
         if node is None:
             fits = [n.window(self.model_id) for n in self.nodes if n.up and n.serves(self.model_id)]
             if fits and max(fits) < need:
                 raise ContextLengthExceeded(f"no fleet node has a context window for {need} tokens; the "
                                             f"largest is {max(fits)}", param="messages")
             raise WorkerUnavailable(f"no fleet node serving {self.model_id} is up to take the request; retry")
+        node.placed_prompt(want)
         epoch = self.pool.epochs.next()
         if p.tracker.epoch == 0:
             p.tracker = Tracker(p.req.id, epoch)

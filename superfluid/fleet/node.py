@@ -20,6 +20,7 @@ from ..errors import ProtocolError, SuperfluidError
 from ..link import messages as m
 from ..link.node_state import NodeState, RetryBuffer
 from ..request import Chunk, FinishReason, GenRequest, Qos, SamplingParams
+from .prefixes import NodeSummary
 from .transport import Link
 
 log = logging.getLogger("superfluid.node")
@@ -68,6 +69,7 @@ class NodeServer:
         self._requests: dict[str, str] = {}  # gen -> engine request id
         self._handshaking = 0
         self._tasks: list[asyncio.Task] = []
+        self._prefixes = NodeSummary()
 
     async def serve(self, host: str, port: int) -> asyncio.Server:
         server = await asyncio.start_server(self._on_connect, host, port)
@@ -160,6 +162,7 @@ class NodeServer:
         head = _Head(link, instance)
         self.heads.add(head)
         link.send(m.HELLO_ACK, self.hello_ack())
+        self._send_prefixes(link)
         log.info("head %s connected", link.peer)
         ticker = asyncio.create_task(self._tick(link))
         try:
@@ -190,8 +193,16 @@ class NodeServer:
                 link.send(m.KEEPALIVE, {})
                 if n % int(STATUS_EVERY / KEEPALIVE_EVERY) == 0:
                     link.send(m.NODE_STATUS, self.status())
+                    self._send_prefixes(link)
             except ConnectionError:
                 return
+
+    def _send_prefixes(self, link: Link) -> None:
+        """What this node's KV holds, for cache-aware placement (a separate optional message:
+        a head that predates it drops it)."""
+        body = self._prefixes.fields(self.engine)
+        if body:
+            link.send(m.NODE_PREFIXES, body)
 
     async def _watchdog(self) -> None:
         """The lease: generations whose head has been silent for lease_s are fenced."""

@@ -1,18 +1,26 @@
 """Choosing a node for a generation, pure. Policies:
-- load-aware (default): nodes whose window fits, skipping nodes near full KV, lowest
-  estimated wait (running + waiting + placed per lane);
+- load-aware (default): nodes whose window fits, skipping nodes near full KV; among them the
+  node holding the longest prefix of the prompt (cache-aware: fleet/prefixes.py), unless it
+  is overloaded; otherwise (and on ties) the lowest estimated wait (waiting + placed per lane).
+  A warm node is overloaded when every lane of it is taken while the least-loaded node has a
+  free one, or when its wait is a whole round of lanes (1.0) above that node's;
 - least-loaded: fewest generations placed;
 - round-robin: in turn."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 POLICIES = ("load-aware", "least-loaded", "round-robin")
 KV_FULL = 0.95
+BEHIND = 1.0  # waits per lane a warm node may be behind the least-loaded one
 
 
-def pick(nodes: list, model_id: str, need: int, policy: str, placed: dict[int, int], turn: int):
-    """nodes: objects with .window(model_id) and .status (NODE_STATUS); placed: id(node) ->
-    generations the head has on it. None when no node fits."""
+def pick(nodes: list, model_id: str, need: int, policy: str, placed: dict[int, int], turn: int,
+         want: Sequence[int] = ()):
+    """nodes: objects with .window(model_id), .status (NODE_STATUS) and optionally .prefixes
+    (the hashes it holds, NODE_PREFIXES); placed: id(node) -> generations the head has on it; want: the
+    prompt's sampled prefix hashes (prefixes.wanted). None when no node fits."""
     fits = [n for n in nodes if n.window(model_id) >= need]
     if not fits:
         return None
@@ -27,7 +35,27 @@ def pick(nodes: list, model_id: str, need: int, policy: str, placed: dict[int, i
         return (placed.get(id(n), 0) + int(s.get("waiting", 0))) / lanes
 
     roomy = [n for n in fits if not _kv_full(n.status or {})] or fits
-    return min(roomy, key=wait)
+    cold = min(roomy, key=wait)
+    if want:
+        warm = [(d, n) for n in roomy if (d := depth(getattr(n, "prefixes", None) or frozenset(), want))]
+        for _, n in sorted(warm, key=lambda x: (-x[0], wait(x[1]))):
+            if not _overloaded(wait(n), wait(cold)):
+                return n
+    return cold
+
+
+def depth(held: frozenset[int], want: Sequence[int]) -> int:
+    """How many sampled blocks of the prompt a node holding `held` has: the deepest hit
+    (each sampled hash covers every token before it)."""
+    if held:
+        for i in range(len(want) - 1, -1, -1):
+            if want[i] in held:
+                return i + 1
+    return 0
+
+
+def _overloaded(w: float, least: float) -> bool:
+    return (w >= 1.0 and least < 1.0) or w - least >= BEHIND
 
 
 def _kv_full(s: dict) -> bool:

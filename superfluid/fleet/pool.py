@@ -22,11 +22,13 @@ from ..errors import SuperfluidError, WorkerUnavailable
 from ..link import messages as m
 from ..link.head_state import Counter
 from ..link.noise import AuthFailed
+from .prefixes import from_wire
 from .transport import Link
 
 log = logging.getLogger("superfluid.fleet")
 
 KEEPALIVE_EVERY = 1.0
+RECENT = 5.0  # a prompt placed on a node counts as held there this long before its reports show it
 START_WAIT = 120.0  # a head that dials nodes waits this long for the first one
 
 
@@ -40,12 +42,26 @@ class NodeConn:
     name: str = ""
     models: list = field(default_factory=list)
     status: dict = field(default_factory=dict)
+    prefixes: frozenset = frozenset()  # prefix hashes it holds (fleet/prefixes.py): NODE_PREFIXES + recent
+    recent: dict = field(default_factory=dict)  # hash -> when the head placed a prompt holding it here
     last_heard: float = 0.0
     refused: str | None = None  # why the node refused us (a wrong token), logged once
 
     @property
     def addr(self) -> str:
         return f"{self.host}:{self.port}" if self.port else f"{self.host} (joined)"
+
+    def set_prefixes(self, body: dict) -> None:
+        now = time.monotonic()
+        self.recent = {h: t for h, t in self.recent.items() if now - t < RECENT}
+        self.prefixes = from_wire(body) | frozenset(self.recent)
+
+    def placed_prompt(self, hashes: list[int]) -> None:
+        """The head placed a prompt here: its prefix counts as held until the node's next
+        reports would show it (a turn that follows at once finds this node warm)."""
+        now = time.monotonic()
+        self.recent.update(dict.fromkeys(hashes, now))
+        self.prefixes = self.prefixes | frozenset(hashes)
 
     def window(self, model_id: str) -> int:
         return max((int(x.get("n_ctx", 0)) for x in self.models if x.get("id") == model_id), default=0)
@@ -288,6 +304,8 @@ class NodePool:
                 eng.on_embedded(n, body)
         elif kind == m.NODE_STATUS:
             n.status = body
+        elif kind == m.NODE_PREFIXES:
+            n.set_prefixes(body)
         elif kind == m.RECONCILE_ACK:
             for gen in body.get("missing") or []:  # the node lost them (it restarted): move them now
                 eng = self._owner(str(gen))

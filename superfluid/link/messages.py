@@ -10,7 +10,8 @@ head -> node: GENERATE_REQ {cmd, gen, session, epoch, prompt, sampling, max_toke
 node -> head: EMBED_RESP {id, vectors: [float32 bytes...]} or {id, error: [code, message]},
               TOKEN_EVENTS {gen, epoch, events: [[seq, chunk]...]}, RECONCILE_ACK {gens
               it no longer has}, NODE_STATUS {lanes, running, waiting, kv_used, kv_total,
-              decode_tps}, KEEPALIVE {}
+              decode_tps}, NODE_PREFIXES {prefix: u64 LE hashes, prefix_tokens} (the prefixes
+              its KV holds, fleet/prefixes.py; with each NODE_STATUS), KEEPALIVE {}
 
 Pipeline stages (`node serve --stage`; the head's worker drives them, one request at a time
 per link, answered in order):
@@ -42,11 +43,11 @@ HELLO, HELLO_ACK = 1, 2
 GENERATE_REQ, GENERATE_CANCEL, TOKEN_EVENTS, WATERMARK_ACK = 10, 11, 12, 13
 RECONCILE, RECONCILE_ACK, SESSION_REVOKE = 14, 15, 16
 EMBED_REQ, EMBED_RESP = 17, 18  # idempotent: a batch whose node is lost is simply sent to another
-NODE_STATUS, KEEPALIVE = 0x8000 | 20, 0x8000 | 21  # optional: a peer may ignore them
+NODE_STATUS, KEEPALIVE, NODE_PREFIXES = 0x8000 | 20, 0x8000 | 21, 0x8000 | 22  # optional: a peer may ignore them
 STAGE_LOAD, STAGE_READY, STAGE_FORWARD_REQ, STAGE_FORWARD_RESP, STAGE_COPY, STAGE_DROP = 30, 31, 32, 33, 34, 35
 KNOWN = {HELLO, HELLO_ACK, GENERATE_REQ, GENERATE_CANCEL, TOKEN_EVENTS, WATERMARK_ACK, RECONCILE,
-         RECONCILE_ACK, SESSION_REVOKE, EMBED_REQ, EMBED_RESP, NODE_STATUS, KEEPALIVE, STAGE_LOAD, STAGE_READY,
-         STAGE_FORWARD_REQ, STAGE_FORWARD_RESP, STAGE_COPY, STAGE_DROP}
+         RECONCILE_ACK, SESSION_REVOKE, EMBED_REQ, EMBED_RESP, NODE_STATUS, KEEPALIVE, NODE_PREFIXES, STAGE_LOAD,
+         STAGE_READY, STAGE_FORWARD_REQ, STAGE_FORWARD_RESP, STAGE_COPY, STAGE_DROP}
 
 
 

@@ -66,3 +66,79 @@ def test_stage_activations_round_trip_and_garbage_is_a_protocol_error():
                 ["float32", 3, "4", a.tobytes()], ["float32", 3, 4, "text"], 7):
         with pytest.raises(ProtocolError):
             unpack_array(bad)
+
+
+def _warm(name, window=4096, held=(), **status):
+    n = N(name, window, **status)
+    n.prefixes = frozenset(held)
+    return n
+
+
+def test_cache_aware_places_on_the_node_holding_the_longest_prefix():
+    from superfluid.fleet.prefixes import wanted
+    convo = list(range(1000, 1900))  # 900 tokens: 3 sampled hashes (256-token grain)
+    want = wanted(convo + [7, 8, 9])
+    assert len(want) == 3
+    cold = _warm("cold", lanes=4)
+    short = _warm("short", lanes=4, held=wanted(convo[:600]))  # its first 512 tokens
+    deep = _warm("deep", lanes=4, held=wanted(convo))
+    # the deepest wins even when it is busier (not overloaded); cold nodes never match
+    assert pick([cold, short, deep], "m", 100, "load-aware", {id(deep): 2, id(short): 1}, 0, want) is deep
+    assert pick([cold, short], "m", 100, "load-aware", {id(short): 1}, 0, want) is short
+    # without a prompt hash, or under the other policies, the load alone decides
+    assert pick([deep, cold], "m", 100, "load-aware", {id(deep): 1}, 0, ()) is cold
+    assert pick([deep, cold], "m", 100, "least-loaded", {id(deep): 1}, 0, want) is cold
+    # a distinct prompt finds no warm node
+    assert pick([deep, cold], "m", 100, "load-aware", {id(deep): 1}, 0, wanted(list(range(900)))) is cold
+
+
+def test_cache_affinity_breaks_ties_and_yields_to_overload_and_full_kv():
+    from superfluid.fleet.prefixes import wanted
+    convo = list(range(5000, 5600))
+    want = wanted(convo)
+    a, b = _warm("a", lanes=4), _warm("b", lanes=4, held=want)
+    assert pick([a, b], "m", 100, "load-aware", {}, 0, want) is b  # a tie: the warm one
+    # every lane of the warm node taken while the other has a free one: the load rule wins
+    assert pick([a, b], "m", 100, "load-aware", {id(b): 4, id(a): 3}, 0, want) is a
+    # both saturated, the warm one less than a round of lanes behind: still warm
+    assert pick([a, b], "m", 100, "load-aware", {id(b): 6, id(a): 4}, 0, want) is b
+    assert pick([a, b], "m", 100, "load-aware", {id(b): 8, id(a): 4}, 0, want) is a  # a whole round behind
+    full = _warm("f", lanes=4, held=want, kv_used=99, kv_total=100)
+    assert pick([a, full], "m", 100, "load-aware", {}, 0, want) is a
+    small = _warm("s", window=256, lanes=4, held=want)
+    assert pick([a, small], "m", 1000, "load-aware", {}, 0, want) is a  # its window does not fit
+
+
+def test_prefix_summaries_round_trip_bounded_and_optional():
+    from superfluid.fleet.prefixes import GRAIN, LIMIT, from_wire, summarize, to_wire, wanted
+    one, two = list(range(700)), list(range(1, 2000))
+    hashes = summarize([one, two, list(range(100))], disk=[11, 12])
+    assert hashes[:2] == wanted(one) and hashes[2:2 + len(wanted(two))] == wanted(two) and hashes[-2:] == [11, 12]
+    assert from_wire({"prefix": to_wire(hashes), "prefix_tokens": GRAIN}) == frozenset(hashes)
+    assert len(summarize([list(range(i, i + 300)) for i in range(LIMIT + 10)])) == LIMIT
+    assert summarize([one, one]) == wanted(one)  # deduplicated
+    for bad in ({}, {"prefix": b"x" * 7, "prefix_tokens": GRAIN}, {"prefix": to_wire([1]), "prefix_tokens": 64},
+                {"prefix": "text", "prefix_tokens": GRAIN}):
+        assert from_wire(bad) == frozenset()
+
+
+def test_a_node_summarises_its_slots_and_disk_and_recomputes_only_when_they_change():
+    from types import SimpleNamespace as NS
+
+    from superfluid.fleet.prefixes import NodeSummary, from_wire, wanted
+    from superfluid.sched.kvdisk import DiskIndex
+    running = NS(kv_tokens=lambda: list(range(300)))
+    disk = DiskIndex()
+    disk.add(1, list(range(50, 1100)))
+    slots = [NS(job=None, kv=list(range(9, 600)), last_used=3), NS(job=running, kv=[], last_used=1),
+             NS(job=None, kv=[], last_used=0)]
+    eng = NS(steps=5, sched=NS(slots=NS(slots=slots), disk=disk))
+    s = NodeSummary()
+    held = from_wire(s.fields(eng))
+    assert held == frozenset(wanted(list(range(300))) + wanted(list(range(9, 600))) + disk.summary())
+    slots[0].kv = []
+    assert from_wire(s.fields(eng)) == held  # the engine has not stepped: the cached summary
+    eng.steps = 6
+    assert from_wire(s.fields(eng)) == frozenset(wanted(list(range(300))) + disk.summary())
+    assert from_wire(NodeSummary().fields(NS(steps=0, sched=NS(slots=NS(slots=[]), disk=None)))) == frozenset()
+    assert NodeSummary().fields(None) == {}  # a pipeline stage: no scheduler, no message

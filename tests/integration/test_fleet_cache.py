@@ -1,0 +1,65 @@
+"""Cache-aware placement: a head and two nodes on loopback; a conversation's next turn goes
+to the node that holds its prefix (reported in NODE_STATUS), although both are idle and the
+load rule alone would pick the other (the first) node."""
+
+import time
+
+import httpx
+import openai
+import pytest
+
+from superfluid.fleet.pool import RECENT
+
+from .conftest import MODEL
+from .daemon import Daemon
+from .fleet import Node
+
+FACTS = " ".join(f"Fact {i}: the harbor keeper counted {i * 7} gulls on day {i}." for i in range(30))
+CONVO = [{"role": "system", "content": "You are a terse assistant."},
+         {"role": "user", "content": f"Read these notes. {FACTS} Now say ok."}]
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    a, b = Node(), Node()
+    head = Daemon("--fleet", f"127.0.0.1:{a.port},127.0.0.1:{b.port}")
+    yield head
+    head.stop()
+    a.stop()
+    b.stop()
+
+
+def nodes(head) -> list[dict]:
+    return next(iter(head.health()["models"].values()))["nodes"]
+
+
+def chat(head, messages):
+    return openai.OpenAI(base_url=head.url + "/v1", api_key="x", max_retries=0, timeout=60).chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=8, temperature=0)
+
+
+def test_the_next_turn_goes_to_the_warm_node(fleet):
+    head = fleet
+    # a long generation holds the first node, so the conversation's first turn goes to the second
+    with httpx.stream("POST", head.url + "/v1/chat/completions", timeout=60,
+                      json={"model": MODEL, "messages": [{"role": "user", "content": "Tell a story."}],
+                            "max_tokens": 400, "ignore_eos": True, "stream": True}) as r:
+        lines = r.iter_lines()
+        for _ in range(3):
+            next(lines)
+        assert [n["placed"] for n in nodes(head)] == [1, 0]
+        first = chat(head, CONVO)
+    assert first.usage.prompt_tokens > 300
+    deadline = time.monotonic() + 15
+    while sum(n["placed"] for n in nodes(head)) and time.monotonic() < deadline:
+        time.sleep(0.1)  # the cancelled story leaves the first node
+    # past the head's own memory of where it placed the turn: the nodes' reports alone decide
+    time.sleep(RECENT + 2.5)
+    cold, warm = nodes(head)
+    assert warm["prefixes"] > 0 and cold["placed"] == warm["placed"] == 0  # cold holds the story's prefix
+    turn = CONVO + [{"role": "assistant", "content": first.choices[0].message.content},
+                    {"role": "user", "content": "What did the keeper count on day 3?"}]
+    for _ in range(3):
+        usage = chat(head, turn).usage
+        # the first node would hold only the chat template's opening (the story's prompt)
+        assert usage.prompt_tokens_details.cached_tokens >= 256, usage
