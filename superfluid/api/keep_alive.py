@@ -18,6 +18,7 @@ from ..errors import BadRequest
 
 _UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+MAX_SECONDS = 1e9  # ~32 years: longer is forever (and no date overflows in /api/ps)
 FOREVER = "2318-01-01T00:00:00Z"  # expires_at of a model that never expires
 
 
@@ -45,7 +46,7 @@ def parse(value: object) -> float | None:
         secs = float(value)
     if math.isnan(secs):
         raise bad
-    return math.inf if secs < 0 else secs
+    return math.inf if secs < 0 or secs > MAX_SECONDS else secs
 
 
 def may_change(request: Request) -> bool:
