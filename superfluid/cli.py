@@ -11,7 +11,7 @@ import sys
 
 from . import __version__
 from .config import DEFAULT_HOST, DEFAULT_PORT, EngineConfig, ServeConfig, default_threads, home
-from .api.guard import is_loopback_host
+from .net import is_loopback_host
 from .api.policy import KeyPolicy, PolicyError, load_policies
 from .errors import ModelLoadError, SuperfluidError
 from .request import Qos
@@ -264,7 +264,7 @@ def _serve(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     if args.pipeline:
-        from .fleet.commands import read_token
+        from .fleet_cli import read_token
         if args.fleet_auth is None and not all(is_loopback_host(h) for h, _ in args.pipeline + args.pipeline_spares):
             print("superfluid: --pipeline stages off loopback need --fleet-auth (a fleet token): the link would be "
                   "plaintext", file=sys.stderr)
@@ -277,7 +277,7 @@ def _serve(args: argparse.Namespace) -> int:
         cfg = replace(cfg, engine=replace(ec, runtime="pipeline", stages=tuple(args.pipeline), stage_psk=psk,
                                           stage_split=args.pipeline_split, stage_spares=tuple(args.pipeline_spares)))
     if args.fleet or args.fleet_listen:
-        from .fleet.commands import read_token
+        from .fleet_cli import read_token
         if args.fleet_auth is None and not all(is_loopback_host(h) for h, _ in args.fleet):
             print("superfluid: --fleet nodes off loopback need --fleet-auth (a fleet token): the link would be "
                   "plaintext", file=sys.stderr)
@@ -312,7 +312,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _node(args: argparse.Namespace) -> int:
-    from .fleet.commands import node_serve
+    from .fleet_cli import node_serve
     from .runtime.registry import resolve
     head = getattr(args, "head", None)
     if head is not None and args.model is None and (head.endswith(".gguf") or os.path.isfile(head)):
@@ -326,7 +326,7 @@ def _node(args: argparse.Namespace) -> int:
     if isinstance(ec, int):
         return ec
     if args.node_command == "join":
-        from .fleet.commands import node_join
+        from .fleet_cli import node_join
         if head is None:
             return node_join(ec, None, 0, args.token, args.auth_file, args.lease, mdns_interface=args.mdns_interface,
                              name=args.name)
@@ -368,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "top":
         return _top(args)
     if args.command == "fleet":
-        from .fleet.commands import fleet_token
+        from .fleet_cli import fleet_token
         return fleet_token()
     if args.command == "node":
         return _node(args)

@@ -14,7 +14,7 @@ import uvicorn
 
 from . import __version__
 from .api.app import create_app
-from .api.guard import is_loopback_host
+from .net import is_loopback_host
 from .codec.tokenizer import Tokenizer
 from .config import EngineConfig, ServeConfig, home
 from .engine import Engine

@@ -1,4 +1,6 @@
-"""`superfluid fleet token` and `superfluid node serve`: the fleet's command-line side."""
+"""`superfluid fleet token`, `superfluid node serve` and `superfluid node join`: the fleet's
+command-line side. It sits beside cli.py, above the daemon (a node builds its engine through
+`daemon.build_engine`), so nothing in fleet/ imports the daemon."""
 
 from __future__ import annotations
 
@@ -10,10 +12,10 @@ import signal
 import sys
 from pathlib import Path
 
-from ..api.guard import is_loopback_host
-from ..config import EngineConfig, home
-from ..errors import SuperfluidError
-from ..link.noise import psk_of
+from .config import EngineConfig, home
+from .errors import ModelLoadError, SuperfluidError
+from .link.noise import psk_of
+from .net import is_loopback_host
 
 log = logging.getLogger("superfluid.node")
 
@@ -93,8 +95,7 @@ async def _stage(ec: EngineConfig, host: str, port: int, psk: bytes | None, name
     """A pipeline stage: no engine, the layers a head assigns (on transformers)."""
     import torch  # noqa: F401  (fail here, in one line, when superfluid[hf] is missing)
 
-    from ..errors import ModelLoadError
-    from .stage_node import StageServer
+    from .fleet.stage_node import StageServer
     try:
         node = StageServer(ec.model_path, ec.model_id, psk, threads=ec.threads, node_id=name)
     except (OSError, ValueError, KeyError) as e:  # converting the GGUF under the home, reading its config
@@ -118,8 +119,8 @@ async def _until_signal() -> None:
 
 async def _node(ec: EngineConfig, host: str | None, port: int, psk: bytes | None, lease_s: float, *,
                 join: bool = False, mdns_interface: str | None = None, name: str | None = None) -> None:
-    from ..daemon import build_engine
-    from .node import NodeServer
+    from .daemon import build_engine
+    from .fleet.node import NodeServer
 
     engine = build_engine(ec)
     await engine.start()
@@ -130,7 +131,7 @@ async def _node(ec: EngineConfig, host: str | None, port: int, psk: bytes | None
         if join:
             find = None
             if host is None:
-                from .discovery import discover
+                from .fleet.discovery import discover
 
                 async def find():
                     return await discover(psk, interface=mdns_interface)
