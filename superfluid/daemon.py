@@ -18,6 +18,7 @@ from .net import is_loopback_host
 from .codec.tokenizer import Tokenizer
 from .config import EngineConfig, ServeConfig, home
 from .engine import Engine
+from .engine_api import EngineAPI
 from .models import Models
 from .monitor.access import AccessLog
 from .monitor.metrics import Metrics
@@ -119,7 +120,7 @@ def build_fleet_engine(cfg: ServeConfig, store: Store):
     pool = NodePool(list(cfg.fleet), cfg.fleet_psk, timeout=cfg.fleet_timeout, epoch_floor=store.epoch << 32,
                     listen=cfg.fleet_listen, mdns=cfg.fleet_mdns, local=local if cfg.fleet_local else None)
 
-    def build(ec: EngineConfig) -> Engine:
+    def build(ec: EngineConfig) -> EngineAPI:
         """The default model, and any other model a connected node serves, runs on the
         fleet; the rest run here."""
         if ec.model_id != cfg.engine.model_id and not pool.serves(ec.model_id):

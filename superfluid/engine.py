@@ -1,5 +1,7 @@
-"""One model: scheduler + worker process. The API layer talks to it only through
-`submit()` (an async iterator of Chunks), `cancel()` and read calls.
+"""One model: scheduler + worker process. The API layer talks to it only through the
+engine contract (engine_api.EngineAPI): `submit()` (an async iterator of Chunks),
+`cancel()`, `stats()` and read calls; what it shares with the fleet head's engine (codec,
+request check, streams and their delivery) is in engine_base.py.
 
 The loop is three calls: plan = scheduler.schedule(); the worker runs it; events =
 scheduler.update(plan, result), with two plans in flight (see _loop). Around them: size
@@ -11,26 +13,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 from collections import deque
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
-from .codec.channels import Channels, reasoning_markers
+from .codec.channels import Channels
 from .codec.detok import TextStream
-from .codec.template import ChatTemplate
 from .codec.tokenizer import Tokenizer
-from .codec.tools import detect as detect_tool_format
 from .config import EngineConfig
 from .embedding import Embedder
-from .errors import (BadRequest, ContextLengthExceeded, EmbeddingUnsupported, ModelUnloaded, SuperfluidError,
-                     WorkerCrashed, WorkerUnavailable)
+from .engine_api import EngineStats
+from .engine_base import EngineBase
+from .engine_stats import RateMeter, local_stats
+from .errors import SuperfluidError, WorkerCrashed, WorkerUnavailable
 from .plan import StepPlan
 from .request import Chunk, FinishReason, GenRequest, Qos, TokenLogprob
-from .runtime.base import ModelInfo
 from .sched.embeds import EmbedEvent
 from .sched.scheduler import Job, Scheduler, TokenEvent
-from .delivery import Deliveries, SessionLog
 from .delivery import Stream as _Stream
 from .worker.supervisor import WorkerProcess, WorkerSpec
 
@@ -40,43 +39,27 @@ PIPELINE_DEPTH = 2  # plans in flight to the worker
 EMBED_STEP_MAX = 16384  # most embedding tokens in one step, however fast the model
 
 
-class Engine:
+class Engine(EngineBase):
     def __init__(self, cfg: EngineConfig, tokenizer: Tokenizer, n_ctx: int):
-        self.cfg = cfg
-        self.model_id = cfg.model_id
-        self.tokenizer = tokenizer
-        tt = tokenizer.token_text
-        self.template = ChatTemplate(cfg.chat_template or tokenizer.chat_template,
-                                     bos=tt(tokenizer.bos).decode() if tokenizer.bos >= 0 else "",
-                                     eos=tt(tokenizer.eos).decode() if tokenizer.eos >= 0 else "")
-        self.tool_format = detect_tool_format(self.template.source)
-        self.reasoning = reasoning_markers(self.template.source)
+        super().__init__(cfg, tokenizer)
         self.spec = WorkerSpec(cfg.model_path, cfg.slots, n_ctx, cfg.threads, cfg.step_tokens, runtime=cfg.runtime,
                                stages=cfg.stages, spares=cfg.stage_spares, stage_psk=cfg.stage_psk,
                                split=cfg.stage_split, pooling=cfg.pooling, kv_dir=cfg.kv_dir,
                                kv_disk_mb=cfg.kv_disk_mb)
         self.worker: WorkerProcess | None = None
-        self.info: ModelInfo | None = None
         self.sched = Scheduler(lanes=cfg.max_batch, n_ctx=n_ctx, step_tokens=cfg.step_tokens,
                                eog=tokenizer.eog, slots=cfg.slots,
                                class_lanes={Qos(q): n for q, n in cfg.class_lanes},
                                aging_steps=cfg.aging_steps)
-        self.observe_ttft: Callable[[float], None] | None = None  # set by the metrics layer
-        self.observe_itl: Callable[[float], None] | None = None  # inter-token latency
         self.respawns = 0
-        self.recent_ttft: deque[float] = deque(maxlen=256)  # for the live monitor's p50/p95
-        self.last_used = time.monotonic()
+        self.meter = RateMeter()  # prefill and decode tokens/s for stats()
         self._token_cost = 0.0  # seconds per token in prefill-heavy steps (EMA)
-        self._streams: dict[str, _Stream] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._failures = 0
         self._gave_up = False
         self.steps = 0
-        self.log: SessionLog | None = None
-        self.out = Deliveries(lambda: self.log, self._fail)
         self.embedder = Embedder(self)
-        self.closed = False  # close() ran: nothing new is taken
 
     @property
     def n_ctx(self) -> int:
@@ -118,30 +101,6 @@ class Engine:
             await self.worker.stop()
 
     # -- the API's view ------------------------------------------------------------------
-    def encode_prompt(self, text: str) -> list[int]:
-        return self.tokenizer.encode_prompt(text)
-
-    def check(self, req: GenRequest) -> None:
-        """Raise the typed error a request that can never run gets."""
-        if self.closed:
-            raise ModelUnloaded(f"the model {self.model_id} was unloaded; retry to load it again")
-        if self.model_kind != "generate":
-            raise EmbeddingUnsupported(f"the model {self.model_id} is an {self.model_kind} model: it cannot generate "
-                                       f"text (use /v1/embeddings or /v1/rerank)", param="model")
-        if not req.prompt:
-            raise BadRequest("the prompt is empty", param="messages")
-        if any(not self.tokenizer.valid(t) for t in req.prompt):
-            raise BadRequest("the prompt has token ids outside the vocabulary", param="prompt")
-        if req.max_tokens < 1:
-            raise BadRequest("max_tokens must be at least 1", param="max_tokens")
-        if len(req.prompt) + req.max_tokens > self.n_ctx:
-            raise ContextLengthExceeded(
-                f"This model's maximum context length is {self.n_ctx} tokens. However, you "
-                f"requested {len(req.prompt) + req.max_tokens} tokens ({len(req.prompt)} in the "
-                f"prompt, {req.max_tokens} for the completion).", param="messages")
-        if req.id in self._streams:
-            raise BadRequest(f"request id {req.id} is already running")
-
     def submit(self, req: GenRequest) -> AsyncIterator[Chunk]:
         """Queue a generation; raises a typed error at once if it can never run."""
         self.check(req)
@@ -160,17 +119,6 @@ class Engine:
         self._wake.set()
         return self._iterate(st)
 
-    async def _iterate(self, st: _Stream) -> AsyncIterator[Chunk]:
-        try:
-            while True:
-                chunk = await st.queue.get()
-                yield chunk
-                if chunk.finish is not None:
-                    return
-        finally:
-            if not st.done and not st.keep:
-                self.cancel(st.req.id)
-
     @property
     def embed_window(self) -> int:
         """Most tokens in one input to embed (0: this model cannot embed)."""
@@ -186,23 +134,6 @@ class Engine:
         if self._gave_up:
             self._gave_up, self._failures = False, 0
         self._wake.set()
-
-    async def embed(self, inputs, qos: Qos = Qos.EMBEDDING):
-        """One float32 vector per input (embedding.EmbedInput), batched by the scheduler."""
-        self.last_used = time.monotonic()
-        if self.closed:
-            raise ModelUnloaded(f"the model {self.model_id} was unloaded; retry to load it again")
-        return await self.embedder.embed(inputs, qos)
-
-    def keep_running(self, request_id: str) -> None:
-        """Its consumer going away no longer cancels it: someone else (a resumed stream,
-        a grace timer) decides."""
-        st = self._streams.get(request_id)
-        if st is not None:
-            st.keep = True
-
-    def running(self, request_id: str) -> bool:
-        return request_id in self._streams
 
     def cancel(self, request_id: str) -> bool:
         st = self._streams.pop(request_id, None)
@@ -231,15 +162,8 @@ class Engine:
                    for s in self.sched.slots.slots)
         return used, len(self.sched.slots) * self.n_ctx
 
-    def status(self) -> dict:
-        return {"running": len(self.sched.running), "waiting": len(self.sched.waiting),
-                "embedding": len(self.sched.embeds.jobs),
-                "lanes": self.cfg.max_batch, "kv_slots": self.cfg.slots, "steps": self.steps,
-                "worker_pid": self.worker.pid if self.worker else None, "ready": self.ready}
-
-    @staticmethod
-    def new_seed() -> int:
-        return secrets.randbits(63)
+    def stats(self) -> EngineStats:
+        return local_stats(self)
 
     # -- the loop ------------------------------------------------------------------------
     async def _loop(self) -> None:
@@ -355,14 +279,6 @@ class Engine:
             self.embedder.fail(job_id, WorkerCrashed(f"the worker died twice while embedding this request's "
                                                      f"inputs ({err.message}); it is not retried again"))
 
-    def _end(self, st: _Stream, chunk: Chunk) -> None:
-        """End a stream off the token path (worker lost, stopping): the log says how."""
-        st.done = True
-        self._streams.pop(st.req.id, None)
-        if st.req.session is not None and self.log is not None and chunk.finish is not None:
-            self.log.end(st.req, chunk.finish)
-        self.out.push(st, chunk)
-
     def _fail(self, st: _Stream, err: Exception) -> None:
         """Its tokens could not be committed: end it with the error, generate no more."""
         st.done = True
@@ -377,15 +293,7 @@ class Engine:
         st = self._streams.get(ev.job_id)
         if st is None:
             return None
-        now = time.monotonic()
-        if st.n_out == 0:
-            st.ttft_s = now - st.t_submit
-            self.recent_ttft.append(st.ttft_s)
-            if self.observe_ttft is not None:
-                self.observe_ttft(st.ttft_s)
-        elif self.observe_itl is not None:
-            self.observe_itl(now - st.t_last)
-        st.t_last = now
+        self._timed(st)
         chunk = st.chunk(ev.token, ev.finish, ev.cached)
         if chunk.stop_sequence is not None:
             self.sched.finish(ev.job_id, FinishReason.STOP_SEQUENCE)

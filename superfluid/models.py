@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import EngineConfig
-from .engine import Engine
+from .engine_api import EngineAPI
 from .errors import ModelLoadError, ModelNotFound, ModelUnloaded
 from .runtime.registry import ModelSource, default_runtime, resolve
 
@@ -30,15 +30,15 @@ GRACE_S = 1.0  # a model handed to a request is not unloaded sooner (it may not 
 
 
 class Models:
-    def __init__(self, base: EngineConfig, build: Callable[[EngineConfig], Engine], *,
+    def __init__(self, base: EngineConfig, build: Callable[[EngineConfig], EngineAPI], *,
                  idle_timeout: float | None = None):
         self.base = base
         self._build = build
         self.idle_timeout = idle_timeout
         self.sources: dict[str, ModelSource] = {}  # every model we can serve, by id
-        self.engines: dict[str, Engine] = {}  # the loaded ones (a live dict: metrics read it)
+        self.engines: dict[str, EngineAPI] = {}  # the loaded ones (a live dict: metrics read it)
         self.default: str | None = None
-        self.on_load: list[Callable[[Engine], None]] = []
+        self.on_load: list[Callable[[EngineAPI], None]] = []
         self.sessions: Any = None  # sessions.Sessions, when the daemon has a session store
         self.embedding: str | None = None  # where embedding requests that name no model go
         self.announce = False  # log loads once the server is up (the banner covers the first ones)
@@ -70,7 +70,7 @@ class Models:
         raise ModelNotFound(f"The model '{model}' does not exist; this server has: {', '.join(self.sources)}",
                             param="model")
 
-    async def get(self, model: str | None) -> Engine:
+    async def get(self, model: str | None) -> EngineAPI:
         mid = self.resolve_id(model)
         eng = self.engines.get(mid)
         if eng is None:
@@ -78,7 +78,7 @@ class Models:
         eng.last_used = time.monotonic()  # not reaped between here and its request's submit
         return eng
 
-    async def load(self, model: str) -> Engine:
+    async def load(self, model: str) -> EngineAPI:
         if model not in self.sources and Path(model).suffix == ".gguf":
             self.add(resolve(model))
             model = resolve(model).id

@@ -18,6 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from .. import __version__
 from ..config import home
 from ..errors import BadRequest, Forbidden, PayloadTooLarge, SuperfluidError
+from ..engine_records import health_row
 from ..ids import new_id
 from ..request import Qos
 from . import anthropic, embeddings, ollama, responses
@@ -175,8 +176,9 @@ def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Q
 
     @app.get("/health")
     async def health():
-        ready = models.default in engines and all(e.ready for e in engines.values())
-        out = {"status": "ok" if ready else "unavailable", "models": {mid: e.status() for mid, e in engines.items()}}
+        stats = {mid: e.stats() for mid, e in engines.items()}  # the engine contract's one reading
+        ready = models.default in stats and all(s.ready for s in stats.values())
+        out = {"status": "ok" if ready else "unavailable", "models": {mid: health_row(s) for mid, s in stats.items()}}
         if models.sessions is not None:
             out["store"] = models.sessions.store.stats()
         return _json(out, 200 if ready else 503)

@@ -10,10 +10,8 @@ eval, no remote images, no framing."""
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import logging
-import statistics
 from collections import deque
 from importlib.resources import files
 
@@ -21,6 +19,7 @@ import orjson
 from fastapi import FastAPI
 from fastapi.responses import Response
 
+from ..engine_records import monitor_record
 from .guard import Guard
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "
@@ -119,22 +118,10 @@ class LogTail(logging.Handler):
 
 
 def engine_record(mid: str, eng) -> dict:
-    """One engine's readings: what the terminal monitor and /metrics read (lanes by class and
-    phase, queue per class, KV, the scheduler's counters, TTFT percentiles, worker restarts).
-    Rates are left to the reader: counters are monotonic, as in `superfluid top`."""
-    s = eng.sched
-    used, total = eng.kv_usage()
-    ttft = sorted(eng.recent_ttft)
-    lanes = [{"lane": seq, "class": job.qos.name.lower(), "phase": job.status.name.lower(),
-              "prompt": len(job.prompt), "generated": len(job.output), "cached": job.cached or 0}
-             for seq, job in sorted(s.running.items())]
-    return {"model": mid, "status": eng.status(), "lanes": lanes, "max_lanes": s.max_lanes,
-            "queue": {q.name.lower(): n for q, n in s.queue_depth().items()},
-            "kv": {"used": used, "total": total}, "counters": dataclasses.asdict(s.counters),
-            "steps": eng.steps, "respawns": eng.respawns,
-            "ttft": {"n": len(ttft), "p50": statistics.median(ttft) if ttft else None,
-                     "p95": ttft[min(len(ttft) - 1, int(0.95 * len(ttft)))] if ttft else None},
-            "stages": [f"{h}:{p}" for h, p in getattr(eng.cfg, "stages", ())]}
+    """One engine's readings, from its stats() alone (engine_records.py): what the terminal
+    monitor and /metrics read. Rates are left to the reader: counters are monotonic, as in
+    `superfluid top`."""
+    return {**monitor_record(eng.stats()), "model": mid}
 
 
 def add_routes(app: FastAPI, models, tail: LogTail) -> None:

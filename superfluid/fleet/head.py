@@ -1,8 +1,9 @@
-"""The fleet head's engine for one model: the same interface as a local Engine (check,
-submit, cancel, keep_running, status), but its generations run on nodes over Link F
-(fleet/pool.py holds the links, shared by every model the head serves on the fleet). The
-head keeps the tokenizer and template (the API layer builds prompts here) and the session
-log; nodes run scheduler + worker and stream back numbered chunks.
+"""The fleet head's engine for one model: the engine contract (engine_api.EngineAPI) a
+local Engine also meets, sharing only engine_base.EngineBase with it, but its generations
+run on nodes over Link F (fleet/pool.py holds the links, shared by every model the head
+serves on the fleet). The head keeps the tokenizer and template (the API layer builds
+prompts here) and the session log; nodes run scheduler + worker and stream back numbered
+chunks. Its stats() sum what the nodes report (fleet/stats.py).
 
 Exactly once: each placed generation has a Tracker (link/head_state.py) that accepts only
 the next seq of its current epoch; the head acknowledges a watermark. A dropped link is
@@ -20,7 +21,8 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from ..engine import Engine
+from ..engine_api import EngineStats
+from ..engine_base import EngineBase
 from ..errors import ContextLengthExceeded, SuperfluidError, WorkerUnavailable
 from ..link import messages as m
 from ..link.head_state import Tracker
@@ -30,6 +32,7 @@ from .node import spec_to_wire
 from .placement import pick
 from .pool import NodePool, NodeConn
 from .prefixes import wanted
+from .stats import fleet_stats
 
 log = logging.getLogger("superfluid.fleet")
 
@@ -44,18 +47,18 @@ class _Placed:
     lost_at: float | None = None
 
 
-class FleetEngine(Engine):
+class FleetEngine(EngineBase):
     def __init__(self, cfg, tokenizer, n_ctx: int, pool: NodePool, *, policy: str = "load-aware",
                  grace: float = 1.0):
-        super().__init__(cfg, tokenizer, n_ctx)
+        super().__init__(cfg, tokenizer)
+        self._n_ctx = n_ctx  # until a node says how large its window is
         self.pool = pool
         self.policy = policy
         self.grace = grace  # a gone node has this long to come back before its work moves
         self._placed: dict[str, _Placed] = {}
         self._rr = itertools.count()
         self._watcher: asyncio.Task | None = None
-        self.fleet_embedder = FleetEmbedder(self)  # batches go to the nodes
-        self.embedder = self.fleet_embedder  # type: ignore[assignment]  # Engine.embed and close call it
+        self.embedder = FleetEmbedder(self)  # batches go to the nodes
 
     # -- lifecycle -----------------------------------------------------------------------
     @property
@@ -65,6 +68,10 @@ class FleetEngine(Engine):
     @property
     def ready(self) -> bool:
         return self.pool.ready(self.model_id)
+
+    @property
+    def n_ctx(self) -> int:
+        return self._n_ctx
 
     async def start(self) -> None:
         self.pool.attach(self)
@@ -95,11 +102,11 @@ class FleetEngine(Engine):
         """Requests are checked against the largest window a connected node offers."""
         windows = [n.window(self.model_id) for n in self.nodes if n.up]
         if windows and max(windows) > 0:
-            self.sched.n_ctx = max(windows)
+            self._n_ctx = max(windows)
 
     # -- the pool's calls ------------------------------------------------------------------
     def owns(self, gen: str) -> bool:
-        return gen in self._placed or self.fleet_embedder.owns(gen)
+        return gen in self._placed or self.embedder.owns(gen)
 
     def placed_on(self, n: NodeConn) -> int:
         return sum(1 for p in self._placed.values() if p.node is n)
@@ -115,13 +122,13 @@ class FleetEngine(Engine):
         return kinds[0] if kinds else "generate"
 
     def on_embedded(self, n: NodeConn, body: dict) -> None:
-        self.fleet_embedder.on_embedded(n, body)
+        self.embedder.on_embedded(n, body)
 
     def node_up(self, n: NodeConn) -> dict:
         """A node (re)connected: our generations on it, as RECONCILE wants them. Embedding
         batches sent over its old link are answered there, if at all: they go out again."""
         self._fit_window()
-        self.fleet_embedder.node_lost(n)
+        self.embedder.node_lost(n)
         view = {}
         for p in self._placed.values():
             if p.node is n:
@@ -132,7 +139,7 @@ class FleetEngine(Engine):
     def node_lost(self, n: NodeConn, *, at: float, gens: tuple[str, ...] | None = None) -> None:
         """The link to n ended (at: when) or n refused us / lost them (at=0: move at once)."""
         if gens is None:
-            self.fleet_embedder.node_lost(n)  # its embedding batches go to another node now
+            self.embedder.node_lost(n)  # its embedding batches go to another node now
         for p in self._placed.values():
             if p.node is n and (gens is None or p.req.id in gens) and (p.lost_at is None or at == 0.0):
                 p.lost_at = at
@@ -179,22 +186,18 @@ class FleetEngine(Engine):
     def idle(self) -> bool:
         return not self._streams and not self.embedder.running
 
-    def kv_usage(self) -> tuple[int, int]:
-        ups = [n.status for n in self.nodes if n.up and n.serves(self.model_id)]
-        return sum(int(s.get("kv_used", 0)) for s in ups), sum(int(s.get("kv_total", 0)) for s in ups)
+    def stats(self) -> EngineStats:
+        return fleet_stats(self)
 
-    def status(self) -> dict:
-        return {"running": len(self._placed), "waiting": 0,
-                "lanes": sum(int(n.status.get("lanes", 0)) for n in self.nodes if n.up and n.serves(self.model_id)),
-                "ready": self.ready, "worker_pid": None, "steps": 0, "kv_slots": 0,
-                "nodes": [{"addr": n.addr, "name": n.name, "up": n.up, "status": n.status,
-                           "models": [str(x.get("id")) for x in n.models], "prefixes": len(n.prefixes),
-                           "placed": sum(1 for p in self._placed.values() if p.node is n)} for n in self.nodes]}
+    @property
+    def placed(self) -> int:
+        """Generations of this model in progress on the nodes."""
+        return len(self._placed)
 
     # -- placement -------------------------------------------------------------------------
     def _place(self, p: _Placed) -> None:
         need = len(p.req.prompt) + p.req.max_tokens
-        load = {id(n): sum(1 for e in self.pool.engines for q in e._placed.values() if q.node is n)
+        load = {id(n): sum(e.placed_on(n) for e in self.pool.engines)
                 for n in self.nodes}  # every model's generations share a node's lanes
         # the prompt as the node will hold it (a failover's includes what was delivered)
         want = wanted(list(p.req.prompt) + p.delivered) if self.policy == "load-aware" else []
@@ -261,6 +264,8 @@ class FleetEngine(Engine):
             if not p.tracker.accept(epoch, int(seq)):
                 continue
             c = m.chunk_from_wire(gen, w)
+            if st is not None and st.n_out == 0 and c.tokens:
+                self._timed(st)  # its time to first token, as the client sees it
             p.delivered += c.tokens
             if st is not None:
                 st.n_out = len(p.delivered)  # the stream's count, for a final chunk off the token path

@@ -21,12 +21,14 @@ from ..link import messages as m
 from ..link.node_state import NodeState, RetryBuffer
 from ..request import Chunk, FinishReason, GenRequest, Qos, SamplingParams
 from .prefixes import NodeSummary
+from .stats import node_status
 from .transport import Link
 
 log = logging.getLogger("superfluid.node")
 
 MAX_HANDSHAKES = 8  # connections mid-handshake at once; more are refused at once
 STATUS_EVERY = 2.0
+STATUS_POLL = 0.25  # how soon a change in its status is reported
 KEEPALIVE_EVERY = 1.0
 
 
@@ -185,14 +187,25 @@ class NodeServer:
             self.head_gone(head)
 
     async def _tick(self, link: Link) -> None:
-        n = 0
+        """KEEPALIVE every second; NODE_STATUS (and NODE_PREFIXES) every STATUS_EVERY seconds,
+        and NODE_STATUS within STATUS_POLL of any change (lanes, queue, KV, counters), so a
+        head's /metrics follows its nodes as they fill, generate and drain; an idle node's
+        status does not change, and it sends only the periodic one."""
+        alive = sent = time.monotonic()
+        last = None
         while not link.closed:
-            await asyncio.sleep(KEEPALIVE_EVERY)
-            n += 1
+            await asyncio.sleep(STATUS_POLL)
+            now = time.monotonic()
             try:
-                link.send(m.KEEPALIVE, {})
-                if n % int(STATUS_EVERY / KEEPALIVE_EVERY) == 0:
-                    link.send(m.NODE_STATUS, self.status())
+                if now - alive >= KEEPALIVE_EVERY:
+                    link.send(m.KEEPALIVE, {})
+                    alive = now
+                status = self.status()
+                due = now - sent >= STATUS_EVERY
+                if due or status != last:
+                    link.send(m.NODE_STATUS, status)
+                    sent, last = (now if due else sent), status
+                if due:
                     self._send_prefixes(link)
             except ConnectionError:
                 return
@@ -226,10 +239,8 @@ class NodeServer:
         """A head's link ended (its generations wait for its lease; stages drop its work)."""
 
     def status(self) -> dict:
-        eng = self.engine
-        used, total = eng.kv_usage()
-        return {"lanes": eng.cfg.max_batch, "running": len(eng.sched.running), "waiting": len(eng.sched.waiting),
-                "kv_used": used, "kv_total": total}
+        """NODE_STATUS: the engine's stats() as fleet/stats.py puts them on the wire."""
+        return node_status(self.engine.stats())
 
     # -- messages ------------------------------------------------------------------------
     def _on_message(self, head: _Head, kind: int, body: dict) -> None:

@@ -1,5 +1,6 @@
-"""Prometheus metrics, named superfluid_*. Scheduler counters are read at scrape time from
-the engines (no second bookkeeping); time to first token is a histogram the engine feeds."""
+"""Prometheus metrics, named superfluid_*. Engine figures are read at scrape time from each
+engine's stats() (engine_api.EngineStats: no second bookkeeping); time to first token is a
+histogram the engine feeds."""
 
 from __future__ import annotations
 
@@ -27,38 +28,64 @@ _COUNTERS = (
     ("kv_evicted_bytes", "bytes of KV deleted from the disk tier to stay under --kv-disk-mb"),
 )
 
+_NODE_GAUGES = (  # a fleet head's, per node serving the model (labels: its address and name)
+    ("up", "1 while the fleet head's link to the node is up"),
+    ("lanes_active", "lanes running a job on the node (its last report)"),
+    ("queue_depth", "jobs waiting for a lane on the node (its last report)"),
+    ("kv_tokens_used", "KV tokens the node holds (its last report)"),
+    ("kv_tokens_total", "KV tokens the node's slots can hold (its last report)"),
+)
+
 
 class EngineCollector:
+    """Reads each engine's stats() at scrape time. A fleet head's figures are its nodes',
+    summed, with a superfluid_node_* series per node."""
+
     def __init__(self, engines: dict):
         self.engines = engines
 
     def collect(self):
         lanes = GaugeMetricFamily("superfluid_lanes_active", "lanes running a job", labels=["model"])
+        by_class = GaugeMetricFamily("superfluid_lanes_running", "lanes running a job, by class and phase",
+                                     labels=["model", "class", "phase"])
         queue = GaugeMetricFamily("superfluid_queue_depth", "jobs waiting for a lane", labels=["model", "class"])
         steps = CounterMetricFamily("superfluid_steps", "scheduler steps run by the worker", labels=["model"])
         respawns = CounterMetricFamily("superfluid_worker_respawns", "worker processes restarted", labels=["model"])
         kv_used = GaugeMetricFamily("superfluid_kv_tokens_used", "KV tokens held (lanes and cache)", labels=["model"])
         kv_total = GaugeMetricFamily("superfluid_kv_tokens_total", "KV tokens the slots can hold", labels=["model"])
+        node = {name: GaugeMetricFamily(f"superfluid_node_{name}", doc, labels=["model", "node", "name"])
+                for name, doc in _NODE_GAUGES}
         fams = {name: CounterMetricFamily(f"superfluid_{name}", doc, labels=["model"]) for name, doc in _COUNTERS}
         for mid, eng in self.engines.items():
-            s = eng.sched
-            lanes.add_metric([mid], len(s.running))
-            for q, n in s.queue_depth().items():
-                queue.add_metric([mid, q.name.lower()], n)
-            steps.add_metric([mid], eng.steps)
-            respawns.add_metric([mid], eng.respawns)
-            used, total = eng.kv_usage()
-            kv_used.add_metric([mid], used)
-            kv_total.add_metric([mid], total)
+            s = eng.stats()
+            lanes.add_metric([mid], s.running)
+            for (cls, phase), n in sorted(s.by_class_phase().items()):
+                by_class.add_metric([mid, cls, phase], n)
+            for q, n in s.queue.items():
+                queue.add_metric([mid, q], n)
+            steps.add_metric([mid], s.steps)
+            respawns.add_metric([mid], s.restarts)
+            kv_used.add_metric([mid], s.kv_used)
+            kv_total.add_metric([mid], s.kv_total)
             for name, _ in _COUNTERS:
-                fams[name].add_metric([mid], getattr(s.counters, name))
+                fams[name].add_metric([mid], s.counters.get(name, 0))
+            for n in s.nodes:
+                if mid in n.models:
+                    label = [mid, n.addr, n.name]
+                    node["up"].add_metric(label, int(n.up))
+                    node["lanes_active"].add_metric(label, n.lanes if n.up else 0)
+                    node["queue_depth"].add_metric(label, n.queue if n.up else 0)
+                    node["kv_tokens_used"].add_metric(label, n.kv_used if n.up else 0)
+                    node["kv_tokens_total"].add_metric(label, n.kv_total if n.up else 0)
         yield lanes
+        yield by_class
         yield queue
         yield steps
         yield respawns
         yield kv_used
         yield kv_total
         yield from fams.values()
+        yield from node.values()
 
 
 ITL_BUCKETS = (0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5)

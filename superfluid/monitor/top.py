@@ -1,10 +1,12 @@
 """`superfluid top HOST:PORT ...`: every server's /metrics once a second, a row each (up,
-down or 401, lanes, KV use, decode tokens/s, queue) — the fleet at a glance."""
+down or 401, lanes, KV use, decode tokens/s, queue) — the fleet at a glance. A fleet head's
+row sums its nodes (its /metrics reads the engines' stats()); a row per node follows it,
+from the head's superfluid_node_* series."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -18,6 +20,7 @@ class Sample:
     state: str  # "up", "down", "401"
     t: float
     values: dict[str, float]
+    nodes: dict[str, dict[str, float]] = field(default_factory=dict)  # a fleet head's: node -> figures
 
 
 def scrape(target: str, api_key: str | None, timeout: float = 2.0) -> Sample:
@@ -33,10 +36,14 @@ def scrape(target: str, api_key: str | None, timeout: float = 2.0) -> Sample:
     if r.status_code != 200:
         return Sample(f"http {r.status_code}", now, {})
     values: dict[str, float] = {}
+    nodes: dict[str, dict[str, float]] = {}
     for fam in text_string_to_metric_families(r.text):
         for s in fam.samples:
             values[s.name] = values.get(s.name, 0.0) + s.value  # summed over models and classes
-    return Sample("up", now, values)
+            if s.name.startswith("superfluid_node_") and "node" in s.labels:
+                fig = nodes.setdefault(s.labels["node"], {})
+                fig[s.name] = fig.get(s.name, 0.0) + s.value  # summed over the models it serves
+    return Sample("up", now, values, nodes)
 
 
 def row(target: str, cur: Sample, prev: Sample | None) -> list[str]:
@@ -51,6 +58,24 @@ def row(target: str, cur: Sample, prev: Sample | None) -> list[str]:
     kv = f"{100 * v.get('superfluid_kv_tokens_used', 0) / total:.0f}%" if total else "-"
     return [target, "up", f"{v.get('superfluid_lanes_active', 0):.0f}", kv, rate,
             f"{v.get('superfluid_queue_depth', 0):.0f}", f"{v.get('superfluid_preemptions_total', 0):.0f}"]
+
+
+def node_rows(cur: Sample) -> list[list[str]]:
+    """A fleet head's nodes, a row each under the head's own."""
+    out = []
+    for node, v in sorted(cur.nodes.items()):
+        if not v.get("superfluid_node_up", 0):
+            out.append([f"  └ {node}", "down", "-", "-", "-", "-", "-"])
+            continue
+        total = v.get("superfluid_node_kv_tokens_total", 0)
+        kv = f"{100 * v.get('superfluid_node_kv_tokens_used', 0) / total:.0f}%" if total else "-"
+        out.append([f"  └ {node}", "up", f"{v.get('superfluid_node_lanes_active', 0):.0f}", kv, "-",
+                    f"{v.get('superfluid_node_queue_depth', 0):.0f}", "-"])
+    return out
+
+
+def rows_for(target: str, cur: Sample, prev: Sample | None) -> list[list[str]]:
+    return [row(target, cur, prev), *node_rows(cur)]
 
 
 def table(rows: list[list[str]]) -> Table:
@@ -68,11 +93,12 @@ def run(targets: list[str], *, api_key: str | None = None, interval: float = 1.0
     prev = {t: scrape(t, api_key) for t in targets}
     if once:
         time.sleep(interval)
-        console.print(table([row(t, scrape(t, api_key), prev[t]) for t in targets]))
+        console.print(table([r for t in targets for r in rows_for(t, scrape(t, api_key), prev[t])]))
         return
-    with Live(table([row(t, prev[t], None) for t in targets]), console=console, refresh_per_second=4) as live:
+    with Live(table([r for t in targets for r in rows_for(t, prev[t], None)]), console=console,
+              refresh_per_second=4) as live:
         while True:
             time.sleep(interval)
             cur = {t: scrape(t, api_key) for t in targets}
-            live.update(table([row(t, cur[t], prev[t]) for t in targets]))
+            live.update(table([r for t in targets for r in rows_for(t, cur[t], prev[t])]))
             prev = cur

@@ -1,14 +1,14 @@
 """The live monitor `superfluid serve` shows on a terminal: lanes, queues, KV, rates with a
 sparkline, TTFT percentiles, prefix reuse, preemptions, worker restarts and a log pane.
 
-`Dashboard.render()` builds one frame from the engines' state (pure: easy to test at a
-fixed size); `LiveMonitor` refreshes it twice a second and hands the screen back to plain
+`Dashboard.render()` builds one frame from the engines' stats() (engine_api.EngineStats;
+pure: easy to test at a fixed size); a fleet head's frame shows its nodes' lanes, a row
+each, with the node they run on; `LiveMonitor` refreshes it twice a second and hands the screen back to plain
 logs when the operator presses `q` (Ctrl-C still stops the server)."""
 
 from __future__ import annotations
 
 import logging
-import statistics
 import time
 from collections import deque
 from typing import Any
@@ -19,7 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 SPARK = "▁▂▃▄▅▆▇█"
-PHASES = {1: "prefill", 2: "decode"}
+PHASES = {"prefilling": "prefill", "decoding": "decode"}
 
 
 def sparkline(values: list[float], width: int = 30) -> str:
@@ -53,13 +53,14 @@ class Dashboard:
         """Take a rate sample (call about once a second)."""
         now = self.clock()
         for mid, eng in self.engines.items():
-            c = eng.sched.counters
+            c = eng.stats().counters
+            dec, pre = c.get("decode_tokens", 0), c.get("prefill_tokens", 0)
             prev = self._prev.get(mid)
             if prev is not None and now > prev[0]:
                 dt = now - prev[0]
-                self.decode_rates.setdefault(mid, deque(maxlen=60)).append((c.decode_tokens - prev[1]) / dt)
-                self.prefill_rates.setdefault(mid, deque(maxlen=60)).append((c.prefill_tokens - prev[2]) / dt)
-            self._prev[mid] = (now, c.decode_tokens, c.prefill_tokens)
+                self.decode_rates.setdefault(mid, deque(maxlen=60)).append(max(0, dec - prev[1]) / dt)
+                self.prefill_rates.setdefault(mid, deque(maxlen=60)).append(max(0, pre - prev[2]) / dt)
+            self._prev[mid] = (now, dec, pre)
 
     def render(self):
         parts = []
@@ -72,29 +73,33 @@ class Dashboard:
                                           f"Ctrl-C: stop)", title_align="left")
 
     def _model(self, mid: str, eng) -> Panel:
-        s = eng.sched
+        s = eng.stats()
         c = s.counters
-        used, total = eng.kv_usage()
+        used, total = s.kv_used, s.kv_total
         dec = list(self.decode_rates.get(mid, []))
         pre = list(self.prefill_rates.get(mid, []))
-        ttft = sorted(eng.recent_ttft)
-        p50 = f"{statistics.median(ttft):.2f}s" if ttft else "-"
-        p95 = f"{ttft[min(len(ttft) - 1, int(0.95 * len(ttft)))]:.2f}s" if ttft else "-"
-        reuse = c.cached_tokens / (c.cached_tokens + c.prefill_tokens) if c.cached_tokens + c.prefill_tokens else 0
-        queue = "  ".join(f"{q.name.lower()} {n}" for q, n in s.queue_depth().items())
+        p50 = f"{s.ttft_p50:.2f}s" if s.ttft_p50 is not None else "-"
+        p95 = f"{s.ttft_p95:.2f}s" if s.ttft_p95 is not None else "-"
+        cached, prefilled = c.get("cached_tokens", 0), c.get("prefill_tokens", 0)
+        reuse = cached / (cached + prefilled) if cached + prefilled else 0
+        queue = "  ".join(f"{q} {n}" for q, n in s.queue.items())
         stats = Table.grid(padding=(0, 2))
-        stats.add_row(f"lanes {len(s.running)}/{s.max_lanes}", f"KV {used}/{total} ({100 * used / total:.0f}%)"
+        stats.add_row(f"lanes {s.running}/{s.max_lanes}", f"KV {used}/{total} ({100 * used / total:.0f}%)"
                       if total else "KV -", f"queue: {queue}")
         stats.add_row(f"decode {dec[-1] if dec else 0:.1f} tok/s {sparkline(dec)}",
                       f"prefill {pre[-1] if pre else 0:.1f} tok/s", f"TTFT p50 {p50} p95 {p95}")
-        stats.add_row(f"prefix reuse {100 * reuse:.0f}% ({c.cached_tokens} tokens)",
-                      f"preemptions {c.preemptions}", f"worker restarts {eng.respawns}")
-        lanes = Table("lane", "class", "phase", "prompt", "generated", "cached", box=None, padding=(0, 1))
-        for seq, job in sorted(s.running.items()):
-            lanes.add_row(str(seq), job.qos.name.lower(), PHASES.get(int(job.status), "?"), str(len(job.prompt)),
-                          str(len(job.output)), str(job.cached or 0))
-        if not s.running:
-            lanes.add_row("-", "idle", "", "", "", "")
+        stats.add_row(f"prefix reuse {100 * reuse:.0f}% ({cached} tokens)",
+                      f"preemptions {c.get('preemptions', 0)}", f"worker restarts {s.restarts}")
+        if s.fleet:
+            stats.add_row("nodes: " + "  ".join(f"{n.name or n.addr} {'up' if n.up else 'down'} {n.lanes}/"
+                                                f"{n.max_lanes} lanes, {n.queue} waiting" for n in s.nodes), "", "")
+        cols = ("lane", "class", "phase", "prompt", "generated", "cached") + (("node",) if s.fleet else ())
+        lanes = Table(*cols, box=None, padding=(0, 1))
+        for x in s.lanes:
+            lanes.add_row(str(x.lane), x.qos, PHASES.get(x.phase, x.phase), str(x.prompt), str(x.generated),
+                          str(x.cached), *((x.node,) if s.fleet else ()))
+        if not s.lanes:
+            lanes.add_row("-", "idle", "", "", "", "", *(("",) if s.fleet else ()))
         return Panel(Group(stats, lanes), title=mid, title_align="left")
 
 

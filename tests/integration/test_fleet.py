@@ -14,6 +14,7 @@ import time
 import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from superfluid.client import Client, iter_sse
 
@@ -90,6 +91,54 @@ def test_sessions_spread_over_the_nodes(fleet):
     for t in threads:
         t.join(60)
     assert len(seen) == 2
+
+
+def node_lanes(head) -> dict[str, float]:
+    """The head's /metrics: active lanes per node (its superfluid_node_lanes_active series)."""
+    text = httpx.get(head.url + "/metrics", timeout=10).text
+    return {s.labels["node"]: s.value for fam in text_string_to_metric_families(text) for s in fam.samples
+            if s.name == "superfluid_node_lanes_active"}
+
+
+def test_the_heads_metrics_health_and_top_show_the_nodes_lanes_while_they_generate(fleet):
+    head, _, b, proxy = fleet
+    stop = threading.Event()
+
+    def one():
+        with httpx.stream("POST", head.url + "/v1/chat/completions", timeout=60,
+                          json={"model": MODEL, "messages": STORY, "max_tokens": 400, "ignore_eos": True,
+                                "stream": True}) as r:
+            for _ in r.iter_lines():
+                if stop.is_set():
+                    return
+
+    threads = [threading.Thread(target=one) for _ in range(2)]  # load-aware placement: one on each node
+    for t in threads:
+        t.start()
+    try:
+        want = {f"127.0.0.1:{proxy.port}", f"127.0.0.1:{b.port}"}
+        deadline, lanes = time.monotonic() + 30, {}
+        while time.monotonic() < deadline:
+            lanes = node_lanes(head)
+            if set(lanes) == want and all(v >= 1 for v in lanes.values()):
+                break
+            time.sleep(0.05)
+        assert set(lanes) == want and all(v >= 1 for v in lanes.values()), lanes
+        h = next(iter(head.health()["models"].values()))
+        assert h["running"] >= 2 and {n["addr"] for n in h["nodes"] if n["lanes"] >= 1} == want
+        target = head.url.split("//")[1]
+        r = subprocess.run([sys.executable, "-m", "superfluid.cli", "top", "--once", "--interval", "0.2", target],
+                           capture_output=True, text=True, timeout=60, env={"COLUMNS": "160", "PATH": ""})
+        assert r.returncode == 0, r.stderr
+        rows = [[c.strip() for c in ln.split("│")[1:-1]] for ln in r.stdout.splitlines() if ln.count("│") > 2]
+        by_server = {row[0].lstrip("└ "): row for row in rows}
+        assert by_server[target][1] == "up" and int(by_server[target][2]) >= 2, r.stdout
+        for addr in want:  # a row per node, with its lanes
+            assert by_server[addr][1] == "up" and int(by_server[addr][2]) >= 1, r.stdout
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(60)
 
 
 def test_cancel_reaches_the_node(fleet):

@@ -3,22 +3,35 @@
 import io
 import logging
 from collections import deque
+from types import SimpleNamespace
 
 from rich.console import Console
 
+from superfluid.engine_stats import RateMeter, local_stats
 from superfluid.monitor.tui import Dashboard, LogBuffer, sparkline
 from superfluid.request import Qos, SamplingParams
 from superfluid.sched.scheduler import Job, Scheduler
 
 
 class EngineView:
+    """The engine's parts the local stats() reads: a real scheduler, no worker."""
+
     def __init__(self):
+        self.model_id = "SmolLM2"
+        self.cfg = SimpleNamespace(slots=8, stages=())
         self.sched = Scheduler(lanes=4, n_ctx=512, step_tokens=64, eog=frozenset({0}), slots=8)
         self.respawns = 2
+        self.steps = 0
+        self.ready = True
+        self.worker = None
+        self.meter = RateMeter()
         self.recent_ttft = deque([0.2, 0.4, 0.6, 3.0])
 
     def kv_usage(self):
         return 300, 4096
+
+    def stats(self):
+        return local_stats(self)
 
 
 def frame(d: Dashboard) -> str:

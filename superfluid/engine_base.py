@@ -1,0 +1,146 @@
+"""What the local engine (engine.Engine) and the fleet head's engine (fleet/head.FleetEngine)
+share, so that neither inherits from the other: the model's codec (tokenizer, chat
+template, tool format, reasoning markers), the request check, the open streams and their
+delivery (delivery.py commits a chunk to the session log before its client sees it), and
+first-token timing. Generation itself (submit, cancel, stats, the lifecycle) is each
+engine's own; engine_api.EngineAPI is the contract both meet."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from .codec.channels import reasoning_markers
+from .codec.template import ChatTemplate
+from .codec.tokenizer import Tokenizer
+from .codec.tools import detect as detect_tool_format
+from .config import EngineConfig
+from .delivery import Deliveries, SessionLog
+from .delivery import Stream as _Stream
+from .errors import BadRequest, ContextLengthExceeded, EmbeddingUnsupported, ModelUnloaded
+from .request import Chunk, GenRequest, Qos
+from .runtime.base import ModelInfo
+
+TTFT_KEPT = 256  # first-token latencies the monitor's p50/p95 are over
+
+
+class EngineBase:
+    """A model's codec and open streams. Subclasses provide n_ctx, model_kind, embedder,
+    cancel() and _fail() (a stream whose log commit failed)."""
+
+    embedder: Any  # embedding.Embedder or fleet/embeds.FleetEmbedder
+
+    def __init__(self, cfg: EngineConfig, tokenizer: Tokenizer):
+        self.cfg = cfg
+        self.model_id = cfg.model_id
+        self.tokenizer = tokenizer
+        tt = tokenizer.token_text
+        self.template = ChatTemplate(cfg.chat_template or tokenizer.chat_template,
+                                     bos=tt(tokenizer.bos).decode() if tokenizer.bos >= 0 else "",
+                                     eos=tt(tokenizer.eos).decode() if tokenizer.eos >= 0 else "")
+        self.tool_format = detect_tool_format(self.template.source)
+        self.reasoning = reasoning_markers(self.template.source)
+        self.info: ModelInfo | None = None
+        self.observe_ttft: Callable[[float], None] | None = None  # set by the metrics layer
+        self.observe_itl: Callable[[float], None] | None = None  # inter-token latency
+        self.recent_ttft: deque[float] = deque(maxlen=TTFT_KEPT)  # for the monitor's p50/p95
+        self.last_used = time.monotonic()
+        self._streams: dict[str, _Stream] = {}
+        self.log: SessionLog | None = None
+        self.out = Deliveries(lambda: self.log, self._fail)
+        self.closed = False  # close() ran: nothing new is taken
+
+    # -- supplied by each engine -------------------------------------------------------------
+    @property
+    def n_ctx(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def model_kind(self) -> str:
+        raise NotImplementedError
+
+    def cancel(self, request_id: str) -> bool:
+        raise NotImplementedError
+
+    def _fail(self, st: _Stream, err: Exception) -> None:
+        raise NotImplementedError
+
+    # -- shared ------------------------------------------------------------------------------
+    def encode_prompt(self, text: str) -> list[int]:
+        return self.tokenizer.encode_prompt(text)
+
+    @staticmethod
+    def new_seed() -> int:
+        return secrets.randbits(63)
+
+    def check(self, req: GenRequest) -> None:
+        """Raise the typed error a request that can never run gets."""
+        if self.closed:
+            raise ModelUnloaded(f"the model {self.model_id} was unloaded; retry to load it again")
+        if self.model_kind != "generate":
+            raise EmbeddingUnsupported(f"the model {self.model_id} is an {self.model_kind} model: it cannot generate "
+                                       f"text (use /v1/embeddings or /v1/rerank)", param="model")
+        if not req.prompt:
+            raise BadRequest("the prompt is empty", param="messages")
+        if any(not self.tokenizer.valid(t) for t in req.prompt):
+            raise BadRequest("the prompt has token ids outside the vocabulary", param="prompt")
+        if req.max_tokens < 1:
+            raise BadRequest("max_tokens must be at least 1", param="max_tokens")
+        if len(req.prompt) + req.max_tokens > self.n_ctx:
+            raise ContextLengthExceeded(
+                f"This model's maximum context length is {self.n_ctx} tokens. However, you "
+                f"requested {len(req.prompt) + req.max_tokens} tokens ({len(req.prompt)} in the "
+                f"prompt, {req.max_tokens} for the completion).", param="messages")
+        if req.id in self._streams:
+            raise BadRequest(f"request id {req.id} is already running")
+
+    async def embed(self, inputs, qos: Qos = Qos.EMBEDDING):
+        """One float32 vector per input (embedding.EmbedInput), batched by the engine's embedder."""
+        self.last_used = time.monotonic()
+        if self.closed:
+            raise ModelUnloaded(f"the model {self.model_id} was unloaded; retry to load it again")
+        return await self.embedder.embed(inputs, qos)
+
+    def keep_running(self, request_id: str) -> None:
+        """Its consumer going away no longer cancels it: someone else (a resumed stream,
+        a grace timer) decides."""
+        st = self._streams.get(request_id)
+        if st is not None:
+            st.keep = True
+
+    def running(self, request_id: str) -> bool:
+        return request_id in self._streams
+
+    async def _iterate(self, st: _Stream) -> AsyncIterator[Chunk]:
+        try:
+            while True:
+                chunk = await st.queue.get()
+                yield chunk
+                if chunk.finish is not None:
+                    return
+        finally:
+            if not st.done and not st.keep:
+                self.cancel(st.req.id)
+
+    def _end(self, st: _Stream, chunk: Chunk) -> None:
+        """End a stream off the token path (worker or node lost, stopping): the log says how."""
+        st.done = True
+        self._streams.pop(st.req.id, None)
+        if st.req.session is not None and self.log is not None and chunk.finish is not None:
+            self.log.end(st.req, chunk.finish)
+        self.out.push(st, chunk)
+
+    def _timed(self, st: _Stream) -> None:
+        """A token for `st` arrived now: its time to first token, or since its last one."""
+        now = time.monotonic()
+        if st.n_out == 0:
+            st.ttft_s = now - st.t_submit
+            self.recent_ttft.append(st.ttft_s)
+            if self.observe_ttft is not None:
+                self.observe_ttft(st.ttft_s)
+        elif self.observe_itl is not None:
+            self.observe_itl(now - st.t_last)
+        st.t_last = now
