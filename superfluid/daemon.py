@@ -25,7 +25,7 @@ from .monitor.metrics import Metrics
 from .monitor.tui import Dashboard, LiveMonitor, LogBuffer
 from .runtime.registry import available_memory, default_runtime, fit_context, is_hf_folder, model_bytes
 from .session.store import Store
-from .sessions import Sessions
+from .service import Service, Sessions
 
 log = logging.getLogger("superfluid")
 
@@ -141,6 +141,7 @@ async def serve(cfg: ServeConfig, sock: socket.socket, store: Store) -> None:
     models = Models(cfg.engine, build_fleet_engine(cfg, store) if cfg.fleet or cfg.fleet_listen else build_local,
                     idle_timeout=cfg.idle_timeout)
     models.sessions = sessions
+    models.service = Service(sessions)
     models.embedding = cfg.embedding_model
     models.on_load.append(lambda eng: setattr(eng, "log", sessions))
     for src in cfg.models:

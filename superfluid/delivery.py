@@ -12,10 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from .codec.channels import Channels
-from .codec.detok import TextStream
+from .codec.output import OutputProcessor
 from .errors import SuperfluidError
-from .request import Chunk, FinishReason, GenRequest
+from .request import Chunk, FinishReason, GenRequest, TokenLogprob
 from .session.events import Generated
 
 
@@ -31,46 +30,42 @@ class SessionLog(Protocol):
 
 @dataclass(eq=False)
 class Stream:
-    """A request's output: detokenizer, channels, its queue of Chunks, timings."""
+    """A request's output: its output processor, its queue of Chunks, timings."""
     req: GenRequest
-    text: TextStream
+    out: OutputProcessor | None = None  # None: the chunks come whole (from a fleet node)
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     n_out: int = 0
     done: bool = False
     keep: bool = False  # the consumer going away does not cancel it (a resumable stream)
-    channels: Channels | None = None
     failed: bool = False  # its log commit failed: it ended with that error
     t_submit: float = field(default_factory=time.monotonic)
     ttft_s: float | None = None
     t_last: float = 0.0
 
-    def chunk(self, token: int, finish: FinishReason | None, cached: int) -> Chunk:
-        """The chunk of a sampled token: its text (a caller's stop string ends the stream
-        there) split into channels; the last one flushes what the detokenizer and channels hold."""
+    def chunk(self, token: int, finish: FinishReason | None, cached: int,
+              logprob: TokenLogprob | None = None) -> Chunk:
+        """The chunk of a sampled token: the typed output it released (a caller's stop
+        string ends the stream there); the last one flushes what is held back."""
+        assert self.out is not None
         self.n_out += 1
-        text = self.text.push(token)
-        if self.text.stopped_by is not None:
-            finish = FinishReason.STOP_SEQUENCE
-        elif finish is not None:
-            text += self.text.finish()
-        raw, reasoning, calls = text, "", []
-        if self.channels is not None:
-            parts = self.channels.feed(text)
-            if finish is not None:
-                end = self.channels.finish()
-                parts.content += end.content
-                parts.reasoning += end.reasoning
-                parts.calls += end.calls
-            text, reasoning, calls = parts.content, parts.reasoning, parts.calls
-        return Chunk(self.req.id, text=text, tokens=[token], finish=finish, prompt_tokens=len(self.req.prompt),
-                     completion_tokens=self.n_out, cached_tokens=cached,
-                     ttft_s=self.ttft_s if finish is not None else None, stop_sequence=self.text.stopped_by,
-                     reasoning=reasoning, tool_calls=calls, raw=raw if self.channels is not None else None)
+        o = self.out.token(token, finish, logprob)
+        return Chunk(self.req.id, text=o.text, tokens=[token], logprobs=o.logprobs, finish=o.finish,
+                     prompt_tokens=len(self.req.prompt), completion_tokens=self.n_out, cached_tokens=cached,
+                     ttft_s=self.ttft_s if o.finish is not None else None, stop_sequence=o.stop_sequence,
+                     reasoning=o.reasoning, calls=o.calls)
 
     def final(self, finish: FinishReason, error: Exception | None = None) -> Chunk:
         """The last chunk of a stream ended off the token path (cancel, error, stop)."""
         return Chunk(self.req.id, finish=finish, error=error, prompt_tokens=len(self.req.prompt),
                      completion_tokens=self.n_out)
+
+
+def logged(c: Chunk, want_logprobs: bool) -> Generated:
+    """A chunk as the session log records it."""
+    return Generated(tuple(c.tokens), c.text, c.finish.log_name if c.finish else None, c.reasoning,
+                     tuple(d.to_wire() for d in c.calls),
+                     tuple((lp.token, lp.text, lp.logprob, lp.top) for lp in c.logprobs) if want_logprobs else (),
+                     c.stop_sequence, c.cached_tokens if c.finish is not None else 0)
 
 
 class Deliveries:
@@ -85,8 +80,7 @@ class Deliveries:
         if not outs:
             return
         log = self._log()
-        items = [(st.req, Generated(tuple(c.tokens), c.text if c.raw is None else c.raw, "content",
-                                    c.finish.log_name if c.finish else None))
+        items = [(st.req, logged(c, st.req.sampling.top_logprobs >= 0))
                  for st, c in outs if st.req.session is not None]
         fut = log.commit(items) if items and log is not None else None
         if fut is None and not self._pending:

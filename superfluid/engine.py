@@ -17,7 +17,7 @@ from collections import deque
 import time
 from collections.abc import AsyncIterator
 
-from .codec.channels import Channels
+from .codec.output import OutputProcessor
 from .codec.detok import TextStream
 from .codec.tokenizer import Tokenizer
 from .config import EngineConfig
@@ -105,12 +105,9 @@ class Engine(EngineBase):
         """Queue a generation; raises a typed error at once if it can never run."""
         self.check(req)
         self.last_used = time.monotonic()
-        st = _Stream(req, TextStream(self.tokenizer.pieces, self.tokenizer.eog, req.stop),
-                     channels=Channels(req.channels) if req.channels is not None else None)
-        for t in req.history:  # a continued turn (a restart, a failover): pick the text up where it was
-            text = st.text.push(t)  # a held partial character or stop string, a tool call being written
-            if st.channels is not None:
-                st.channels.feed(text)
+        out = OutputProcessor(TextStream(self.tokenizer.pieces, self.tokenizer.eog, req.stop), req.channels)
+        out.replay(req.history)  # a continued turn (a restart, a failover) picks up where it was
+        st = _Stream(req, out)
         self._streams[req.id] = st
         self.sched.add(Job(req.id, list(req.prompt), req.sampling, req.max_tokens, req.qos, prior=tuple(req.history),
                            session=req.session, cache=req.cache))
@@ -294,13 +291,13 @@ class Engine(EngineBase):
         if st is None:
             return None
         self._timed(st)
-        chunk = st.chunk(ev.token, ev.finish, ev.cached)
-        if chunk.stop_sequence is not None:
-            self.sched.finish(ev.job_id, FinishReason.STOP_SEQUENCE)
+        lp = None
         if ev.logprob is not None and ev.token not in self.tokenizer.eog:
             tt = self.tokenizer.token_text
-            chunk.logprobs.append(TokenLogprob(ev.token, tt(ev.token), ev.logprob,
-                                               tuple((t, tt(t), lp) for t, lp in ev.top)))
+            lp = TokenLogprob(ev.token, tt(ev.token), ev.logprob, tuple((t, tt(t), p) for t, p in ev.top))
+        chunk = st.chunk(ev.token, ev.finish, ev.cached, lp)
+        if chunk.stop_sequence is not None:
+            self.sched.finish(ev.job_id, FinishReason.STOP_SEQUENCE)
         if chunk.finish is not None:
             st.done = True
             self._streams.pop(st.req.id, None)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import EngineConfig
+from .service import Service
 from .engine_api import EngineAPI
 from .errors import ModelLoadError, ModelNotFound, ModelUnloaded
 from .runtime.registry import ModelSource, default_runtime, resolve
@@ -39,7 +40,8 @@ class Models:
         self.engines: dict[str, EngineAPI] = {}  # the loaded ones (a live dict: metrics read it)
         self.default: str | None = None
         self.on_load: list[Callable[[EngineAPI], None]] = []
-        self.sessions: Any = None  # sessions.Sessions, when the daemon has a session store
+        self.service = Service(None)  # the daemon gives it the session log
+        self.sessions: Any = None  # service.Sessions, when the daemon has a session store
         self.embedding: str | None = None  # where embedding requests that name no model go
         self.announce = False  # log loads once the server is up (the banner covers the first ones)
         self.keep_alive: dict[str, float] = {}  # idle seconds a client asked a loaded model to stay (inf: forever)

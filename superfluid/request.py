@@ -91,6 +91,61 @@ class TokenLogprob:
     top: tuple[tuple[int, bytes, float], ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A whole tool call, as a non-streamed response gives it."""
+    id: str
+    name: str
+    arguments: str  # JSON text, exactly as the model wrote it
+
+    def to_openai(self) -> dict:
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+@dataclass(frozen=True, slots=True)
+class CallDelta:
+    """A piece of a tool call as it is generated: the first one of a call names it (id,
+    name), the next ones carry fragments of its arguments, and the last one has `end` set.
+    `cut`: the call never closed (the generation ended inside it)."""
+    index: int  # the call's number in the turn
+    id: str = ""
+    name: str = ""
+    arguments: str = ""
+    end: bool = False
+    cut: bool = False
+
+    @property
+    def start(self) -> bool:
+        return bool(self.name)
+
+    def to_wire(self) -> list:
+        return [self.index, self.id, self.name, self.arguments, self.end, self.cut]
+
+    @classmethod
+    def from_wire(cls, w) -> CallDelta:
+        index, id_, name, args, end, cut = w
+        return cls(int(index), str(id_), str(name), str(args), bool(end), bool(cut))
+
+
+class Calls:
+    """Whole calls from a stream of deltas; a call that was cut off is left out."""
+
+    def __init__(self) -> None:
+        self._open: dict[int, list] = {}
+        self.done: list[ToolCall] = []
+
+    def add(self, deltas: list[CallDelta]) -> None:
+        for d in deltas:
+            cur = self._open.setdefault(d.index, [d.id, d.name, []])
+            if d.start:
+                cur[0], cur[1] = d.id, d.name
+            cur[2].append(d.arguments)
+            if d.end:
+                del self._open[d.index]
+                if not d.cut:
+                    self.done.append(ToolCall(cur[0], cur[1], "".join(cur[2])))
+
+
 @dataclass(slots=True)
 class Chunk:
     """One piece of a generation's output, in order. The last chunk has finish set."""
@@ -107,5 +162,4 @@ class Chunk:
     error: Exception | None = None
     event_id: int | None = None  # the session-log event that committed these tokens
     reasoning: str = ""  # reasoning-channel text (content is in `text`)
-    tool_calls: list = field(default_factory=list)  # codec.tools.ToolCall completed in this chunk
-    raw: str | None = None  # the model's text before channels were split out (None: same as text)
+    calls: list[CallDelta] = field(default_factory=list)  # tool-call pieces, in order

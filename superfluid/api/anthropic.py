@@ -18,8 +18,9 @@ from ..request import Chunk, FinishReason, GenRequest, SamplingParams
 from .schema import number_in
 from .prompt import chat_prompt as build_chat_prompt
 from .prompt import template_options
-from .sse import cursor
-from .streams import collect, raise_first_error, sse, submit_all
+from . import resume
+from .sse import cursor, frame, tagged
+from .streams import collect, raise_first_error, sse
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
@@ -29,11 +30,6 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "
 def error_response(e: SuperfluidError) -> Response:
     body = {"type": "error", "error": {"type": ERROR_TYPES.get(e.status, "api_error"), "message": e.message}}
     return Response(orjson.dumps(body), status_code=e.status, media_type="application/json")
-
-
-def _sse(event: str, data: dict, id: str | None = None) -> bytes:
-    head = b"id: " + id.encode() + b"\n" if id else b""
-    return head + b"event: " + event.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
 
 
 def _text(content, where: str) -> str:
@@ -226,8 +222,8 @@ def stop_reason(c: Chunk, made_calls: bool = False) -> str:
     return "tool_use" if made_calls else "end_turn"
 
 
-def tool_id(call) -> str:
-    return "toolu_" + call.id.removeprefix("call_")
+def tool_id(call_id: str) -> str:
+    return "toolu_" + call_id.removeprefix("call_")
 
 
 def tool_use_block(call) -> dict:
@@ -235,7 +231,7 @@ def tool_use_block(call) -> dict:
         args = orjson.loads(call.arguments)
     except orjson.JSONDecodeError:
         args = {}
-    return {"type": "tool_use", "id": tool_id(call), "name": call.name, "input": args}
+    return {"type": "tool_use", "id": tool_id(call.id), "name": call.name, "input": args}
 
 
 def usage(c: Chunk, output_tokens: int, marked: int = 0) -> dict:
@@ -247,9 +243,13 @@ def usage(c: Chunk, output_tokens: int, marked: int = 0) -> dict:
             "cache_read_input_tokens": read, "cache_creation_input_tokens": created}
 
 
+def _sse(event: str, data: dict) -> bytes:
+    return frame(data, event)
+
+
 class _Blocks:
-    """Content blocks of a streamed message, opened as output arrives: thinking, text,
-    tool_use (each call one block with its input as one input_json_delta)."""
+    """Content blocks of a streamed message, opened as output arrives: thinking, text and
+    tool_use (one block per call, its input streamed as input_json_delta fragments)."""
 
     def __init__(self) -> None:
         self.index = -1
@@ -269,23 +269,31 @@ class _Blocks:
         self.open_kind = None
         return [_sse("content_block_stop", {"type": "content_block_stop", "index": self.index})]
 
-    def delta(self, kind: str, delta: dict, eid: str | None = None) -> list[bytes]:
+    def _delta(self, delta: dict) -> bytes:
+        return _sse("content_block_delta", {"type": "content_block_delta", "index": self.index, "delta": delta})
+
+    def delta(self, kind: str, delta: dict) -> list[bytes]:
         block = {"type": "thinking", "thinking": "", "signature": ""} if kind == "thinking" else \
             {"type": "text", "text": ""}
         out = [] if self.open_kind == kind else self._open(block)
-        return out + [_sse("content_block_delta", {"type": "content_block_delta", "index": self.index,
-                                                   "delta": delta}, eid)]
+        return out + [self._delta(delta)]
 
-    def call(self, call) -> list[bytes]:
-        self.calls += 1
-        out = self._open({"type": "tool_use", "id": tool_id(call), "name": call.name, "input": {}})
-        out.append(_sse("content_block_delta", {"type": "content_block_delta", "index": self.index,
-                                                "delta": {"type": "input_json_delta", "partial_json": call.arguments}}))
-        return out + self.close()
+    def call(self, d) -> list[bytes]:
+        """A piece of a tool call (output.CallDelta)."""
+        out: list[bytes] = []
+        if d.start:
+            self.calls += 1
+            out += self._open({"type": "tool_use", "id": tool_id(d.id), "name": d.name, "input": {}})
+        if d.arguments and self.open_kind == "tool_use":
+            out.append(self._delta({"type": "input_json_delta", "partial_json": d.arguments}))
+        if d.end and self.open_kind == "tool_use":
+            out += self.close()
+        return out
 
 
 async def events(rid: str, model: str, prompt_tokens: int, stream, session: str | None = None,
                  marked: int = 0) -> AsyncIterator[bytes]:
+    """A Messages stream from typed output chunks, live or replayed from the log."""
     start: dict = {"id": rid, "type": "message", "role": "assistant", "model": model, "content": [],
                    "stop_reason": None, "stop_sequence": None,
                    "usage": {"input_tokens": prompt_tokens, "output_tokens": 0}}
@@ -298,31 +306,37 @@ async def events(rid: str, model: str, prompt_tokens: int, stream, session: str 
         if c.reasoning:
             out += blocks.delta("thinking", {"type": "thinking_delta", "thinking": c.reasoning})
         if c.text:
-            out += blocks.delta("text", {"type": "text_delta", "text": c.text}, cursor(session, c.event_id))
-        for call in c.tool_calls:
-            out += blocks.call(call)
-        for o in out:
-            yield o
+            out += blocks.delta("text", {"type": "text_delta", "text": c.text})
+        for d in c.calls:
+            out += blocks.call(d)
         if c.finish is not None:
             if c.error is not None:
                 err = c.error if isinstance(c.error, SuperfluidError) else SuperfluidError(str(c.error))
-                yield _sse("error", {"type": "error", "error": {"type": ERROR_TYPES.get(err.status, "api_error"),
-                                                                "message": err.message}})
+                out.append(_sse("error", {"type": "error", "error": {
+                    "type": ERROR_TYPES.get(err.status, "api_error"), "message": err.message}}))
+                for o in tagged(out, cursor(session, c.event_id)):
+                    yield o
                 return
             if blocks.index < 0:  # nothing was said: one empty text block, as Anthropic sends
-                for o in blocks.delta("text", {"type": "text_delta", "text": ""}):
-                    yield o
-            for o in blocks.close():
-                yield o
-            yield _sse("message_delta", {"type": "message_delta",
-                                         "delta": {"stop_reason": stop_reason(c, blocks.calls > 0),
-                                                   "stop_sequence": c.stop_sequence},
-                                         "usage": usage(c, c.completion_tokens, marked)})
-            yield _sse("message_stop", {"type": "message_stop"})
+                out += blocks.delta("text", {"type": "text_delta", "text": ""})
+            out += blocks.close()
+            out.append(_sse("message_delta", {"type": "message_delta",
+                                              "delta": {"stop_reason": stop_reason(c, blocks.calls > 0),
+                                                        "stop_sequence": c.stop_sequence},
+                                              "usage": usage(c, c.completion_tokens, marked)}))
+            out.append(_sse("message_stop", {"type": "message_stop"}))
+        for o in tagged(out, cursor(session, c.event_id)):
+            yield o
+        if c.finish is not None:
             return
         if time.monotonic() - last_ping > 10:
             last_ping = time.monotonic()
             yield _sse("ping", {"type": "ping"})
+
+
+resume.register("anthropic.messages", lambda sid, p, chunks: events(
+    str(p.get("response_id") or sid), str(p.get("model") or ""), int(p.get("prompt_tokens") or 0), chunks, sid,
+    int(p.get("marked") or 0)))
 
 
 def add_routes(app: FastAPI, models, qos_for, body_of) -> None:
@@ -335,9 +349,11 @@ def add_routes(app: FastAPI, models, qos_for, body_of) -> None:
         req = gen_request(body, cp.prompt, eng.n_ctx, eng.new_seed(), qos_for(request), cp.grammar, cp.channels,
                           hint)
         marked = hint[0] if hint else 0
-        streams = await submit_all(eng, [req], cp.bodies, api="anthropic.messages", params={"response_id": req.id})
+        streams = await models.service.submit(eng, [req], cp.bodies, api="anthropic.messages",
+                                   params={"response_id": req.id, "marked": marked})
         if body.get("stream"):
-            return sse(events(req.id, eng.model_id, len(cp.prompt), streams[0], req.session, marked), eng, [req])
+            return sse(events(req.id, eng.model_id, len(cp.prompt), streams[0], req.session, marked),
+                       models.service.on_close(eng, [req]), [req])
         choices = await collect(request, streams)
         raise_first_error(choices)
         ch = choices[0]

@@ -30,7 +30,7 @@ from .policy import KeyPolicy
 from .schema import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, ModelRequest, TokenizeRequest,
                      json_object, parse)
 from .streams import (ClientGone, chat_events, collect, completion_events, raise_first_error, record,
-                      session_header, sse, submit_all)
+                      session_header, sse)
 
 log = logging.getLogger("superfluid.api")
 
@@ -249,11 +249,14 @@ def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Q
         reqs = oa.gen_requests(body, cp.prompt, base_id=rid, n_ctx=eng.n_ctx, seed=eng.new_seed(),
                                default_max=None, top_logprobs=top, qos=qos(request),
                                max_tokens=body.max_completion_tokens, grammar=cp.grammar, channels=cp.channels)
-        streams = await submit_all(eng, reqs, cp.bodies, api="chat.completions", params={"response_id": rid})
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        created = int(time.time())
+        streams = await models.service.submit(eng, reqs, cp.bodies, api="chat.completions", params={
+            "response_id": rid, "created": created, "logprobs": bool(body.logprobs), "include_usage": include_usage})
         rec = access_record(request, eng, reqs[0].qos)
         if body.stream:
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return sse(chat_events(rid, eng.model_id, streams, body.logprobs, include_usage, rec, reqs), eng, reqs)
+            return sse(chat_events(rid, eng.model_id, streams, body.logprobs, include_usage, rec, reqs,
+                                   created=created), models.service.on_close(eng, reqs), reqs)
         choices = await collect(request, streams)
         record(rec, [c.last for c in choices if c.last is not None])
         raise_first_error(choices)
@@ -270,12 +273,14 @@ def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Q
         rid = new_id("cmpl")
         reqs = oa.gen_requests(body, prompt, base_id=rid, n_ctx=eng.n_ctx, seed=eng.new_seed(),
                                default_max=16, top_logprobs=top, qos=qos(request))
-        streams = await submit_all(eng, reqs, api="completions", params={"response_id": rid})
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        created = int(time.time())
+        streams = await models.service.submit(eng, reqs, api="completions", params={
+            "response_id": rid, "created": created, "logprobs": top >= 0, "include_usage": include_usage})
         rec = access_record(request, eng, reqs[0].qos)
         if body.stream:
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return sse(completion_events(rid, eng.model_id, streams, top >= 0, include_usage, rec, reqs),
-                       eng, reqs)
+            return sse(completion_events(rid, eng.model_id, streams, top >= 0, include_usage, rec, reqs,
+                                         created=created), models.service.on_close(eng, reqs), reqs)
         choices = await collect(request, streams)
         record(rec, [c.last for c in choices if c.last is not None])
         raise_first_error(choices)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from datetime import datetime, UTC
 
@@ -18,14 +19,14 @@ from fastapi.responses import Response
 
 from ..errors import BadRequest, ContextLengthExceeded, Forbidden
 from ..ids import new_id
-from ..request import Chunk, GenRequest, Qos, SamplingParams
+from ..request import Calls, Chunk, GenRequest, Qos, SamplingParams
 from .embeddings import embed_texts, embedding_engine, shorten
 from .schema import MAX_EMBED_INPUTS, json_object
 from ..codec import grammar
 from ..codec.tools import new_call_id
-from . import keep_alive
+from . import keep_alive, resume
 from .prompt import chat_prompt, template_options
-from .streams import collect, raise_first_error, sse, submit_all
+from .streams import collect, raise_first_error, sse
 
 OLLAMA_VERSION = "0.12.0"  # the API level we follow
 NDJSON = "application/x-ndjson"
@@ -150,6 +151,42 @@ def final_fields(c: Chunk, total_s: float) -> dict:
             "total_duration": int(total_s * 1e9), "load_duration": 0,
             "prompt_eval_count": c.prompt_tokens, "prompt_eval_duration": int(ttft * 1e9),
             "eval_count": c.completion_tokens, "eval_duration": int(max(0.0, total_s - ttft) * 1e9)}
+
+
+async def lines(model: str, chat: bool, stream, t0: float, wall: bool = False) -> AsyncIterator[bytes]:
+    """An Ollama NDJSON stream from typed output chunks, live or replayed from the log (a
+    tool call comes whole, in the line where it ends, as Ollama sends it). t0: when the
+    request came (monotonic, or wall-clock time when `wall`)."""
+    key = "message" if chat else "response"
+    calls = Calls()
+    async for c in stream:
+        if c.error is not None:
+            yield orjson.dumps({"error": getattr(c.error, "message", str(c.error))}) + b"\n"
+            return
+        piece: dict | str = {"role": "assistant", "content": c.text} if chat else c.text
+        out = {"model": model, "created_at": _now(), key: piece, "done": False}
+        if c.reasoning:
+            if chat:
+                piece["thinking"] = c.reasoning  # type: ignore[index]
+            else:
+                out["thinking"] = c.reasoning
+        before = len(calls.done)
+        calls.add(c.calls)
+        if chat and len(calls.done) > before:
+            piece["tool_calls"] = ollama_calls(calls.done[before:])  # type: ignore[index]
+        if c.finish is not None:
+            out.update(final_fields(c, (time.time() if wall else time.monotonic()) - t0))
+        yield orjson.dumps(out) + b"\n"
+
+
+def _replay(chat: bool):
+    def translate(sid: str, p: dict, chunks) -> AsyncIterator[bytes]:
+        return lines(str(p.get("model") or ""), chat, chunks, float(p.get("t0") or time.time()), wall=True)
+    return translate
+
+
+resume.register("ollama.chat", _replay(True), NDJSON)
+resume.register("ollama.generate", _replay(False), NDJSON)
 
 
 def add_routes(app: FastAPI, models, qos_for) -> None:
@@ -281,29 +318,12 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
             raise ContextLengthExceeded(f"the prompt has {len(prompt)} tokens; the context holds {eng.n_ctx}")
         req = GenRequest(new_id("ollama"), prompt, sp, min(num_predict or room, room), stops, qos_for(request),
                          channels=channels)
-        streams = await submit_all(eng, [req], bodies, api="ollama." + ("chat" if chat else "generate"),
-                                   params={"response_id": req.id})
+        streams = await models.service.submit(eng, [req], bodies, api="ollama." + ("chat" if chat else "generate"),
+                                   params={"response_id": req.id, "t0": time.time()})
         keep_alive.apply(request, models, eng.model_id, ka)  # submitted: 0 unloads it once the request is done
         model = eng.model_id
         if body.get("stream", True):
-            async def lines():
-                async for c in streams[0]:
-                    if c.error is not None:
-                        yield orjson.dumps({"error": getattr(c.error, "message", str(c.error))}) + b"\n"
-                        return
-                    piece: dict | str = {"role": "assistant", "content": c.text} if chat else c.text
-                    out = {"model": model, "created_at": _now(), key: piece, "done": False}
-                    if c.reasoning:
-                        if chat:
-                            piece["thinking"] = c.reasoning  # type: ignore[index]
-                        else:
-                            out["thinking"] = c.reasoning
-                    if chat and c.tool_calls:
-                        piece["tool_calls"] = ollama_calls(c.tool_calls)  # type: ignore[index]
-                    if c.finish is not None:
-                        out.update(final_fields(c, time.monotonic() - t0))
-                    yield orjson.dumps(out) + b"\n"
-            return sse(lines(), eng, [req], NDJSON)
+            return sse(lines(model, chat, streams[0], t0), models.service.on_close(eng, [req]), [req], NDJSON)
         choices = await collect(request, streams)
         raise_first_error(choices)
         c = choices[0]

@@ -7,7 +7,7 @@ import json
 import time
 
 from ..errors import BadRequest, ContextLengthExceeded
-from ..request import Chunk, FinishReason, GenRequest, Qos, SamplingParams, TokenLogprob
+from ..request import Calls, Chunk, FinishReason, GenRequest, Qos, SamplingParams, TokenLogprob, ToolCall
 from ..codec.tools import new_call_id
 from .prompt import ChatPrompt, response_format_grammar, template_options
 from .prompt import chat_prompt as build_chat_prompt
@@ -132,12 +132,16 @@ class Choice:
         self.last: Chunk | None = None
         self.error: Exception | None = None
         self.reasoning: list[str] = []
-        self.tool_calls: list = []  # codec.tools.ToolCall
+        self._calls = Calls()
+
+    @property
+    def tool_calls(self) -> list[ToolCall]:
+        return self._calls.done
 
     def add(self, c: Chunk) -> None:
         self.text.append(c.text)
         self.reasoning.append(c.reasoning)
-        self.tool_calls.extend(c.tool_calls)
+        self._calls.add(c.calls)
         self.logprobs.extend(c.logprobs)
         if c.finish is not None:
             self.finish = c.finish

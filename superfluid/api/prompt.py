@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass
 
 from ..codec import grammar as gr
-from ..codec.channels import ChannelSpec
+from ..codec.channels import ChannelSpec, spec_for
 from ..codec.tools import LLAMA3, MISTRAL, render, tool_list
 from ..errors import BadRequest
 from ..session.turns import context_text, prelude
@@ -64,11 +64,8 @@ def chat_prompt(engine, messages: list[dict], *, tools: list | None = None, tool
     bodies, prompt = prelude(engine, msgs, **kwargs)
     if mode == "required":
         grammar = _tool_grammar(engine, use_tools, name)
-    reasoning = engine.reasoning
     opener = context_text(engine.tokenizer, list(bodies[-1].span)) if bodies else ""
-    start_in = reasoning is not None and opener.rstrip().endswith(reasoning[0])
-    spec = ChannelSpec(fmt if use_tools else None, reasoning, start_in)
-    return ChatPrompt(bodies, prompt, spec, grammar)
+    return ChatPrompt(bodies, prompt, spec_for(fmt if use_tools else None, engine.reasoning, opener), grammar)
 
 
 def response_format_grammar(fmt: object, param: str = "response_format") -> str:

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-import orjson
 
 from ..errors import SuperfluidError
-from .sse import cursor
+from ..request import Calls, ToolCall
+from .sse import cursor, frame, tagged
 
 
 def function_call_item(rid: str, call, status: str = "completed") -> dict:
@@ -38,15 +38,14 @@ def output_items(rid: str, text: str, reasoning: str, calls: list) -> list[dict]
 
 
 async def events(base: dict, stream, finished, session: str | None = None) -> AsyncIterator[bytes]:
+    """A Responses stream from typed output chunks, live or replayed from the log."""
     rid = base["id"]
     seq = 0
 
-    def ev(kind: str, _id: str | None = None, **data) -> bytes:
+    def ev(kind: str, **data) -> bytes:
         nonlocal seq
         seq += 1
-        head = b"id: " + _id.encode() + b"\n" if _id else b""
-        return head + b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(
-            {"type": kind, "sequence_number": seq - 1, **data}) + b"\n\n"
+        return frame({"type": kind, "sequence_number": seq - 1, **data}, kind)
 
     pending = {**base, "status": "in_progress", "output": [], "usage": None, "error": None,
                "incomplete_details": None}
@@ -56,7 +55,9 @@ async def events(base: dict, stream, finished, session: str | None = None) -> As
     open_kind: str | None = None
     text: list[str] = []
     reasoning: list[str] = []
-    calls: list = []
+    calls = Calls()
+    args: list[str] = []  # the open call's argument fragments
+    call_item: dict = {}
 
     def close() -> list[bytes]:
         nonlocal open_kind
@@ -74,6 +75,11 @@ async def events(base: dict, stream, finished, session: str | None = None) -> As
             return [ev("response.reasoning_text.done", item_id="rs_" + rid[5:], output_index=index, content_index=0,
                        text=full),
                     ev("response.output_item.done", output_index=index, item=reasoning_item(rid, full))]
+        if kind == "call":
+            item = {**call_item, "arguments": "".join(args)}
+            return [ev("response.function_call_arguments.done", item_id=item["id"], output_index=index,
+                       arguments=item["arguments"]),
+                    ev("response.output_item.done", output_index=index, item=item)]
         return []
 
     def open_(kind: str) -> list[bytes]:
@@ -86,6 +92,9 @@ async def events(base: dict, stream, finished, session: str | None = None) -> As
                              item=message_item(rid, "", "in_progress")),
                           ev("response.content_part.added", item_id="msg_" + rid[5:], output_index=index,
                              content_index=0, part={"type": "output_text", "text": "", "annotations": []})]
+        if kind == "call":
+            return out + [ev("response.output_item.added", output_index=index,
+                             item={**call_item, "arguments": "", "status": "in_progress"})]
         return out + [ev("response.output_item.added", output_index=index,
                          item={**reasoning_item(rid, ""), "content": []})]
 
@@ -101,34 +110,33 @@ async def events(base: dict, stream, finished, session: str | None = None) -> As
             if open_kind != "message":
                 out += open_("message")
             text.append(c.text)
-            out.append(ev("response.output_text.delta", cursor(session, c.event_id), item_id="msg_" + rid[5:],
+            out.append(ev("response.output_text.delta", item_id="msg_" + rid[5:],
                           output_index=index, content_index=0, delta=c.text))
-        for call in c.tool_calls:
-            out += close()
-            index += 1
-            calls.append(call)
-            item = function_call_item(rid, call)
-            out += [ev("response.output_item.added", output_index=index,
-                       item={**item, "arguments": "", "status": "in_progress"}),
-                    ev("response.function_call_arguments.delta", item_id=item["id"], output_index=index,
-                       delta=call.arguments),
-                    ev("response.function_call_arguments.done", item_id=item["id"], output_index=index,
-                       arguments=call.arguments),
-                    ev("response.output_item.done", output_index=index, item=item)]
-        for o in out:
+        calls.add(c.calls)
+        for d in c.calls:
+            if d.start:
+                call_item = function_call_item(rid, ToolCall(d.id, d.name, ""))
+                args.clear()
+                out += open_("call")
+            if d.arguments and open_kind == "call":
+                args.append(d.arguments)
+                out.append(ev("response.function_call_arguments.delta", item_id=call_item["id"],
+                              output_index=index, delta=d.arguments))
+            if d.end and open_kind == "call":
+                out += close()
+        if c.finish is not None:
+            if c.error is not None:
+                err = c.error if isinstance(c.error, SuperfluidError) else SuperfluidError(str(c.error))
+                failure = {"code": err.code or "server_error", "message": err.message}
+                out.append(ev("response.failed", response={**pending, "status": "failed", "error": failure}))
+            else:
+                if index < 0:  # nothing at all: an empty message, as the non-streamed response has
+                    out += open_("message")
+                out += close()
+                resp = await finished("".join(text), "".join(reasoning), calls.done, c)
+                out.append(ev("response.completed" if resp["status"] == "completed" else "response.incomplete",
+                              response=resp))
+        for o in tagged(out, cursor(session, c.event_id)):
             yield o
-        if c.finish is None:
-            continue
-        if c.error is not None:
-            err = c.error if isinstance(c.error, SuperfluidError) else SuperfluidError(str(c.error))
-            failure = {"code": err.code or "server_error", "message": err.message}
-            yield ev("response.failed", response={**pending, "status": "failed", "error": failure})
+        if c.finish is not None:
             return
-        if index < 0:  # nothing at all: an empty message, as the non-streamed response has
-            for o in open_("message"):
-                yield o
-        for o in close():
-            yield o
-        resp = await finished("".join(text), "".join(reasoning), calls, c)
-        yield ev("response.completed" if resp["status"] == "completed" else "response.incomplete", response=resp)
-        return

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import orjson
@@ -17,10 +18,11 @@ from fastapi import FastAPI, Request
 from ..errors import BadRequest, ContextLengthExceeded, SuperfluidError
 from ..ids import new_id
 from ..request import FinishReason, GenRequest, SamplingParams
+from . import resume
 from .prompt import chat_prompt, response_format_grammar, template_options
 from .response_events import events, output_items
 from .schema import number_in
-from .streams import collect, raise_first_error, sse, submit_all
+from .streams import collect, raise_first_error, sse
 
 log = logging.getLogger("superfluid.api")
 
@@ -167,7 +169,47 @@ def tools_of(body: dict) -> tuple[list[dict] | None, object]:
     return out, choice
 
 
+async def record_of(store: ResponseStore, previous: str | None, new_items: list[dict]) -> dict:
+    """What a stored response keeps beside it: the conversation it answered and its input."""
+    history: list[dict] = []
+    if previous:
+        prev = await store.get(previous)
+        history = prev["conversation"] + [o for o in prev["response"]["output"]
+                                          if o["type"] in ("message", "function_call")]
+    return {"conversation": history + new_items, "input_items": new_items}
+
+
+async def finish(store: ResponseStore, base: dict, record: dict, session: str | None, text: str, reasoning: str,
+                 calls: list, c) -> dict:
+    """The finished response (stored unless the request said store: false)."""
+    rid = base["id"]
+    cut = c.finish == FinishReason.LENGTH
+    resp = {**base, "status": "incomplete" if cut else "completed",
+            "incomplete_details": {"reason": "max_output_tokens"} if cut else None, "error": None,
+            "output": output_items(rid, text, reasoning, calls),
+            "usage": {"input_tokens": c.prompt_tokens,
+                      "input_tokens_details": {"cached_tokens": c.cached_tokens},
+                      "output_tokens": c.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+                      "total_tokens": c.prompt_tokens + c.completion_tokens}}
+    if base["store"]:
+        await store.put({**record, "response": resp}, session)
+    return resp
+
+
+def _replay(store: ResponseStore):
+    def translate(sid: str, p: dict, chunks) -> AsyncIterator[bytes]:
+        base = p["base"]
+
+        async def finished(text: str, reasoning: str, calls: list, c) -> dict:
+            record = await record_of(store, base.get("previous_response_id"), list(p.get("input_items") or []))
+            return await finish(store, base, record, sid, text, reasoning, calls, c)
+        return events(base, chunks, finished, sid)
+    return translate
+
+
 def add_routes(app: FastAPI, models, qos_for, body_of, store: ResponseStore) -> None:
+    resume.register("responses", _replay(store))
+
     @app.post("/v1/responses")
     async def create(request: Request):
         body = await body_of(request)
@@ -175,13 +217,9 @@ def add_routes(app: FastAPI, models, qos_for, body_of, store: ResponseStore) -> 
             raise BadRequest("missing required parameter: 'model'", param="model")
         text_opts = body.get("text") if isinstance(body.get("text"), dict) else {}
         grammar = response_format_grammar(text_opts.get("format"), "text.format")
-        history: list[dict] = []
-        if body.get("previous_response_id"):
-            prev = await store.get(body["previous_response_id"])
-            history = prev["conversation"] + [o for o in prev["response"]["output"]
-                                              if o["type"] in ("message", "function_call")]
         new_items = input_items(body.get("input"))
-        conversation = history + new_items
+        record = await record_of(store, body.get("previous_response_id"), new_items)
+        conversation = record["conversation"]
         eng = await models.get(body["model"])
         msgs = turns(conversation)
         if body.get("instructions"):
@@ -202,30 +240,20 @@ def add_routes(app: FastAPI, models, qos_for, body_of, store: ResponseStore) -> 
                             grammar=cp.grammar)
         rid = "resp_" + new_id("r").split("-", 1)[1]
         req = GenRequest(rid, cp.prompt, sp, mt or room, (), qos_for(request), channels=cp.channels)
-        streams = await submit_all(eng, [req], cp.bodies, api="responses", params={"response_id": rid})
         base = {"id": rid, "object": "response", "created_at": int(time.time()), "model": eng.model_id,
                 "instructions": body.get("instructions"), "previous_response_id": body.get("previous_response_id"),
                 "max_output_tokens": mt, "temperature": sp.temperature, "top_p": sp.top_p,
                 "store": body.get("store", True) is not False, "tools": body.get("tools") or [],
                 "tool_choice": body.get("tool_choice") or "auto", "parallel_tool_calls": False,
                 "text": {"format": text_opts.get("format") or {"type": "text"}}, "metadata": {}}
-        record = {"conversation": conversation, "input_items": new_items}
+        streams = await models.service.submit(eng, [req], cp.bodies, api="responses",
+                                   params={"response_id": rid, "base": base, "input_items": new_items})
 
         async def finished(text: str, reasoning: str, calls: list, c) -> dict:
-            cut = c.finish == FinishReason.LENGTH
-            resp = {**base, "status": "incomplete" if cut else "completed",
-                    "incomplete_details": {"reason": "max_output_tokens"} if cut else None, "error": None,
-                    "output": output_items(rid, text, reasoning, calls),
-                    "usage": {"input_tokens": c.prompt_tokens,
-                              "input_tokens_details": {"cached_tokens": c.cached_tokens},
-                              "output_tokens": c.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
-                              "total_tokens": c.prompt_tokens + c.completion_tokens}}
-            if base["store"]:
-                await store.put({**record, "response": resp}, req.session)
-            return resp
+            return await finish(store, base, record, req.session, text, reasoning, calls, c)
 
         if body.get("stream"):
-            return sse(events(base, streams[0], finished, req.session), eng, [req])
+            return sse(events(base, streams[0], finished, req.session), models.service.on_close(eng, [req]), [req])
         choices = await collect(request, streams)
         raise_first_error(choices)
         ch = choices[0]

@@ -1,76 +1,72 @@
 """Streams read from the session log: the rest of a generation after a cursor (resuming a
-dropped stream, in the format of the API that started it) and a session's subscription
-(every event from a cursor, then live ones). Both subscribe before reading the backlog, so
-an event lands in one or the other and is sent once."""
+dropped stream) and a session's subscription (every event from a cursor, then live ones).
+Both subscribe before reading the backlog, so an event lands in one or the other and is
+sent once.
+
+A resumed stream is the API's own stream: the generation's logged output events become
+Chunks again and go through the same translator as the live stream did (registered here by
+each API), and what it produces up to the cursor is dropped. So the client gets, in its own
+format, what the live stream would have sent after that cursor."""
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from ..request import FinishReason
+from ..errors import SuperfluidError, WorkerCrashed
+from ..request import CallDelta, Chunk, FinishReason, TokenLogprob
 from ..session.events import EpochBump, Event, Generated, Meta, ToolUse
-from ..sessions import BEHIND
-from . import openai as oa
+from ..service import BEHIND
 from .sse import DONE, cursor, event
 
 PING_S = 15.0
 INTERRUPTED = ("the generation was interrupted (the daemon stopped); generate on the session again to "
                "continue it")
 
-
-def _openai_finish(name: str | None) -> str:
-    try:
-        return FinishReason[(name or "error").upper()].openai
-    except KeyError:
-        return "stop"
+# api name -> (translator(session, params, chunks) -> stream bytes, media type)
+Translator = Callable[[str, dict, AsyncIterator[Chunk]], AsyncIterator[bytes]]
+_TRANSLATORS: dict[str, tuple[Translator, str]] = {}
 
 
-class _Format:
-    """Turns one generation's log events into one API's stream events."""
+def register(api: str, translate: Translator, media_type: str = "text/event-stream") -> None:
+    """How a stream of the API `api` (the session row's api) is resumed."""
+    _TRANSLATORS[api] = (translate, media_type)
 
-    def __init__(self, sid: str, params: dict, api: str | None):
-        self.sid, self.params = sid, params
-        self.kind = {"chat.completions": "chat", "completions": "text"}.get(api or "", "native")
-        self.rid = params.get("response_id") or sid
-        self.model = params.get("model") or ""
-        self.index = int(params.get("index") or 0)
-        self.created = int(time.time())
 
-    def generated(self, ev: Event) -> list[bytes]:
-        b = ev.body
-        assert isinstance(b, Generated)
-        cur = cursor(self.sid, ev.id)
-        if self.kind == "native":
-            return [event(ev.to_json(self.sid), cur)]
-        out = []
-        if b.text:
-            out.append(event(oa.chat_chunk(self.rid, self.model, self.created, self.index, {"content": b.text})
-                             if self.kind == "chat" else
-                             oa.completion_chunk(self.rid, self.model, self.created, self.index, b.text),
-                             None if b.finish else cur))
-        if b.finish is not None:
-            fin = _openai_finish(b.finish)
-            out.append(event(oa.chat_chunk(self.rid, self.model, self.created, self.index, {}, fin)
-                             if self.kind == "chat" else
-                             oa.completion_chunk(self.rid, self.model, self.created, self.index, "", fin), cur))
-        return out
+def media_type(api: str | None) -> str:
+    entry = _TRANSLATORS.get(api or "")
+    return entry[1] if entry else "text/event-stream"
 
-    def other(self, ev: Event) -> list[bytes]:
-        return [event(ev.to_json(self.sid), cursor(self.sid, ev.id))] if self.kind == "native" else []
 
-    def interrupted(self) -> list[bytes]:
-        if self.kind == "native":
-            return [event({"type": "interrupted", "session": self.sid, "message": INTERRUPTED})]
-        return [event({"error": {"message": INTERRUPTED, "type": "server_error", "param": None,
-                                 "code": "generation_interrupted"}})]
+class GenerationInterrupted(SuperfluidError):
+    code = "generation_interrupted"
+
+
+def chunk_of(ev: Event, request_id: str, prompt_tokens: int, n_out: int) -> Chunk:
+    """A logged Generated event as the Chunk the live stream had (n_out: tokens so far)."""
+    b = ev.body
+    assert isinstance(b, Generated)
+    finish = None
+    if b.finish is not None:
+        finish = FinishReason.__members__.get(b.finish.upper(), FinishReason.END_OF_TURN)
+    err = WorkerCrashed("the generation failed") if finish == FinishReason.ERROR else None
+    return Chunk(request_id, text=b.text, tokens=list(b.span), finish=finish, prompt_tokens=prompt_tokens,
+                 completion_tokens=n_out, cached_tokens=b.cached, stop_sequence=b.stop_sequence, error=err,
+                 event_id=ev.id, reasoning=b.reasoning, calls=[CallDelta.from_wire(d) for d in b.calls],
+                 logprobs=[TokenLogprob(int(t), bytes(x), float(lp), tuple((int(a), bytes(y), float(v))
+                                                                          for a, y, v in top))
+                           for t, x, lp, top in b.logprobs])
+
+
+class _Behind(Exception):
+    def __init__(self, last: int):
+        self.last = last
 
 
 def _behind(sid: str, last: int) -> bytes:
     """The reader fell too far behind the live events: reconnect from the cursor."""
     return event({"type": "behind", "session": sid, "resume_after": last,
-                   "message": "this stream fell behind; reconnect with Last-Event-ID to read on from the log"})
+                  "message": "this stream fell behind; reconnect with Last-Event-ID to read on from the log"})
 
 
 async def _next(q: asyncio.Queue):
@@ -82,68 +78,163 @@ async def _next(q: asyncio.Queue):
 
 async def rest_of_generation(sessions, sid: str, after: int,
                              resume: Callable[[], Awaitable[object]] | None = None) -> AsyncIterator[bytes]:
-    """The generation's events after event `after`, live while it runs, then [DONE]. A
-    generation a restart cut off is continued by `resume` (which starts generating on the
-    session again and returns its watcher, or None when it cannot), so the stream still
-    ends with the whole generation; without it, it ends with an `interrupted` event."""
+    """The generation's events after event `after`, live while it runs, in the format of the
+    API that started it. A generation a restart cut off is continued by `resume` (which
+    starts generating on the session again and returns its watcher, or None when it cannot),
+    so the stream still ends with the whole generation; without it, it ends with the API's
+    error event (code generation_interrupted)."""
     q = sessions.subscribe(sid)
-    gen = sessions.watch(sid)  # a live generation: this stream now counts as its watcher
+    watching = [sessions.watch(sid)]  # a live generation: this stream now counts as its watcher
     try:
         st = await sessions.state(sid)
         row = await sessions.row(sid)
-        fmt = _Format(sid, st.params, row.api)
-        backlog = await sessions.store.events(sid, after=after)
-        last = after
+        entry = _TRANSLATORS.get(row.api or "")
+        if entry is None:
+            async for b in _native(sessions, sid, after, q, watching, resume):
+                yield b
+            return
+        opener = max((e.event_id for e in st.entries if e.kind == "generation_prompt"), default=-1)
+        backlog = [ev for ev in await sessions.store.events(sid, after=opener)]
+        params = st.params
+        rid = str(params.get("response_id") or sid)
+        prompt_tokens = int(params.get("prompt_tokens") or 0)
+        first = next((ev.id for ev in backlog if isinstance(ev.body, Generated)), None)
+        drop = [first is not None and first <= after]
 
-        def take(ev: Event) -> tuple[list[bytes], bool]:
-            """(what to send, whether the generation ended)."""
-            b = ev.body
-            if isinstance(b, Generated):
-                return fmt.generated(ev), b.finish is not None
-            if isinstance(b, ToolUse):
-                return fmt.other(ev), False
-            if isinstance(b, Meta):  # a title change while it ran is not the generation's end
-                return [], False
-            return (fmt.interrupted(), True) if isinstance(b, EpochBump) else ([], True)
-
-        for ev in backlog:
-            if isinstance(ev.body, EpochBump) and resume is not None:
-                started = await resume()
-                if started is not None:  # the rest comes live, from the continuation
-                    sessions.unwatch(gen)
-                    gen = started
-                    last = ev.id
+        async def chunks() -> AsyncIterator[Chunk]:
+            n_out, last = 0, opener
+            pending = list(backlog)
+            while True:
+                if pending:
+                    ev = pending.pop(0)
+                else:
+                    if q.empty() and not sessions.busy(sid):  # nothing live: the log had it all
+                        break
+                    ev = await q.get()
+                    if ev is BEHIND:
+                        raise _Behind(last)
+                    if ev.id <= last:
+                        continue
+                last = ev.id
+                b = ev.body
+                if isinstance(b, Generated):
+                    n_out += len(b.span)
+                    c = chunk_of(ev, rid, prompt_tokens, n_out)
+                    yield c
+                    if c.finish is not None:
+                        break
+                elif isinstance(b, EpochBump):
+                    if any(isinstance(e.body, Generated) for e in pending) or sessions.busy(sid):
+                        continue  # it was continued already (or is being continued now)
+                    started = await resume() if resume is not None else None
+                    if started is None:
+                        yield Chunk(rid, finish=FinishReason.ERROR, error=GenerationInterrupted(INTERRUPTED),
+                                    prompt_tokens=prompt_tokens, completion_tokens=n_out)
+                        break
+                    watching.append(started)
+                elif not isinstance(b, (Meta, ToolUse)):
                     break
-            out, ended = take(ev)
-            for o in out:
-                yield o
-            last = ev.id
-            if ended:
-                yield DONE
-                return
-        while True:
-            if q.empty() and not sessions.busy(sid):  # nothing live: the log had it all
-                yield DONE
-                return
-            ev = await _next(q)
-            if ev is None:
-                yield b": ping\n\n"
-                continue
-            if ev is BEHIND:
-                yield _behind(sid, last)
-                return
-            if ev.id <= last:
-                continue
-            last = ev.id
-            out, ended = take(ev)
-            for o in out:
-                yield o
-            if ended:
-                yield DONE
-                return
+
+        async for b in after_cursor(entry[0](sid, params, marked(chunks(), after, drop)), drop, sid):
+            yield b
     finally:
         sessions.unsubscribe(sid, q)
-        sessions.unwatch(gen)
+        for g in watching:
+            sessions.unwatch(g)
+
+
+async def marked(chunks: AsyncIterator[Chunk], after: int, drop: list[bool]) -> AsyncIterator[Chunk]:
+    """The chunks, with drop[0] telling whether the one the translator reads now was at or
+    before the cursor (what it says for that chunk, the client had)."""
+    async for c in chunks:
+        drop[0] = c.event_id is not None and c.event_id <= after
+        yield c
+    drop[0] = False  # what a stream says after its last chunk comes after every cursor
+
+
+async def after_cursor(stream: AsyncIterator[bytes], drop: list[bool], sid: str) -> AsyncIterator[bytes]:
+    """The translator's output, minus what it says while `drop` is set, with a comment line
+    when nothing came for PING_S (a proxy must not close an idle stream)."""
+    out: asyncio.Queue = asyncio.Queue()
+    end = b""  # the pump is done
+
+    async def pump() -> None:
+        try:
+            async for b in stream:
+                if not drop[0]:
+                    await out.put(b)
+        except _Behind as e:
+            await out.put(_behind(sid, e.last))
+        finally:
+            await out.put(end)
+
+    task = asyncio.create_task(pump())
+    try:
+        while True:
+            b = await _next(out)
+            if b is None:
+                yield b": ping\n\n"
+            elif b is end:
+                return
+            else:
+                yield b
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def _native(sessions, sid: str, after: int, q: asyncio.Queue, watching: list,
+                  resume: Callable[[], Awaitable[object]] | None) -> AsyncIterator[bytes]:
+    """A native session's generation: its events after the cursor, as the session API has them."""
+    last = after
+    for ev in await sessions.store.events(sid, after=after):
+        if isinstance(ev.body, EpochBump) and resume is not None:
+            started = await resume()
+            if started is not None:  # the rest comes live, from the continuation
+                watching.append(started)
+                last = ev.id
+                break
+        out, ended = _native_event(sid, ev)
+        for o in out:
+            yield o
+        last = ev.id
+        if ended:
+            yield DONE
+            return
+    while True:
+        if q.empty() and not sessions.busy(sid):
+            yield DONE
+            return
+        ev = await _next(q)
+        if ev is None:
+            yield b": ping\n\n"
+            continue
+        if ev is BEHIND:
+            yield _behind(sid, last)
+            return
+        if ev.id <= last:
+            continue
+        last = ev.id
+        out, ended = _native_event(sid, ev)
+        for o in out:
+            yield o
+        if ended:
+            yield DONE
+            return
+
+
+def _native_event(sid: str, ev: Event) -> tuple[list[bytes], bool]:
+    """(what to send, whether the generation ended)."""
+    b = ev.body
+    if isinstance(b, Generated):
+        return [event(ev.to_json(sid), cursor(sid, ev.id))], b.finish is not None
+    if isinstance(b, ToolUse):
+        return [event(ev.to_json(sid), cursor(sid, ev.id))], False
+    if isinstance(b, Meta):  # a title change while it ran is not the generation's end
+        return [], False
+    if isinstance(b, EpochBump):
+        return [event({"type": "interrupted", "session": sid, "message": INTERRUPTED})], True
+    return [], True
 
 
 async def subscription(sessions, sid: str, after: int) -> AsyncIterator[bytes]:

@@ -11,8 +11,8 @@ from fastapi.responses import Response, StreamingResponse
 
 from ..errors import BadRequest, SuperfluidError, WorkerCrashed
 from ..request import SamplingParams
-from ..sessions import sampling_dict
-from .resume import rest_of_generation, subscription
+from ..service.verbs import sampling_dict
+from .resume import media_type, rest_of_generation, subscription
 from .schema import (SessionCreate, SessionFork, SessionGenerate, SessionMessage, SessionMetaBody, SessionToolResult,
                      SessionTrim, parse)
 from .sse import DONE, cursor, event, parse_cursor
@@ -126,10 +126,10 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
     async def generate(sid: str, request: Request):
         body = parse(SessionGenerate, await request.body())
         eng = await engine_of(sid)
-        req, stream = await sessions.generate(eng, sid, max_tokens=body.max_tokens, overrides=body.overrides(),
+        req, stream = await models.service.generate(eng, sid, max_tokens=body.max_tokens, overrides=body.overrides(),
                                               stop=body.stops(), qos=qos_for(request))
         if body.stream:
-            return sse(_generated(sid, stream), eng, [req])
+            return sse(_generated(sid, stream), models.service.on_close(eng, [req]), [req])
         choices = await collect(request, [stream])
         raise_first_error(choices)
         c = choices[0]
@@ -177,13 +177,14 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
             if not go_on or budget is None or sessions.busy(sid) or int(budget) - st.turn_tokens < 1:
                 return None
             eng = await models.get(st.params.get("model"))
-            req, _ = await sessions.generate(eng, sid, max_tokens=int(budget) - st.turn_tokens, overrides={},
+            req, _ = await models.service.generate(eng, sid, max_tokens=int(budget) - st.turn_tokens, overrides={},
                                              stop=None, qos=qos)
             eng.keep_running(req.id)  # nobody reads its chunks: the resumed stream reads the log
             return sessions.watch(sid)
 
+        api = (await sessions.row(sid)).api
         return StreamingResponse(rest_of_generation(sessions, sid, after, continue_cut),
-                                 media_type="text/event-stream", headers=SSE_HEADERS)
+                                 media_type=media_type(api), headers=SSE_HEADERS)
 
     @app.post("/v1/sessions/{sid}/pin")
     async def pin(sid: str):
@@ -223,6 +224,7 @@ async def _generated(sid: str, stream):
             yield event({"type": "error", "session": sid, **err.body()})
         if c.event_id is not None or c.finish is not None:
             yield event({"type": "generated", "session": sid, "id": c.event_id, "text": c.text, "tokens": c.tokens,
+                         "reasoning": c.reasoning, "calls": [d.to_wire() for d in c.calls],
                          "finish": c.finish.log_name if c.finish else None,
                          **({"usage": {"prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens,
                                        "cached_tokens": c.cached_tokens}} if c.finish else {})},

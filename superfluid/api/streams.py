@@ -1,10 +1,10 @@
-"""Running a request's generations: submit all choices, collect them for a whole response
-or merge them into an SSE stream; a client that goes away cancels its generations."""
+"""A request's generations as a response: collect them for a whole response or merge them
+into an SSE stream (the OpenAI translators live here); a client that goes away cancels its
+generations, or leaves a session's to be resumed."""
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Callable
 
 from fastapi import Request
@@ -12,32 +12,11 @@ from fastapi.responses import StreamingResponse
 
 from ..errors import SuperfluidError, WorkerCrashed
 from ..request import Chunk, GenRequest
-from ..session.events import Message
 from . import openai as oa
-from .sse import DONE, cursor, event
+from . import resume
+from .sse import DONE, cursor, event, frame, tagged
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-
-
-async def submit_all(engine, reqs: list[GenRequest], bodies: list | None = None, *, api: str,
-                     params: dict | None = None) -> list[AsyncIterator[Chunk]]:
-    """Submit a request's generations. With a session log, each is a session: `bodies` are
-    the prompt's events (one raw prompt message when not given), committed first."""
-    if engine.log is not None:
-        params = dict(params or {})
-        if bodies is None:
-            bodies = [Message("prompt", engine.tokenizer.decode(reqs[0].prompt), tuple(reqs[0].prompt))]
-            params["raw"] = True
-        return await engine.log.open_request(engine, reqs, bodies, api=api, params=params)
-    streams: list = []
-    try:
-        for r in reqs:
-            streams.append(engine.submit(r))
-    except Exception:
-        for r in reqs[:len(streams)]:
-            engine.cancel(r.id)
-        raise
-    return streams
 
 
 async def collect(request: Request, streams: list[AsyncIterator[Chunk]]) -> list[oa.Choice]:
@@ -120,30 +99,16 @@ def session_header(reqs: list[GenRequest]) -> dict:
     return {"x-superfluid-session": ",".join(ids)} if ids else {}
 
 
-def sse(gen: AsyncIterator[bytes], engine, reqs: list[GenRequest],
+def sse(gen: AsyncIterator[bytes], on_close: Callable[[], None], reqs: list[GenRequest],
         media_type: str = "text/event-stream") -> StreamingResponse:
-    """A streamed response whose generations are cancelled however it ends; a session's
-    generation instead gets the grace period to be resumed (Sessions.unwatch)."""
-    sessions = engine.log
-    if sessions is None or not all(r.session for r in reqs):
-        def cancel() -> None:
-            for r in reqs:
-                engine.cancel(r.id)
-        return _EngineStream(gen, cancel, media_type)
-    watched = []
-    for r in reqs:
-        engine.keep_running(r.id)
-        watched.append(sessions.watch(r.session))
-
-    def unwatch() -> None:
-        for g in watched:
-            sessions.unwatch(g)
-    return _EngineStream(gen, unwatch, media_type, session_header(reqs))
+    """A streamed response that runs `on_close` however it ends (Service.on_close: a
+    session's generation gets the grace period to be resumed, any other is cancelled)."""
+    return _EngineStream(gen, on_close, media_type, session_header(reqs))
 
 
 def _error_event(c: Chunk) -> bytes:
     err = c.error if isinstance(c.error, SuperfluidError) else WorkerCrashed(str(c.error))
-    return event(err.body())
+    return frame(err.body())
 
 
 def record(rec: dict | None, choices_done: list[Chunk]) -> None:
@@ -158,47 +123,52 @@ def record(rec: dict | None, choices_done: list[Chunk]) -> None:
 
 
 async def _events(kind: str, rid: str, model: str, streams, want_logprobs: bool, include_usage: bool,
-                  rec: dict | None, sessions: list[str | None]) -> AsyncIterator[bytes]:
-    """SSE events of a chat completion (kind "chat") or a completion ("text"). Events with
-    committed tokens carry their log cursor as the SSE id."""
-    created = int(time.time())
+                  rec: dict | None, sessions: list[str | None], created: int,
+                  indices: list[int] | None = None) -> AsyncIterator[bytes]:
+    """SSE events of a chat completion (kind "chat") or a completion ("text") from typed
+    output chunks, live or replayed from the log (api/resume.py). Each chunk's frames carry
+    its log cursor on the last one."""
     chat = kind == "chat"
+    idx = indices or list(range(len(streams)))
     if chat:
-        for i in range(len(streams)):
+        for i in idx:
             yield event(oa.chat_chunk(rid, model, created, i, {"role": "assistant", "content": ""}))
     offsets = [0] * len(streams)
     finals: list[Chunk] = []
-    calls = [0] * len(streams)  # tool calls streamed so far, per choice
-    async for i, c in merge(streams):
-        eid = cursor(sessions[i], c.event_id)
+    calls = [False] * len(streams)  # a tool call was started, per choice
+    async for k, c in merge(streams):
+        i = idx[k]
+        out: list[bytes] = []
         if chat and c.reasoning:
-            yield event(oa.chat_chunk(rid, model, created, i, {"reasoning_content": c.reasoning}))
-        if chat:
-            for call in c.tool_calls:
-                head = {"index": calls[i], "id": call.id, "type": "function",
-                        "function": {"name": call.name, "arguments": ""}}
-                yield event(oa.chat_chunk(rid, model, created, i, {"tool_calls": [head]}))
-                yield event(oa.chat_chunk(rid, model, created, i, {"tool_calls": [
-                    {"index": calls[i], "function": {"arguments": call.arguments}}]}))
-                calls[i] += 1
+            out.append(frame(oa.chat_chunk(rid, model, created, i, {"reasoning_content": c.reasoning})))
         if c.text or (want_logprobs and c.logprobs):
             if chat:
                 lp = oa.chat_logprobs(c.logprobs) if want_logprobs else None
-                yield event(oa.chat_chunk(rid, model, created, i, {"content": c.text}, logprobs=lp),
-                            None if c.finish is not None else eid)
+                out.append(frame(oa.chat_chunk(rid, model, created, i, {"content": c.text}, logprobs=lp)))
             else:
-                lp = oa.completion_logprobs(c.logprobs, offsets[i]) if want_logprobs else None
-                yield event(oa.completion_chunk(rid, model, created, i, c.text, logprobs=lp),
-                            None if c.finish is not None else eid)
-            offsets[i] += len(c.text)
+                lp = oa.completion_logprobs(c.logprobs, offsets[k]) if want_logprobs else None
+                out.append(frame(oa.completion_chunk(rid, model, created, i, c.text, logprobs=lp)))
+            offsets[k] += len(c.text)
+        if chat:
+            for d in c.calls:
+                if d.start:
+                    calls[k] = True
+                    out.append(frame(oa.chat_chunk(rid, model, created, i, {"tool_calls": [
+                        {"index": d.index, "id": d.id, "type": "function",
+                         "function": {"name": d.name, "arguments": ""}}]})))
+                if d.arguments:
+                    out.append(frame(oa.chat_chunk(rid, model, created, i, {"tool_calls": [
+                        {"index": d.index, "function": {"arguments": d.arguments}}]})))
         if c.finish is not None:
             finals.append(c)
             if c.error is not None:
-                yield _error_event(c)
-            final = (oa.chat_chunk(rid, model, created, i, {}, oa.finish_reason(c.finish, calls[i] > 0)) if chat
+                out.append(_error_event(c))
+            final = (oa.chat_chunk(rid, model, created, i, {}, oa.finish_reason(c.finish, calls[k])) if chat
                      else oa.completion_chunk(rid, model, created, i, "", c.finish.openai))
             final["usage"] = oa.usage(c.prompt_tokens, c.completion_tokens, c.cached_tokens)
-            yield event(final, eid)
+            out.append(frame(final))
+        for o in tagged(out, cursor(sessions[k], c.event_id)):
+            yield o
     record(rec, finals)
     if include_usage and finals:
         yield event({"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
@@ -208,11 +178,25 @@ async def _events(kind: str, rid: str, model: str, streams, want_logprobs: bool,
     yield DONE
 
 
-def chat_events(rid, model, streams, want_logprobs, include_usage, rec=None, reqs=()) -> AsyncIterator[bytes]:
+def chat_events(rid, model, streams, want_logprobs, include_usage, rec=None, reqs=(), *,
+                created: int) -> AsyncIterator[bytes]:
     sessions = [r.session for r in reqs] or [None] * len(streams)
-    return _events("chat", rid, model, streams, want_logprobs, include_usage, rec, sessions)
+    return _events("chat", rid, model, streams, want_logprobs, include_usage, rec, sessions, created)
 
 
-def completion_events(rid, model, streams, want_logprobs, include_usage, rec=None, reqs=()) -> AsyncIterator[bytes]:
+def completion_events(rid, model, streams, want_logprobs, include_usage, rec=None, reqs=(), *,
+                      created: int) -> AsyncIterator[bytes]:
     sessions = [r.session for r in reqs] or [None] * len(streams)
-    return _events("text", rid, model, streams, want_logprobs, include_usage, rec, sessions)
+    return _events("text", rid, model, streams, want_logprobs, include_usage, rec, sessions, created)
+
+
+def _replay(kind: str):
+    def translate(sid: str, p: dict, chunks: AsyncIterator[Chunk]) -> AsyncIterator[bytes]:
+        return _events(kind, str(p.get("response_id") or sid), str(p.get("model") or ""), [chunks],
+                       bool(p.get("logprobs")), bool(p.get("include_usage")), None, [sid],
+                       int(p.get("created") or 0), [int(p.get("index") or 0)])
+    return translate
+
+
+resume.register("chat.completions", _replay("chat"))
+resume.register("completions", _replay("text"))

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .tools import ToolCall, ToolFormat, ToolStream, _partial_suffix
+from ..request import CallDelta
+from . import tools as tool_formats
+from .tools import ToolFormat, ToolStream, _partial_suffix
 
 THINK = ("<think>", "</think>")
 
@@ -21,6 +23,30 @@ class ChannelSpec:
     start_in_reasoning: bool = False
 
 
+def spec_for(tools: ToolFormat | None, reasoning: tuple[str, str] | None, opener: str) -> ChannelSpec:
+    """How a reply is split: calls in the tool format (None: no tools), reasoning between the
+    template's markers, and whether the reply starts inside the reasoning because the
+    assistant-turn opener (its text) already opened it."""
+    return ChannelSpec(tools, reasoning, reasoning is not None and opener.rstrip().endswith(reasoning[0]))
+
+
+def spec_from_wire(w: dict | None) -> ChannelSpec | None:
+    """A ChannelSpec from its JSON form (a session's params, a fleet GENERATE_REQ)."""
+    if not w:
+        return None
+    fmt = {f.name: f for f in (tool_formats.HERMES, tool_formats.GENERIC, tool_formats.MISTRAL,
+                               tool_formats.LLAMA3)}.get(w.get("tools") or "")
+    r = w.get("reasoning")
+    return ChannelSpec(fmt, tuple(r) if r else None, bool(w.get("start_in")))  # type: ignore[arg-type]
+
+
+def spec_to_wire(s: ChannelSpec | None) -> dict | None:
+    if s is None:
+        return None
+    return {"tools": s.tools.name if s.tools else None, "reasoning": list(s.reasoning) if s.reasoning else None,
+            "start_in": s.start_in_reasoning}
+
+
 def reasoning_markers(template_source: str) -> tuple[str, str] | None:
     return THINK if THINK[0] in template_source or THINK[1] in template_source else None
 
@@ -29,7 +55,7 @@ def reasoning_markers(template_source: str) -> tuple[str, str] | None:
 class Parts:
     content: str = ""
     reasoning: str = ""
-    calls: list[ToolCall] = field(default_factory=list)
+    calls: list[CallDelta] = field(default_factory=list)
 
 
 class Channels:
@@ -43,6 +69,16 @@ class Channels:
     @property
     def cut_call(self) -> bool:
         return self._tools is not None and self._tools.cut
+
+    @property
+    def hidden(self) -> bool:
+        """The output is inside reasoning or a tool call now (not content)."""
+        return self._in_reasoning or (self._tools is not None and self._tools._inside)
+
+    @property
+    def holding(self) -> bool:
+        """Text is held back because it may be the start of a marker."""
+        return bool(self._held) or (self._tools is not None and not self._tools._inside and bool(self._tools._buf))
 
     @property
     def n_calls(self) -> int:

@@ -14,10 +14,12 @@ their calls come back as text."""
 from __future__ import annotations
 
 import json
+import re
 import secrets
 from dataclasses import dataclass
 
 from ..errors import BadRequest
+from ..request import CallDelta, ToolCall
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,16 +44,6 @@ def detect(template_source: str) -> ToolFormat:
     if "<|python_tag|>" in template_source or "ipython" in template_source:
         return LLAMA3
     return GENERIC
-
-
-@dataclass(frozen=True, slots=True)
-class ToolCall:
-    id: str
-    name: str
-    arguments: str  # JSON text
-
-    def to_openai(self) -> dict:
-        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
 
 
 def new_call_id() -> str:
@@ -145,22 +137,70 @@ def render(messages: list[dict], tools: list[dict] | None, fmt: ToolFormat) -> t
 
 
 # -- parsing ------------------------------------------------------------------------------
+# a call whose JSON starts with its name and then its arguments object streams the arguments
+# as they are generated; any other shape is parsed whole when the call closes
+_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*(?=\{)')
+
+
+class _Value:
+    """Where a JSON object that is being generated ends, scanned incrementally."""
+    __slots__ = ("pos", "depth", "instr", "esc", "end")
+
+    def __init__(self) -> None:
+        self.pos, self.depth, self.instr, self.esc = 0, 0, False, False
+        self.end: int | None = None
+
+    def scan(self, s: str) -> int:
+        """How much of s (the object's text so far) belongs to the object."""
+        while self.end is None and self.pos < len(s):
+            ch = s[self.pos]
+            self.pos += 1
+            if self.instr:
+                if self.esc:
+                    self.esc = False
+                elif ch == "\\":
+                    self.esc = True
+                elif ch == '"':
+                    self.instr = False
+            elif ch == '"':
+                self.instr = True
+            elif ch in "{[":
+                self.depth += 1
+            elif ch in "}]":
+                self.depth -= 1
+                if self.depth == 0:
+                    self.end = self.pos
+        return self.end if self.end is not None else len(s)
+
+
+class _Open:
+    """The call being written: its number, id and name once known, its arguments' start in
+    the body and how much of them was sent."""
+    __slots__ = ("index", "id", "name", "args_at", "sent", "value")
+
+    def __init__(self, index: int) -> None:
+        self.index, self.id, self.name = index, new_call_id(), ""
+        self.args_at, self.sent, self.value = -1, 0, _Value()
+
+
 class ToolStream:
-    """Splits generated text into content and tool calls as it streams. Text that might be
-    the start of a marker is held back; markup never reaches the content. A call that does
-    not parse comes back as text; a call cut off at the end is dropped (`cut` is set)."""
+    """Splits generated text into content and tool-call pieces (codec's typed output) as it
+    streams. Text that might be the start of a marker is held back; markup never reaches the
+    content. A call's arguments stream as they are generated; a call that does not parse and
+    whose name was not yet sent comes back as text; a call cut off at the end ends `cut`."""
 
     def __init__(self, fmt: ToolFormat):
         self.fmt = fmt
         self._buf = ""
         self._inside = False
+        self._call: _Open | None = None
         self._started = False  # llama3: we have seen the first non-space character
         self._whole = False  # llama3: the reply is a JSON object; hold it all
         self.cut = False
         self.calls = 0
         self._eat_newline = False  # the newline after a close marker is layout
 
-    def feed(self, text: str) -> tuple[str, list[ToolCall]]:
+    def feed(self, text: str) -> tuple[str, list[CallDelta]]:
         self._buf += text
         if self._eat_newline and self._buf:
             self._eat_newline = False
@@ -168,7 +208,8 @@ class ToolStream:
                 self._buf = self._buf[1:]
         if self.fmt.name == "llama3":
             return self._feed_whole()
-        out, calls = [], []
+        out: list[str] = []
+        calls: list[CallDelta] = []
         while True:
             if not self._inside:
                 i = self._buf.find(self.fmt.open)
@@ -180,27 +221,67 @@ class ToolStream:
                 out.append(self._buf[:i])
                 self._buf = self._buf[i + len(self.fmt.open):]
                 self._inside = True
+                self._call = _Open(self.calls)
             else:
                 if not self.fmt.close:  # mistral: the calls run to the end of the reply
                     break
                 j = self._buf.find(self.fmt.close)
                 if j < 0:
+                    calls += self._stream(self._buf)
                     break
                 body, self._buf = self._buf[:j], self._buf[j + len(self.fmt.close):]
                 self._inside = False
-                call = _call_from(_parse_json(body.strip()))
-                if call is None:
+                closed = self._close(body)
+                if closed is None:
                     out.append(self.fmt.open + body + self.fmt.close)
-                else:
-                    calls.append(call)
-                    self.calls += 1
-                    if self._buf.startswith("\n"):
-                        self._buf = self._buf[1:]
-                    elif not self._buf:
-                        self._eat_newline = True
+                    continue
+                calls += closed
+                if self._buf.startswith("\n"):
+                    self._buf = self._buf[1:]
+                elif not self._buf:
+                    self._eat_newline = True
         return "".join(out), calls
 
-    def _feed_whole(self) -> tuple[str, list[ToolCall]]:
+    def _stream(self, body: str) -> list[CallDelta]:
+        """The pieces of the open call that its body so far makes certain."""
+        c = self._call
+        assert c is not None
+        out: list[CallDelta] = []
+        if c.args_at < 0:
+            m = _HEAD.match(body)
+            if m is None:
+                return out
+            try:
+                name = json.loads(f'"{m.group(1)}"')
+            except ValueError:
+                return out
+            c.name, c.args_at = name, m.end()
+            self.calls += 1
+            out.append(CallDelta(c.index, c.id, c.name))
+        args = body[c.args_at:]
+        end = c.value.scan(args)
+        if end > c.sent:
+            out.append(CallDelta(c.index, arguments=args[c.sent:end]))
+            c.sent = end
+        return out
+
+    def _close(self, body: str) -> list[CallDelta] | None:
+        """The rest of a call whose close marker came; None: it is not a call (text)."""
+        c = self._call
+        assert c is not None
+        out = self._stream(body)
+        self._call = None
+        if c.args_at >= 0:  # announced: it ends here, whole or not
+            done = c.value.end is not None and _parse_json(body.strip()) is not None
+            out.append(CallDelta(c.index, end=True, cut=not done))
+            return out
+        call = _call_from(_parse_json(body.strip()))
+        if call is None:
+            return None
+        self.calls += 1
+        return [CallDelta(c.index, call.id, call.name, call.arguments, end=True)]
+
+    def _feed_whole(self) -> tuple[str, list[CallDelta]]:
         if not self._started:
             stripped = self._buf.lstrip()
             if not stripped:
@@ -212,15 +293,19 @@ class ToolStream:
         out, self._buf = self._buf, ""
         return out, []
 
-    def finish(self) -> tuple[str, list[ToolCall]]:
+    def _whole_calls(self, calls: list[ToolCall]) -> list[CallDelta]:
+        out = [CallDelta(self.calls + k, c.id, c.name, c.arguments, end=True) for k, c in enumerate(calls)]
+        self.calls += len(calls)
+        return out
+
+    def finish(self) -> tuple[str, list[CallDelta]]:
         """At the end of the reply: what was held back, and calls that end with it."""
         buf, self._buf = self._buf, ""
         if self.fmt.name == "llama3":
             if self._whole:
                 call = _call_from(_parse_json(buf.strip()))
                 if call is not None:
-                    self.calls += 1
-                    return "", [call]
+                    return "", self._whole_calls([call])
             return buf, []
         if not self._inside:
             return buf, []
@@ -230,10 +315,12 @@ class ToolStream:
             items = parsed if isinstance(parsed, list) else [parsed]
             calls = [c for c in map(_call_from, items) if c is not None]
             if calls and len(calls) == len(items):
-                self.calls += len(calls)
-                return "", calls
+                return "", self._whole_calls(calls)
             return self.fmt.open + buf, []
         self.cut = True  # an unterminated call: never shown as text
+        c, self._call = self._call, None
+        if c is not None and c.args_at >= 0:
+            return "", [CallDelta(c.index, end=True, cut=True)]
         return "", []
 
 

@@ -155,9 +155,8 @@ class FleetEngine(EngineBase):
         return self._iterate(st)
 
     def _stream_for(self, req: GenRequest):
-        from ..codec.detok import TextStream
         from ..delivery import Stream
-        st = Stream(req, TextStream(self.tokenizer.pieces, self.tokenizer.eog, ()))
+        st = Stream(req)  # its chunks come whole from the node
         self._streams[req.id] = st
         return st
 

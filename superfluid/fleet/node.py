@@ -13,8 +13,7 @@ import logging
 import socket
 import time
 
-from ..codec.channels import ChannelSpec
-from ..codec import tools as tool_formats
+from ..codec.channels import spec_from_wire, spec_to_wire  # noqa: F401 -- the head sends what a node reads
 from ..embedding import EmbedInput
 from ..errors import ProtocolError, SuperfluidError
 from ..link import messages as m
@@ -30,22 +29,6 @@ MAX_HANDSHAKES = 8  # connections mid-handshake at once; more are refused at onc
 STATUS_EVERY = 2.0
 STATUS_POLL = 0.25  # how soon a change in its status is reported
 KEEPALIVE_EVERY = 1.0
-
-
-def spec_from_wire(w: dict | None) -> ChannelSpec | None:
-    if not w:
-        return None
-    fmt = {f.name: f for f in (tool_formats.HERMES, tool_formats.GENERIC, tool_formats.MISTRAL,
-                               tool_formats.LLAMA3)}.get(w.get("tools") or "")
-    r = w.get("reasoning")
-    return ChannelSpec(fmt, tuple(r) if r else None, bool(w.get("start_in")))  # type: ignore[arg-type]
-
-
-def spec_to_wire(s: ChannelSpec | None) -> dict | None:
-    if s is None:
-        return None
-    return {"tools": s.tools.name if s.tools else None, "reasoning": list(s.reasoning) if s.reasoning else None,
-            "start_in": s.start_in_reasoning}
 
 
 class _Head:

@@ -32,9 +32,8 @@ from __future__ import annotations
 import msgpack
 import numpy as np
 
-from ..codec.tools import ToolCall
 from ..errors import ProtocolError
-from ..request import Chunk, FinishReason, TokenLogprob
+from ..request import CallDelta, Chunk, FinishReason, TokenLogprob
 
 VERSION = 1
 OPTIONAL_BIT = 0x8000
@@ -97,17 +96,17 @@ def chunk_to_wire(c: Chunk) -> list:
         err = [getattr(c.error, "code", None) or "error", getattr(c.error, "message", str(c.error))]
     return [c.text, list(c.tokens), int(c.finish) if c.finish is not None else None, c.prompt_tokens,
             c.completion_tokens, c.cached_tokens, c.ttft_s, c.stop_sequence, c.reasoning,
-            [[t.id, t.name, t.arguments] for t in c.tool_calls], c.raw,
+            [d.to_wire() for d in c.calls],
             [[lp.token, lp.text, lp.logprob, [list(x) for x in lp.top]] for lp in c.logprobs], err]
 
 
 def chunk_from_wire(request_id: str, w: list) -> Chunk:
     try:
-        (text, tokens, finish, pt, ct, cached, ttft, stop, reasoning, calls, raw, lps, err) = w
+        (text, tokens, finish, pt, ct, cached, ttft, stop, reasoning, calls, lps, err) = w
         c = Chunk(request_id, text=text, tokens=list(tokens),
                   finish=FinishReason(finish) if finish is not None else None, prompt_tokens=pt,
                   completion_tokens=ct, cached_tokens=cached, ttft_s=ttft, stop_sequence=stop,
-                  reasoning=reasoning, tool_calls=[ToolCall(*t) for t in calls], raw=raw,
+                  reasoning=reasoning, calls=[CallDelta.from_wire(d) for d in calls],
                   logprobs=[TokenLogprob(t, bytes(b), lp, tuple(tuple(x) for x in top)) for t, b, lp, top in lps])
     except (TypeError, ValueError) as e:
         raise ProtocolError(f"a TOKEN_EVENTS chunk is malformed ({e})") from None

@@ -38,12 +38,20 @@ class GenerationPrompt:
 
 @dataclass(frozen=True, slots=True)
 class Generated:
-    """Tokens one scheduler step produced for this session (usually one), the text they
-    released and, on the last one, how the generation ended."""
+    """Tokens one scheduler step produced for this session (usually one) and the typed
+    output they released (codec/output.py): content text, reasoning text, tool-call pieces
+    (`CallDelta.to_wire()` lists) and, when the request asked for them, the logprobs of the
+    content tokens. The last one says how the generation ended, with the caller's stop
+    string that matched and the prompt tokens whose KV was reused. (Logs written before
+    typed output hold the raw text, markup included, in `text`.)"""
     span: tuple[int, ...]
     text: str = ""
-    channel: str = "content"
     finish: str | None = None
+    reasoning: str = ""
+    calls: tuple = ()
+    logprobs: tuple = ()  # (token, bytes, logprob, ((token, bytes, logprob), ...)) per content token
+    stop_sequence: str | None = None
+    cached: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +130,9 @@ def encode(body: Body) -> tuple[str, bytes]:
     return KIND_OF[type(body)], msgpack.packb(body_dict(body), use_bin_type=True)
 
 
+_TUPLES = frozenset({"span", "calls", "logprobs"})
+
+
 def decode(kind: str, data: bytes) -> Body:
     cls = KINDS.get(kind)
     if cls is None:
@@ -130,5 +141,5 @@ def decode(kind: str, data: bytes) -> Body:
     if not isinstance(raw, dict):
         raise ValueError(f"event body of kind {kind!r} is not a map")
     names = {f.name for f in fields(cls)}
-    args = {k: tuple(v) if k == "span" else v for k, v in raw.items() if k in names}
+    args = {k: tuple(v) if k in _TUPLES else v for k, v in raw.items() if k in names}
     return cls(**args)

@@ -67,4 +67,4 @@ def log_text(url: str, sid: str, headers: dict | None = None) -> str:
     """The content text of the session's last assistant turn, from the log."""
     evs = httpx.get(f"{url}/v1/sessions/{sid}/events", headers=headers or {}, timeout=30).json()["data"]
     start = max(i for i, e in enumerate(evs) if e["type"] == "generation_prompt")
-    return "".join(e["text"] for e in evs[start:] if e["type"] == "generated" and e["channel"] == "content")
+    return "".join(e["text"] for e in evs[start:] if e["type"] == "generated")  # text is the content channel

@@ -183,3 +183,22 @@ def test_tool_calls_show_as_cards(page, d):
     card.wait_for()
     assert "get_weather" in card.inner_text() and '"city": "Paris"' in card.inner_text()
     assert page.locator("article.msg.tool .content").inner_text() == "18 C, clear"
+
+
+def test_a_tool_call_the_model_made_shows_as_a_card(page, d):
+    """A forced call made through the OpenAI API is in the log as typed output (a call, not
+    markup): the page shows it as a card and shows no <tool_call> text."""
+    tool = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"]}}}
+    r = httpx.post(f"{d.url}/v1/chat/completions", timeout=60, json={
+        "model": "SmolLM2-135M-Instruct", "messages": [{"role": "user", "content": "Weather in Paris?"}],
+        "tools": [tool], "tool_choice": "required",
+        "temperature": 0, "max_tokens": 60})
+    sid = r.headers["x-superfluid-session"]
+    (call,) = r.json()["choices"][0]["message"]["tool_calls"]
+    ChatPage(page, d.url).open(sid)
+    card = page.locator("article.msg.assistant .tool-card")
+    card.wait_for()
+    city = json.loads(call["function"]["arguments"])["city"]
+    assert "get_weather" in card.inner_text() and city in card.inner_text()
+    assert "<tool_call>" not in page.locator("article.msg.assistant .content").inner_text()

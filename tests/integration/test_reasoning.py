@@ -64,3 +64,29 @@ def test_ollama_thinking_and_responses_reasoning_items(d):
     events = [e.type for e in c.responses.create(model=MODEL, input="What is 12 times 7?", max_output_tokens=12,
                                                  temperature=0, stream=True)]
     assert "response.reasoning_text.delta" in events and "response.output_text.delta" not in events
+
+
+def test_a_reasoning_stream_resumes_with_reasoning_in_its_own_field(d):
+    """Cut right after the first reasoning event with a cursor: the resumed rest still
+    carries reasoning as reasoning_content, never as content with <think> markup."""
+    from superfluid.client import iter_sse
+    body = {"model": MODEL, "messages": ASK, "max_tokens": 24, "temperature": 0}
+    whole = httpx.post(d.url + "/v1/chat/completions", json=body, timeout=60).json()["choices"][0]["message"]
+    seen, cursor = "", None
+    with httpx.stream("POST", d.url + "/v1/chat/completions", json={**body, "stream": True}, timeout=60) as r:
+        sid = r.headers["x-superfluid-session"]
+        for eid, data in iter_sse(r.iter_lines()):
+            delta = data["choices"][0]["delta"] if isinstance(data, dict) and data["choices"] else {}
+            seen += delta.get("reasoning_content") or ""
+            if eid and delta.get("reasoning_content"):
+                cursor = eid
+                break
+    assert cursor is not None
+    rest_r, rest_c = "", ""
+    with httpx.stream("GET", f"{d.url}/v1/sessions/{sid}/resume", headers={"Last-Event-ID": cursor}, timeout=60) as r:
+        for _, data in iter_sse(r.iter_lines()):
+            if isinstance(data, dict) and data["choices"]:
+                rest_r += data["choices"][0]["delta"].get("reasoning_content") or ""
+                rest_c += data["choices"][0]["delta"].get("content") or ""
+    assert rest_r and seen + rest_r == whole["reasoning_content"]
+    assert rest_c == (whole["content"] or "") and "<think>" not in rest_c + rest_r

@@ -5,18 +5,21 @@ import json
 import pytest
 
 from superfluid.codec.channels import THINK, Channels, ChannelSpec
+from superfluid.request import Calls
 from superfluid.codec.tools import GENERIC, HERMES, LLAMA3, MISTRAL, ToolStream, detect, render, tool_list
 
 
 def run(fmt, text, step=1, reasoning=None, start_in=False):
-    """Feed text in pieces of `step` characters; return (content, reasoning, calls, cut)."""
+    """Feed text in pieces of `step` characters; return (content, reasoning, whole calls, cut)."""
     ch = Channels(ChannelSpec(fmt, reasoning, start_in))
-    content, reason, calls = "", "", []
+    content, reason, calls = "", "", Calls()
     for i in range(0, len(text), step):
         p = ch.feed(text[i:i + step])
-        content, reason, calls = content + p.content, reason + p.reasoning, calls + p.calls
+        content, reason = content + p.content, reason + p.reasoning
+        calls.add(p.calls)
     p = ch.finish()
-    return content + p.content, reason + p.reasoning, calls + p.calls, ch.cut_call
+    calls.add(p.calls)
+    return content + p.content, reason + p.reasoning, calls.done, ch.cut_call
 
 
 @pytest.mark.parametrize("step", [1, 3, 7, 1000])

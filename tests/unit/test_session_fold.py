@@ -10,8 +10,8 @@ BODIES = [
     Created(None, None, {"model": "m", "sampling": {"seed": 3}}),
     Message("user", "hi", (1, 2, 3)),
     GenerationPrompt((4, 5)),
-    Generated((6,), "a", "content", None),
-    Generated((7, 0), "b", "content", "end_of_turn"),
+    Generated((6,), "a", None),
+    Generated((7, 0), "b", "end_of_turn"),
     ToolUse("get", '{"x": 1}', "call_1"),
     ToolResult("call_1", "42", (8, 9)),
     EpochBump(3),
@@ -56,7 +56,7 @@ def test_turns_open_and_close():
     assert fold("s", evs(*base)).turn_open  # opener committed, nothing generated yet
     for finish, still_open in [(None, True), ("length", True), ("cancelled", True), ("error", True),
                                ("end_of_turn", False), ("stop_sequence", False)]:
-        st = fold("s", evs(*base, Generated((3,), "c", "content", finish)))
+        st = fold("s", evs(*base, Generated((3,), "c", finish)))
         assert st.turn_open is still_open, finish
         assert st.last_finish == finish
     st = fold("s", evs(*base, Generated((3,), "c", finish="length"), Message("user", "again", (4,))))

@@ -219,7 +219,7 @@ def test_throwaway_store(tmp_path):
 
 
 def test_a_subscriber_that_falls_behind_is_cut_loose_not_buffered_forever(tmp_path):
-    from superfluid.sessions import BEHIND, Sessions
+    from superfluid.service import BEHIND, Sessions
 
     async def go():
         s = Store(None).open()

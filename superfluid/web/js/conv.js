@@ -56,8 +56,17 @@ export function apply(c, ev) {
     case "generated": {
       let m = lastAssistant(c);
       if (!m) m = openTurn(c, ev);
+      if (ev.reasoning) m.parts.push({ id: ev.id, text: ev.reasoning, channel: "reasoning" });
       const text = ev.text || "";
       if (text) m.parts.push({ id: ev.id, text, channel: ev.channel || "content" });
+      // tool-call pieces as the model writes them: [index, id, name, arguments, end, cut]
+      for (const [index, callId, name, args, end, cut] of ev.calls || []) {
+        let t = m.tools.find((x) => x.index === index && x.generated);
+        if (!t && name) { t = { index, generated: true, name, arguments: "", callId, open: true }; m.tools.push(t); }
+        if (!t) continue;
+        t.arguments += args || "";
+        if (end) { t.open = false; t.cut = !!cut; }
+      }
       m.tokens += (ev.span || ev.tokens || []).length;
       if (ev.ts) { m.tFirst = m.tFirst ?? ev.ts; m.tLast = ev.ts; }
       m.last = ev.id ?? m.last;

@@ -1,0 +1,83 @@
+"""The service: the one place that orders a request's work. A generation's prompt is
+committed to the session log first, then the engine starts it; the log never calls an
+engine, the engine never knows the log's class (it commits through delivery.SessionLog).
+Without a session log (a fleet node, `--no-sessions`), requests go straight to the engine."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+
+from ..errors import SessionNotFound
+from ..request import Chunk, GenRequest, Qos
+from ..session.events import Body, Message
+from .sessions import Sessions
+
+
+class Service:
+    def __init__(self, sessions: Sessions | None):
+        self.sessions = sessions
+
+    async def submit(self, engine, reqs: list[GenRequest], bodies: list[Body] | None = None, *, api: str,
+                     params: dict | None = None) -> list[AsyncIterator[Chunk]]:
+        """Start a request's generations (one per choice). With a session log each is a
+        session: `bodies` are the prompt's events (one raw prompt message when not given),
+        committed before the engine sees the request."""
+        for r in reqs:
+            engine.check(r)
+        if self.sessions is not None:
+            params = dict(params or {})
+            if bodies is None:
+                bodies = [Message("prompt", engine.tokenizer.decode(reqs[0].prompt), tuple(reqs[0].prompt))]
+                params["raw"] = True
+            await self.sessions.open_requests(engine.model_id, reqs, bodies, api=api, params=params,
+                                              cancel=lambda r: (lambda: engine.cancel(r.id)))
+        streams: list = []
+        try:
+            for r in reqs:
+                streams.append(engine.submit(r))
+        except BaseException:
+            for r in reqs:
+                engine.cancel(r.id)
+                if self.sessions is not None:
+                    self.sessions.finished(r.id)
+            raise
+        return streams
+
+    async def generate(self, engine, sid: str, *, max_tokens: int | None, overrides: dict,
+                       stop: tuple[str, ...] | None, qos: Qos) -> tuple[GenRequest, AsyncIterator[Chunk]]:
+        """Generate on a session: its open turn goes on, or a new assistant turn opens."""
+        sessions = self._log()
+        async with sessions.turn(sid):
+            req, bodies = await sessions.next_turn(engine, sid, max_tokens=max_tokens, overrides=overrides,
+                                                   stop=stop, qos=qos)
+            engine.check(req)
+            await sessions.begin(req, bodies, lambda: engine.cancel(req.id))
+            try:
+                return req, engine.submit(req)
+            except BaseException:
+                sessions.finished(req.id)
+                raise
+
+    def on_close(self, engine, reqs: list[GenRequest]) -> Callable[[], None]:
+        """What to do when a streamed response ends however it ends: a session's generation
+        gets the grace period to be resumed; any other is cancelled."""
+        sessions = self.sessions
+        if sessions is None or not all(r.session for r in reqs):
+            def cancel() -> None:
+                for r in reqs:
+                    engine.cancel(r.id)
+            return cancel
+        watched = []
+        for r in reqs:
+            engine.keep_running(r.id)
+            watched.append(sessions.watch(r.session))  # type: ignore[arg-type]
+
+        def unwatch() -> None:
+            for g in watched:
+                sessions.unwatch(g)
+        return unwatch
+
+    def _log(self) -> Sessions:
+        if self.sessions is None:
+            raise SessionNotFound("this daemon keeps no session log (--no-sessions)", param="session")
+        return self.sessions

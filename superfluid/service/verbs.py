@@ -1,0 +1,161 @@
+"""The native session verbs: create a session, append a message or a tool result, prepare
+the next generation on it, fork, trim, title and archive, purge. Spans come from the
+model's own chat template (session/turns.py)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from dataclasses import fields
+from typing import TYPE_CHECKING
+
+from ..codec.channels import ChannelSpec, spec_for, spec_from_wire
+from ..errors import BadRequest, SessionBusy
+from ..ids import new_id
+from ..request import GenRequest, Qos, SamplingParams
+from ..session.events import Body, Event, Meta, Purge, ToolResult, ToolUse, Trim
+from ..session.state import SessionState, fold
+from ..session.store import SessionRow, Store
+from ..session.turns import Turns, context_text
+from .watchers import Gen
+
+SAMPLING_FIELDS = tuple(f.name for f in fields(SamplingParams))
+
+
+class Verbs:
+    """Mixin of Sessions: what the native session API (and the web app) does to a session."""
+    store: Store
+    _states: dict[str, SessionState]
+    _busy: dict[str, Gen]
+
+    if TYPE_CHECKING:  # supplied by the other parts of Sessions
+        async def state(self, sid: str) -> SessionState: ...
+
+        async def row(self, sid: str) -> SessionRow: ...
+
+        def turn(self, sid: str) -> contextlib.AbstractAsyncContextManager: ...
+
+        def _cache(self, st: SessionState) -> None: ...
+
+        async def _append(self, sid: str, bodies: list[Body]) -> list[Event]: ...
+
+        def started(self, req: GenRequest, cancel: Callable[[], bool], next_id: int) -> Gen: ...
+
+    async def create(self, engine, *, params: dict, messages: Sequence[dict] = (), title: str | None = None,
+                     api: str = "sessions") -> SessionState:
+        sid = new_id("sess")
+        params = {**params, "model": engine.model_id}
+        turns = Turns.of(engine, **template_kwargs(params))
+        bodies: list[Body] = [turns.message(m) for m in messages]
+        if title is not None:
+            bodies.append(Meta(title=title))
+        evs = await self.store.create(sid, params=params, model=engine.model_id, api=api, bodies=bodies)
+        st = fold(sid, evs)
+        self._cache(st)
+        return st
+
+    async def append_message(self, engine, sid: str, msg: dict) -> list[Event]:
+        async with self.turn(sid):
+            self._idle(sid)
+            st = await self.state(sid)
+            turns = Turns.of(engine, st, **template_kwargs(st.params))
+            body: Body = turns.message(msg)
+            if msg.get("role") == "tool":
+                body = ToolResult(str(msg.get("tool_call_id") or ""), body.text, body.span)  # type: ignore[union-attr]
+            bodies = [body] + [ToolUse(c["function"]["name"], c["function"]["arguments"], c.get("id") or "")
+                               for c in msg.get("tool_calls") or ()]
+            return await self._append(sid, bodies)
+
+    async def next_turn(self, engine, sid: str, *, max_tokens: int | None, overrides: dict,
+                        stop: tuple[str, ...] | None, qos: Qos) -> tuple[GenRequest, list[Body]]:
+        """The request that generates on a session (continuing its open turn, or opening a
+        new assistant turn) and the events to append before it. Call it under turn(sid)."""
+        self._idle(sid)
+        st = await self.state(sid)
+        bodies: list[Body] = []
+        prompt = list(st.tokens)
+        opener: tuple[int, ...] | None = None
+        if not st.turn_open and not st.params.get("raw"):
+            gp = Turns.of(engine, st, **template_kwargs(st.params)).opener()
+            bodies.append(gp)
+            prompt += gp.span
+            opener = gp.span
+        if not prompt:
+            raise BadRequest(f"session {sid} has nothing to generate from: append a message first")
+        sp = {**st.params.get("sampling", {}), **overrides}
+        room = engine.n_ctx - len(prompt)
+        turn = st.turn_tokens if st.turn_open else 0
+        req = GenRequest(new_id("gen"), prompt, SamplingParams(**sp),
+                         max_tokens if max_tokens is not None else max(1, room),
+                         tuple(stop if stop is not None else st.params.get("stop", ())), qos, session=sid,
+                         channels=_channels(engine, st, opener),
+                         history=tuple(st.tokens[len(st.tokens) - turn:]) if turn else ())
+        return req, bodies
+
+    async def begin(self, req: GenRequest, bodies: list[Body], cancel: Callable[[], bool]) -> Gen:
+        """Append a turn's opening events and mark the session generating. Under turn(sid)."""
+        assert req.session is not None
+        if bodies:
+            await self._append(req.session, bodies)
+        st = await self.state(req.session)
+        return self.started(req, cancel, st.next_id)
+
+    def _idle(self, sid: str) -> None:
+        if sid in self._busy:
+            raise SessionBusy(f"session {sid} is generating; wait for it or cancel it", param="session")
+
+    def cancel(self, sid: str) -> bool:
+        gen = self._busy.get(sid)
+        return gen is not None and gen.cancel()
+
+    async def fork(self, sid: str, at: int | None) -> SessionState:
+        st = await self.state(sid)
+        at = st.next_id - 1 if at is None else at
+        if not 0 <= at < st.next_id:
+            raise BadRequest(f"session {sid} has no event {at} (it has {st.next_id})", param="at")
+        new = new_id("sess")
+        row = await self.row(sid)
+        await self.store.create(new, params=st.params, model=row.model, api=row.api, parent=sid, fork_at=at)
+        return await self.state(new)
+
+    async def trim(self, sid: str, to: int) -> list[Event]:
+        async with self.turn(sid):
+            self._idle(sid)
+            st = await self.state(sid)
+            if not 0 <= to < st.next_id:
+                raise BadRequest(f"session {sid} has no event {to} (it has {st.next_id})", param="to")
+            return await self._append(sid, [Trim(to)])
+
+    async def set_meta(self, sid: str, title: str | None, archived: bool | None) -> list[Event]:
+        await self.state(sid)
+        return await self._append(sid, [Meta(title, archived)])
+
+    async def purge(self, sid: str) -> None:
+        await self.state(sid)
+        self.cancel(sid)
+        await self._append(sid, [Purge()])
+        self._states.pop(sid, None)
+
+
+def _channels(engine, st, opener: tuple[int, ...] | None) -> ChannelSpec | None:
+    """How the session's replies are split: as its API request asked, or for a native
+    session, the model's reasoning markers and (with tools) its tool format. `opener`: the
+    new turn's opener (None: the open turn's, from the log)."""
+    if "channels" in st.params or st.params.get("raw"):
+        return spec_from_wire(st.params.get("channels"))
+    if opener is None:
+        e = next((e for e in reversed(st.entries) if e.kind == "generation_prompt"), None)
+        opener = tuple(st.tokens[e.start:e.start + e.n]) if e is not None else ()
+    text = context_text(engine.tokenizer, list(opener))
+    return spec_for(engine.tool_format if st.params.get("tools") else None, engine.reasoning, text)
+
+
+def sampling_dict(sp: SamplingParams) -> dict:
+    return {k: getattr(sp, k) for k in SAMPLING_FIELDS}
+
+
+def template_kwargs(params: dict) -> dict:
+    kw = dict(params.get("chat_template_kwargs") or {})
+    if params.get("tools"):
+        kw["tools"] = params["tools"]
+    return kw
