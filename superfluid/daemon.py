@@ -25,6 +25,7 @@ from .monitor.metrics import Metrics
 from .monitor.tui import Dashboard, LiveMonitor, LogBuffer
 from .runtime.registry import available_memory, default_runtime, fit_context, is_hf_folder, model_bytes
 from .session.store import Store
+from .delivery import SessionLog
 from .service import Service, Sessions
 
 log = logging.getLogger("superfluid")
@@ -88,12 +89,12 @@ def tokenizer_for(path: str):
     return Tokenizer(path)
 
 
-def build_engine(ec: EngineConfig) -> Engine:
+def build_engine(ec: EngineConfig, log: SessionLog | None = None) -> Engine:
     tok = tokenizer_for(ec.model_path)
     n_ctx = fit_context(requested=ec.max_context, n_ctx_train=tok.shape.n_ctx_train,
                         lanes=ec.slots, kv_bytes_per_token=tok.shape.kv_bytes_per_token,
                         model_bytes=model_bytes(ec.model_path), mem_bytes=available_memory())
-    return Engine(ec, tok, n_ctx)
+    return Engine(ec, tok, n_ctx, log)
 
 
 def open_store(cfg: ServeConfig) -> Store:
@@ -105,7 +106,7 @@ def open_store(cfg: ServeConfig) -> Store:
     return Store(directory, max_bytes=cfg.store_max_bytes).open()
 
 
-def build_fleet_engine(cfg: ServeConfig, store: Store):
+def build_fleet_engine(cfg: ServeConfig, store: Store, log: SessionLog | None = None):
     """The head's engine for the default model: the tokenizer and template from the local
     GGUF, generations on the fleet's nodes. Epochs start above every earlier run's
     (the store's epoch, bumped at every start, in the high bits)."""
@@ -124,26 +125,26 @@ def build_fleet_engine(cfg: ServeConfig, store: Store):
         """The default model, and any other model a connected node serves, runs on the
         fleet; the rest run here."""
         if ec.model_id != cfg.engine.model_id and not pool.serves(ec.model_id):
-            return build_engine(ec)
+            return build_engine(ec, log)
         tok = tokenizer_for(ec.model_path)
         return FleetEngine(ec, tok, tok.shape.n_ctx_train or 4096, pool, policy=cfg.fleet_policy,
-                           grace=cfg.fleet_grace)
+                           grace=cfg.fleet_grace, log=log)
     return build
 
 
 async def serve(cfg: ServeConfig, sock: socket.socket, store: Store) -> None:
-    sessions = Sessions(store, grace=cfg.resume_grace)
+    sessions = Sessions(store, grace=cfg.resume_grace)  # every engine commits to it (delivery.SessionLog)
+
     def build_local(ec: EngineConfig) -> Engine:
         if ec.stages and ec.model_id != cfg.engine.model_id:  # a pipeline serves the default model only
             ec = replace(ec, runtime=default_runtime(ec.model_path), stages=(), stage_spares=())
-        return build_engine(ec)
+        return build_engine(ec, sessions)
 
-    models = Models(cfg.engine, build_fleet_engine(cfg, store) if cfg.fleet or cfg.fleet_listen else build_local,
-                    idle_timeout=cfg.idle_timeout)
+    build = build_fleet_engine(cfg, store, sessions) if cfg.fleet or cfg.fleet_listen else build_local
+    models = Models(cfg.engine, build, idle_timeout=cfg.idle_timeout)
     models.sessions = sessions
     models.service = Service(sessions)
     models.embedding = cfg.embedding_model
-    models.on_load.append(lambda eng: setattr(eng, "log", sessions))
     for src in cfg.models:
         models.add(src)
     if cfg.model_dir:

@@ -19,7 +19,8 @@ from .session.events import Generated
 
 
 class SessionLog(Protocol):
-    """Where a session-backed generation's tokens are committed (sessions.Sessions)."""
+    """Where a session-backed generation's output is committed (service.Sessions); the
+    engine knows only this."""
 
     def commit(self, items: list[tuple[GenRequest, Generated]]) -> asyncio.Future:
         """Queue one group commit for a step; resolves to one Event or error per item."""
@@ -54,7 +55,7 @@ class Stream:
                      ttft_s=self.ttft_s if o.finish is not None else None, stop_sequence=o.stop_sequence,
                      reasoning=o.reasoning, calls=o.calls)
 
-    def final(self, finish: FinishReason, error: Exception | None = None) -> Chunk:
+    def final(self, finish: FinishReason, error: SuperfluidError | None = None) -> Chunk:
         """The last chunk of a stream ended off the token path (cancel, error, stop)."""
         return Chunk(self.req.id, finish=finish, error=error, prompt_tokens=len(self.req.prompt),
                      completion_tokens=self.n_out)
@@ -69,7 +70,7 @@ def logged(c: Chunk, want_logprobs: bool) -> Generated:
 
 
 class Deliveries:
-    def __init__(self, log: Callable[[], SessionLog | None], on_fail: Callable[[Stream, Exception], None]):
+    def __init__(self, log: SessionLog | None, on_fail: Callable[[Stream, SuperfluidError], None]):
         self._log = log
         self._on_fail = on_fail  # a stream whose commit failed: end it with the error
         self._pending: deque[tuple[asyncio.Future | None, list[tuple[Stream, Chunk]]]] = deque()
@@ -79,7 +80,7 @@ class Deliveries:
         """Tokens reach a client only after the log has them."""
         if not outs:
             return
-        log = self._log()
+        log = self._log
         items = [(st.req, logged(c, st.req.sampling.top_logprobs >= 0))
                  for st, c in outs if st.req.session is not None]
         fut = log.commit(items) if items and log is not None else None
@@ -124,7 +125,8 @@ class Deliveries:
                     if isinstance(r, Exception):
                         if not st.failed:
                             st.failed = True
-                            self._on_fail(st, r)
+                            self._on_fail(st, r if isinstance(r, SuperfluidError) else
+                                          SuperfluidError(f"the session log failed: {r}"))
                         continue
                     c.event_id = r.id if r is not None else None
                 if not st.failed:

@@ -15,7 +15,7 @@ import asyncio
 import logging
 from collections import deque
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from .codec.output import OutputProcessor
 from .codec.detok import TextStream
@@ -30,6 +30,7 @@ from .plan import StepPlan
 from .request import Chunk, FinishReason, GenRequest, Qos, TokenLogprob
 from .sched.embeds import EmbedEvent
 from .sched.scheduler import Job, Scheduler, TokenEvent
+from .delivery import SessionLog
 from .delivery import Stream as _Stream
 from .worker.supervisor import WorkerProcess, WorkerSpec
 
@@ -40,13 +41,15 @@ EMBED_STEP_MAX = 16384  # most embedding tokens in one step, however fast the mo
 
 
 class Engine(EngineBase):
-    def __init__(self, cfg: EngineConfig, tokenizer: Tokenizer, n_ctx: int):
-        super().__init__(cfg, tokenizer)
+    def __init__(self, cfg: EngineConfig, tokenizer: Tokenizer, n_ctx: int, log: SessionLog | None = None,
+                 worker_factory: Callable[[WorkerSpec], WorkerProcess] = WorkerProcess):
+        super().__init__(cfg, tokenizer, log)
         self.spec = WorkerSpec(cfg.model_path, cfg.slots, n_ctx, cfg.threads, cfg.step_tokens, runtime=cfg.runtime,
                                stages=cfg.stages, spares=cfg.stage_spares, stage_psk=cfg.stage_psk,
                                split=cfg.stage_split, pooling=cfg.pooling, kv_dir=cfg.kv_dir,
                                kv_disk_mb=cfg.kv_disk_mb)
         self.worker: WorkerProcess | None = None
+        self._new_worker = worker_factory  # a process; tests pass an in-process worker with its face
         self.sched = Scheduler(lanes=cfg.max_batch, n_ctx=n_ctx, step_tokens=cfg.step_tokens,
                                eog=tokenizer.eog, slots=cfg.slots,
                                class_lanes={Qos(q): n for q, n in cfg.class_lanes},
@@ -70,7 +73,7 @@ class Engine(EngineBase):
         return self.worker is not None and self.worker.alive
 
     async def start(self) -> None:
-        self.worker = WorkerProcess(self.spec)
+        self.worker = self._new_worker(self.spec)
         self.info = await self.worker.start()
         self.sched.seed_disk(self.worker.kv_entries)
         # llama.cpp may round the per-lane window; never promise more than it holds
@@ -102,8 +105,7 @@ class Engine(EngineBase):
 
     # -- the API's view ------------------------------------------------------------------
     def submit(self, req: GenRequest) -> AsyncIterator[Chunk]:
-        """Queue a generation; raises a typed error at once if it can never run."""
-        self.check(req)
+        """Queue a generation that check() accepted."""
         self.last_used = time.monotonic()
         out = OutputProcessor(TextStream(self.tokenizer.pieces, self.tokenizer.eog, req.stop), req.channels)
         out.replay(req.history)  # a continued turn (a restart, a failover) picks up where it was
@@ -243,7 +245,7 @@ class Engine(EngineBase):
                 self._gave_up = True
                 break
             self._failures += 1
-            worker = WorkerProcess(self.spec)
+            worker = self._new_worker(self.spec)
             try:
                 self.info = await worker.start()
                 self.sched.seed_disk(worker.kv_entries)
@@ -276,7 +278,7 @@ class Engine(EngineBase):
             self.embedder.fail(job_id, WorkerCrashed(f"the worker died twice while embedding this request's "
                                                      f"inputs ({err.message}); it is not retried again"))
 
-    def _fail(self, st: _Stream, err: Exception) -> None:
+    def _fail(self, st: _Stream, err: SuperfluidError) -> None:
         """Its tokens could not be committed: end it with the error, generate no more."""
         st.done = True
         self._streams.pop(st.req.id, None)

@@ -13,14 +13,12 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from .codec.channels import reasoning_markers
-from .codec.template import ChatTemplate
+from .codec.model import Codec
 from .codec.tokenizer import Tokenizer
-from .codec.tools import detect as detect_tool_format
 from .config import EngineConfig
 from .delivery import Deliveries, SessionLog
 from .delivery import Stream as _Stream
-from .errors import BadRequest, ContextLengthExceeded, EmbeddingUnsupported, ModelUnloaded
+from .errors import BadRequest, ContextLengthExceeded, EmbeddingUnsupported, ModelUnloaded, SuperfluidError
 from .request import Chunk, GenRequest, Qos
 from .runtime.base import ModelInfo
 
@@ -33,24 +31,22 @@ class EngineBase:
 
     embedder: Any  # embedding.Embedder or fleet/embeds.FleetEmbedder
 
-    def __init__(self, cfg: EngineConfig, tokenizer: Tokenizer):
+    def __init__(self, cfg: EngineConfig, tokenizer: Tokenizer, log: SessionLog | None = None):
         self.cfg = cfg
         self.model_id = cfg.model_id
+        self.codec = Codec.of(tokenizer, cfg.chat_template)
         self.tokenizer = tokenizer
-        tt = tokenizer.token_text
-        self.template = ChatTemplate(cfg.chat_template or tokenizer.chat_template,
-                                     bos=tt(tokenizer.bos).decode() if tokenizer.bos >= 0 else "",
-                                     eos=tt(tokenizer.eos).decode() if tokenizer.eos >= 0 else "")
-        self.tool_format = detect_tool_format(self.template.source)
-        self.reasoning = reasoning_markers(self.template.source)
+        self.template = self.codec.template
+        self.tool_format = self.codec.tool_format
+        self.reasoning = self.codec.reasoning
         self.info: ModelInfo | None = None
         self.observe_ttft: Callable[[float], None] | None = None  # set by the metrics layer
         self.observe_itl: Callable[[float], None] | None = None  # inter-token latency
         self.recent_ttft: deque[float] = deque(maxlen=TTFT_KEPT)  # for the monitor's p50/p95
         self.last_used = time.monotonic()
         self._streams: dict[str, _Stream] = {}
-        self.log: SessionLog | None = None
-        self.out = Deliveries(lambda: self.log, self._fail)
+        self.log = log  # where a session-backed generation's output is committed (the service's log)
+        self.out = Deliveries(log, self._fail)
         self.closed = False  # close() ran: nothing new is taken
 
     # -- supplied by each engine -------------------------------------------------------------
@@ -65,7 +61,7 @@ class EngineBase:
     def cancel(self, request_id: str) -> bool:
         raise NotImplementedError
 
-    def _fail(self, st: _Stream, err: Exception) -> None:
+    def _fail(self, st: _Stream, err: SuperfluidError) -> None:
         raise NotImplementedError
 
     # -- shared ------------------------------------------------------------------------------
@@ -77,7 +73,9 @@ class EngineBase:
         return secrets.randbits(63)
 
     def check(self, req: GenRequest) -> None:
-        """Raise the typed error a request that can never run gets."""
+        """Raise the typed error a request that can never run gets. This is the one check of
+        a request (its window included): the service runs it before the prompt is committed,
+        a fleet node before it takes a head's request; submit() trusts it."""
         if self.closed:
             raise ModelUnloaded(f"the model {self.model_id} was unloaded; retry to load it again")
         if self.model_kind != "generate":
@@ -87,6 +85,10 @@ class EngineBase:
             raise BadRequest("the prompt is empty", param="messages")
         if any(not self.tokenizer.valid(t) for t in req.prompt):
             raise BadRequest("the prompt has token ids outside the vocabulary", param="prompt")
+        if len(req.prompt) >= self.n_ctx:
+            raise ContextLengthExceeded(
+                f"This model's maximum context length is {self.n_ctx} tokens; the prompt alone has "
+                f"{len(req.prompt)}.", param="messages")
         if req.max_tokens < 1:
             raise BadRequest("max_tokens must be at least 1", param="max_tokens")
         if len(req.prompt) + req.max_tokens > self.n_ctx:

@@ -7,6 +7,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from .errors import SuperfluidError
+
 
 class Qos(enum.IntEnum):
     """Service classes. The numbers are the wire and header names and never change; the order
@@ -159,7 +161,7 @@ class Chunk:
     cached_tokens: int = 0  # prompt tokens whose KV was reused, not recomputed
     ttft_s: float | None = None  # on the last chunk: seconds from submit to the first token
     stop_sequence: str | None = None  # on the last chunk: the caller's stop string that matched
-    error: Exception | None = None
+    error: SuperfluidError | None = None  # on the last chunk of a generation that failed
     event_id: int | None = None  # the session-log event that committed these tokens
     reasoning: str = ""  # reasoning-channel text (content is in `text`)
     calls: list[CallDelta] = field(default_factory=list)  # tool-call pieces, in order

@@ -12,7 +12,7 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from ..errors import BadRequest, ContextLengthExceeded, SuperfluidError
+from ..errors import BadRequest, SuperfluidError
 from ..ids import new_id
 from ..request import Chunk, FinishReason, GenRequest, SamplingParams
 from .schema import number_in
@@ -187,7 +187,7 @@ def tools_of(body: dict) -> tuple[list[dict] | None, object]:
     return out, mapped
 
 
-def gen_request(body: dict, prompt: list[int], n_ctx: int, seed: int, qos, grammar: str = "",
+def gen_request(body: dict, prompt: list[int], seed: int, qos, grammar: str = "",
                 channels=None, cache: tuple[int, float] | None = None) -> GenRequest:
     mt = body.get("max_tokens")
     if isinstance(mt, bool) or not isinstance(mt, int) or mt < 1:
@@ -195,9 +195,6 @@ def gen_request(body: dict, prompt: list[int], n_ctx: int, seed: int, qos, gramm
     stops = body.get("stop_sequences") or []
     if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
         raise BadRequest("stop_sequences must be a list of strings", param="stop_sequences")
-    if len(prompt) + mt > n_ctx:
-        raise ContextLengthExceeded(f"prompt ({len(prompt)} tokens) plus max_tokens ({mt}) exceeds the "
-                                    f"context window of {n_ctx} tokens")
     top_k = body.get("top_k", 0)
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
         raise BadRequest("top_k must be a non-negative integer", param="top_k")
@@ -311,7 +308,7 @@ async def events(rid: str, model: str, prompt_tokens: int, stream, session: str 
             out += blocks.call(d)
         if c.finish is not None:
             if c.error is not None:
-                err = c.error if isinstance(c.error, SuperfluidError) else SuperfluidError(str(c.error))
+                err = c.error
                 out.append(_sse("error", {"type": "error", "error": {
                     "type": ERROR_TYPES.get(err.status, "api_error"), "message": err.message}}))
                 for o in tagged(out, cursor(session, c.event_id)):
@@ -346,7 +343,7 @@ def add_routes(app: FastAPI, models, qos_for, body_of) -> None:
         eng = await models.get(_model(body))
         cp = chat_prompt(eng, body)
         hint = cache_hint(body, cp)
-        req = gen_request(body, cp.prompt, eng.n_ctx, eng.new_seed(), qos_for(request), cp.grammar, cp.channels,
+        req = gen_request(body, cp.prompt, eng.new_seed(), qos_for(request), cp.grammar, cp.channels,
                           hint)
         marked = hint[0] if hint else 0
         streams = await models.service.submit(eng, [req], cp.bodies, api="anthropic.messages",

@@ -17,7 +17,7 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from ..errors import BadRequest, ContextLengthExceeded, Forbidden
+from ..errors import BadRequest, Forbidden
 from ..ids import new_id
 from ..request import Calls, Chunk, GenRequest, Qos, SamplingParams
 from .embeddings import embed_texts, embedding_engine, shorten
@@ -161,7 +161,7 @@ async def lines(model: str, chat: bool, stream, t0: float, wall: bool = False) -
     calls = Calls()
     async for c in stream:
         if c.error is not None:
-            yield orjson.dumps({"error": getattr(c.error, "message", str(c.error))}) + b"\n"
+            yield orjson.dumps({"error": c.error.message}) + b"\n"
             return
         piece: dict | str = {"role": "assistant", "content": c.text} if chat else c.text
         out = {"model": model, "created_at": _now(), key: piece, "done": False}
@@ -313,9 +313,7 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
             bodies, prompt, channels = cp.bodies, cp.prompt, cp.channels
         sp, num_predict, stops = sampling(body.get("options"), eng.new_seed())
         sp = replace(sp, grammar=g)
-        room = eng.n_ctx - len(prompt)
-        if room < 1:
-            raise ContextLengthExceeded(f"the prompt has {len(prompt)} tokens; the context holds {eng.n_ctx}")
+        room = max(1, eng.n_ctx - len(prompt))  # Ollama cuts num_predict to the window; the engine checks it
         req = GenRequest(new_id("ollama"), prompt, sp, min(num_predict or room, room), stops, qos_for(request),
                          channels=channels)
         streams = await models.service.submit(eng, [req], bodies, api="ollama." + ("chat" if chat else "generate"),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import time
 
-from ..errors import BadRequest, ContextLengthExceeded
+from ..errors import BadRequest
 from ..request import Calls, Chunk, FinishReason, GenRequest, Qos, SamplingParams, TokenLogprob, ToolCall
 from ..codec.tools import new_call_id
 from .prompt import ChatPrompt, response_format_grammar, template_options
@@ -69,11 +69,7 @@ def gen_requests(body: Sampling, prompt: list[int], *, base_id: str, n_ctx: int,
     stops = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     if any(len(s) > MAX_STOP_LEN for s in stops):
         raise BadRequest(f"stop strings are limited to {MAX_STOP_LEN} characters", param="stop")
-    room = n_ctx - len(prompt)
-    if room < 1:
-        raise ContextLengthExceeded(
-            f"This model's maximum context length is {n_ctx} tokens; the prompt has "
-            f"{len(prompt)}.", param="messages")
+    room = max(1, n_ctx - len(prompt))  # a prompt that fills the window is refused by the engine's check
     mt = max_tokens or body.max_tokens or (min(default_max, room) if default_max else room)
     base_seed = body.seed if body.seed is not None else seed
     reqs = []

@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 
-from ..errors import SuperfluidError
 from ..request import Calls, ToolCall
 from .sse import cursor, frame, tagged
 
@@ -126,7 +125,7 @@ async def events(base: dict, stream, finished, session: str | None = None) -> As
                 out += close()
         if c.finish is not None:
             if c.error is not None:
-                err = c.error if isinstance(c.error, SuperfluidError) else SuperfluidError(str(c.error))
+                err = c.error
                 failure = {"code": err.code or "server_error", "message": err.message}
                 out.append(ev("response.failed", response={**pending, "status": "failed", "error": failure}))
             else:

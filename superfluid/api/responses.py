@@ -15,7 +15,7 @@ from pathlib import Path
 import orjson
 from fastapi import FastAPI, Request
 
-from ..errors import BadRequest, ContextLengthExceeded, SuperfluidError
+from ..errors import BadRequest, SuperfluidError
 from ..ids import new_id
 from ..request import FinishReason, GenRequest, SamplingParams
 from . import resume
@@ -228,13 +228,10 @@ def add_routes(app: FastAPI, models, qos_for, body_of, store: ResponseStore) -> 
         effort = body.get("reasoning", {}).get("effort") if isinstance(body.get("reasoning"), dict) else None
         cp = chat_prompt(eng, msgs, tools=tools, tool_choice=choice, grammar=grammar,
                          template_kwargs=template_options(reasoning_effort=effort))
-        room = eng.n_ctx - len(cp.prompt)
+        room = max(1, eng.n_ctx - len(cp.prompt))  # the engine's check refuses what does not fit
         mt = body.get("max_output_tokens")
         if mt is not None and (isinstance(mt, bool) or not isinstance(mt, int) or mt < 1):
             raise BadRequest("max_output_tokens must be a positive integer", param="max_output_tokens")
-        if room < 1 or (mt or 1) > room:
-            raise ContextLengthExceeded(f"the input has {len(cp.prompt)} tokens; the context holds {eng.n_ctx}",
-                                        param="input")
         sp = SamplingParams(temperature=number_in(body, "temperature", 0, 2, 1.0, allow_null=True),
                             top_p=number_in(body, "top_p", 0.001, 1, 1.0, allow_null=True), seed=eng.new_seed(),
                             grammar=cp.grammar)

@@ -9,7 +9,7 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
-from ..errors import BadRequest, SuperfluidError, WorkerCrashed
+from ..errors import BadRequest
 from ..request import SamplingParams
 from ..service.verbs import sampling_dict
 from .resume import media_type, rest_of_generation, subscription
@@ -220,8 +220,7 @@ async def _generated(sid: str, stream):
     then [DONE]."""
     async for c in stream:
         if c.error is not None:
-            err = c.error if isinstance(c.error, SuperfluidError) else WorkerCrashed(str(c.error))
-            yield event({"type": "error", "session": sid, **err.body()})
+            yield event({"type": "error", "session": sid, **c.error.body()})
         if c.event_id is not None or c.finish is not None:
             yield event({"type": "generated", "session": sid, "id": c.event_id, "text": c.text, "tokens": c.tokens,
                          "reasoning": c.reasoning, "calls": [d.to_wire() for d in c.calls],

@@ -10,7 +10,6 @@ from collections.abc import AsyncIterator, Callable
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from ..errors import SuperfluidError, WorkerCrashed
 from ..request import Chunk, GenRequest
 from . import openai as oa
 from . import resume
@@ -44,9 +43,7 @@ async def collect(request: Request, streams: list[AsyncIterator[Chunk]]) -> list
 def raise_first_error(choices: list[oa.Choice]) -> None:
     for c in choices:
         if c.error is not None:
-            if isinstance(c.error, SuperfluidError):
-                raise c.error
-            raise WorkerCrashed(str(c.error))
+            raise c.error
 
 
 async def merge(streams: list[AsyncIterator[Chunk]]) -> AsyncIterator[tuple[int, Chunk]]:
@@ -107,8 +104,8 @@ def sse(gen: AsyncIterator[bytes], on_close: Callable[[], None], reqs: list[GenR
 
 
 def _error_event(c: Chunk) -> bytes:
-    err = c.error if isinstance(c.error, SuperfluidError) else WorkerCrashed(str(c.error))
-    return frame(err.body())
+    assert c.error is not None
+    return frame(c.error.body())
 
 
 def record(rec: dict | None, choices_done: list[Chunk]) -> None:

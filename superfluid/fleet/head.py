@@ -49,8 +49,8 @@ class _Placed:
 
 class FleetEngine(EngineBase):
     def __init__(self, cfg, tokenizer, n_ctx: int, pool: NodePool, *, policy: str = "load-aware",
-                 grace: float = 1.0):
-        super().__init__(cfg, tokenizer)
+                 grace: float = 1.0, log=None):
+        super().__init__(cfg, tokenizer, log)
         self._n_ctx = n_ctx  # until a node says how large its window is
         self.pool = pool
         self.policy = policy
@@ -146,7 +146,6 @@ class FleetEngine(EngineBase):
 
     # -- the API's view ------------------------------------------------------------------
     def submit(self, req: GenRequest) -> AsyncIterator[Chunk]:
-        self.check(req)
         self.last_used = time.monotonic()
         p = _Placed(req, Tracker(req.id, 0))
         self._place(p)  # raises when no node can take it
@@ -173,7 +172,7 @@ class FleetEngine(EngineBase):
         self.out.push(st, st.final(FinishReason.CANCELLED))
         return True
 
-    def _fail(self, st, err: Exception) -> None:
+    def _fail(self, st, err: SuperfluidError) -> None:
         p = self._placed.pop(st.req.id, None)
         if p is not None and p.node is not None and p.node.up:
             self.pool.cancel(p.node, p.req.id)

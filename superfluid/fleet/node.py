@@ -285,6 +285,7 @@ class NodeServer:
                          int(b["max_tokens"]), tuple(b.get("stop") or ()), Qos(int(b.get("qos", 2))),
                          channels=spec_from_wire(b.get("channels")), history=tuple(b.get("history") or ()))
         try:
+            self.engine.check(req)
             stream = self.engine.submit(req)
         except SuperfluidError as e:
             self._send(buf, [buf.emit(m.chunk_to_wire(Chunk(req.id, finish=FinishReason.ERROR, error=e)), last=True)])
