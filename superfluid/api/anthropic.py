@@ -19,6 +19,7 @@ from .schema import number_in
 from .prompt import chat_prompt as build_chat_prompt
 from .prompt import template_options
 from . import resume
+from .blocks import Blocks
 from .sse import cursor, frame, tagged
 from .streams import collect, raise_first_error, sse
 
@@ -244,48 +245,24 @@ def _sse(event: str, data: dict) -> bytes:
     return frame(data, event)
 
 
-class _Blocks:
-    """Content blocks of a streamed message, opened as output arrives: thinking, text and
-    tool_use (one block per call, its input streamed as input_json_delta fragments)."""
+class _Events:
+    """Anthropic's content blocks (api/blocks.py): thinking, text and tool_use, whose input
+    streams as input_json_delta fragments."""
 
-    def __init__(self) -> None:
-        self.index = -1
-        self.open_kind: str | None = None
-        self.calls = 0
+    def open(self, index: int, kind: str, call) -> list[bytes]:
+        block = ({"type": "thinking", "thinking": "", "signature": ""} if kind == "reasoning" else
+                 {"type": "text", "text": ""} if kind == "text" else
+                 {"type": "tool_use", "id": tool_id(call.id), "name": call.name, "input": {}})
+        return [_sse("content_block_start", {"type": "content_block_start", "index": index, "content_block": block})]
 
-    def _open(self, block: dict) -> list[bytes]:
-        out = self.close()
-        self.index += 1
-        self.open_kind = block["type"]
-        return out + [_sse("content_block_start", {"type": "content_block_start", "index": self.index,
-                                                   "content_block": block})]
+    def add(self, index: int, kind: str, piece: str) -> list[bytes]:
+        delta = ({"type": "thinking_delta", "thinking": piece} if kind == "reasoning" else
+                 {"type": "text_delta", "text": piece} if kind == "text" else
+                 {"type": "input_json_delta", "partial_json": piece})
+        return [_sse("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})]
 
-    def close(self) -> list[bytes]:
-        if self.open_kind is None:
-            return []
-        self.open_kind = None
-        return [_sse("content_block_stop", {"type": "content_block_stop", "index": self.index})]
-
-    def _delta(self, delta: dict) -> bytes:
-        return _sse("content_block_delta", {"type": "content_block_delta", "index": self.index, "delta": delta})
-
-    def delta(self, kind: str, delta: dict) -> list[bytes]:
-        block = {"type": "thinking", "thinking": "", "signature": ""} if kind == "thinking" else \
-            {"type": "text", "text": ""}
-        out = [] if self.open_kind == kind else self._open(block)
-        return out + [self._delta(delta)]
-
-    def call(self, d) -> list[bytes]:
-        """A piece of a tool call (output.CallDelta)."""
-        out: list[bytes] = []
-        if d.start:
-            self.calls += 1
-            out += self._open({"type": "tool_use", "id": tool_id(d.id), "name": d.name, "input": {}})
-        if d.arguments and self.open_kind == "tool_use":
-            out.append(self._delta({"type": "input_json_delta", "partial_json": d.arguments}))
-        if d.end and self.open_kind == "tool_use":
-            out += self.close()
-        return out
+    def close(self, index: int, kind: str) -> list[bytes]:
+        return [_sse("content_block_stop", {"type": "content_block_stop", "index": index})]
 
 
 async def events(rid: str, model: str, prompt_tokens: int, stream, session: str | None = None,
@@ -296,16 +273,10 @@ async def events(rid: str, model: str, prompt_tokens: int, stream, session: str 
                    "usage": {"input_tokens": prompt_tokens, "output_tokens": 0}}
     yield _sse("message_start", {"type": "message_start", "message": start})
     yield _sse("ping", {"type": "ping"})
-    blocks = _Blocks()
+    blocks = Blocks(_Events())
     last_ping = time.monotonic()
     async for c in stream:
-        out: list[bytes] = []
-        if c.reasoning:
-            out += blocks.delta("thinking", {"type": "thinking_delta", "thinking": c.reasoning})
-        if c.text:
-            out += blocks.delta("text", {"type": "text_delta", "text": c.text})
-        for d in c.calls:
-            out += blocks.call(d)
+        out = blocks.feed(c)
         if c.finish is not None:
             if c.error is not None:
                 err = c.error
@@ -315,7 +286,7 @@ async def events(rid: str, model: str, prompt_tokens: int, stream, session: str 
                     yield o
                 return
             if blocks.index < 0:  # nothing was said: one empty text block, as Anthropic sends
-                out += blocks.delta("text", {"type": "text_delta", "text": ""})
+                out += blocks.text() + _Events().add(0, "text", "")
             out += blocks.close()
             out.append(_sse("message_delta", {"type": "message_delta",
                                               "delta": {"stop_reason": stop_reason(c, blocks.calls > 0),

@@ -4,7 +4,6 @@ rebound Host), API keys and their policies, per-key and per-IP rate limits, conc
 
 from __future__ import annotations
 
-import ipaddress
 import math
 import time
 from collections import deque
@@ -12,25 +11,12 @@ from urllib.parse import urlsplit
 
 import orjson
 
+from ..net import is_loopback_host
 from ..request import Qos
 from .policy import KeyPolicy, find_key
 
 OPEN_PATHS = {"/health"}
 WINDOW_S = 60.0
-
-
-def is_loopback_host(host: str) -> bool:
-    host = host.strip().lower()
-    if host.startswith("["):
-        host = host[1:host.find("]")] if "]" in host else host[1:]
-    elif host.count(":") == 1:
-        host = host.split(":")[0]
-    if host in ("localhost", "localhost.") or host.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class _Window:
