@@ -36,6 +36,17 @@ def test_eight_concurrent_streams_complete(daemon):
         assert text and finish in ("stop", "length")
 
 
+def _served(daemon) -> float:
+    """Chat requests whose response the daemon has finished (its access log's counter)."""
+    text = httpx.get(daemon.url + "/metrics", timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith('superfluid_requests_total{path="/v1/chat/completions"'))
+
+
+def _tokens(daemon, sid: str) -> int:
+    return httpx.get(f"{daemon.url}/v1/sessions/{sid}", timeout=10).json()["tokens"]
+
+
 def _wait_idle(daemon, timeout=20.0) -> int:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -49,6 +60,7 @@ def _wait_idle(daemon, timeout=20.0) -> int:
 def test_disconnect_frees_the_lane(daemon):
     body = {"model": MODEL, "max_tokens": 900, "stream": True, "ignore_eos": True,
             "messages": [{"role": "user", "content": "Write a very long essay."}]}
+    served = _served(daemon)
     with httpx.stream("POST", daemon.url + "/v1/chat/completions", json=body, timeout=60) as r:
         sid = r.headers["x-superfluid-session"]
         lines = r.iter_lines()  # read a few events but keep the connection open
@@ -57,9 +69,17 @@ def test_disconnect_frees_the_lane(daemon):
             got += next(lines).startswith("data: ")
         assert _running(daemon) == 1
         r.close()
-    # the client hung up long before 900 tokens: the generation is kept for the resume
-    # grace period (10 s by default), then cancelled and its lane freed
-    time.sleep(1.0)
+    # the client hung up long before 900 tokens: once the daemon has seen it go (its response
+    # ended), the generation goes on for the resume grace period (10 s by default), then it
+    # is cancelled and its lane freed
+    deadline = time.monotonic() + 10
+    while _served(daemon) == served and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _served(daemon) > served
+    gone = _tokens(daemon, sid)
+    while _tokens(daemon, sid) < gone + 8 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _tokens(daemon, sid) >= gone + 8  # it generates on, with nobody reading
     assert _running(daemon) == 1
     assert _wait_idle(daemon, timeout=30) == 0
     log = httpx.get(f"{daemon.url}/v1/sessions/{sid}/events", timeout=10).json()["data"]

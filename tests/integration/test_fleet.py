@@ -235,7 +235,9 @@ def test_a_node_that_comes_back_after_being_replaced_delivers_nothing_stale(flee
         b.proc.send_signal(signal.SIGCONT)
         a.proc.send_signal(signal.SIGCONT)  # A comes back with a stale generation in its buffer
     assert text == ref.choices[0].message.content and finish == ref.choices[0].finish_reason
-    time.sleep(5)  # A's old link is gone: its stale generation is fenced by its lease, never delivered
+    deadline = time.monotonic() + 20  # A's old link is gone: its stale generation is fenced by its lease
+    while not ("fencing" in a.log() and sum(n["placed"] for n in nodes(head)) == 0) and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert "fencing" in a.log()
     assert sum(n["placed"] for n in nodes(head)) == 0
 
@@ -271,7 +273,9 @@ def test_a_wrong_token_is_refused_on_both_sides(tmp_path):
         assert r.returncode == 1
         assert f"node 127.0.0.1:{node.port} refused the fleet token" in r.stderr
         assert "--fleet-auth and the node's --auth-file differ" in r.stderr
-        time.sleep(0.5)
+        deadline = time.monotonic() + 10
+        while "fleet token differs" not in node.log() and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert "refused a head" in node.log() and "fleet token differs" in node.log()
     finally:
         node.stop()

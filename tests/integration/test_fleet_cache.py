@@ -53,8 +53,13 @@ def test_the_next_turn_goes_to_the_warm_node(fleet):
     deadline = time.monotonic() + 15
     while sum(n["placed"] for n in nodes(head)) and time.monotonic() < deadline:
         time.sleep(0.1)  # the cancelled story leaves the first node
-    # past the head's own memory of where it placed the turn: the nodes' reports alone decide
-    time.sleep(RECENT + 2.5)
+    # past the head's own memory of where it placed the turn (a fixed window): the nodes'
+    # reports alone decide, once one shows the turn's prefix (they report every 2 s)
+    time.sleep(RECENT)
+    deadline = time.monotonic() + 15
+    while not (nodes(head)[1]["prefixes"] > 0 and sum(n["placed"] for n in nodes(head)) == 0) \
+            and time.monotonic() < deadline:
+        time.sleep(0.1)
     cold, warm = nodes(head)
     assert warm["prefixes"] > 0 and cold["placed"] == warm["placed"] == 0  # cold holds the story's prefix
     turn = CONVO + [{"role": "assistant", "content": first.choices[0].message.content},

@@ -112,7 +112,9 @@ def test_a_generation_cut_by_a_crash_continues_from_the_saved_prompt(tmp_path):
         c.append(sid, "user", f"Repeat this list twice: {DOC} {DOC[:1500]}")
         for i, _ in enumerate(c.stream(sid, max_tokens=200)):
             if i == 3:
-                time.sleep(0.5)  # the writer thread puts the prompt's KV on disk
+                deadline = time.monotonic() + 30  # the writer thread puts the prompt's KV on disk
+                while not list(Path(home).glob("kv/*/*.kv")) and time.monotonic() < deadline:
+                    time.sleep(0.05)
                 os.kill(d.proc.pid, signal.SIGKILL)
                 break
     d.proc.wait(10)

@@ -46,20 +46,27 @@ def test_directory_models_load_on_their_first_request(d):
 
 def test_unload_under_traffic_then_reload_on_next_request(d):
     assert chat(d, "beta").status_code == 200
-    out = {}
+    out: dict = {"lines": []}
+    generating = threading.Event()  # the stream has sent a token: the generation is running
 
     def stream():
         body = {"model": "beta", "max_tokens": 300, "ignore_eos": True, "stream": True,
                 "messages": [{"role": "user", "content": "Write a long story."}]}
         try:
             with httpx.stream("POST", d.url + "/v1/chat/completions", json=body, timeout=120) as r:
-                out["lines"] = [ln for ln in r.iter_lines() if ln.startswith("data: ")]
+                for ln in r.iter_lines():
+                    if ln.startswith("data: "):
+                        out["lines"].append(ln)
+                        if len(out["lines"]) >= 2:  # the role chunk, then the first token
+                            generating.set()
         except Exception as e:  # reported below
             out["error"] = repr(e)
+        finally:
+            generating.set()
 
     t = threading.Thread(target=stream)
     t.start()
-    time.sleep(1.5)
+    assert generating.wait(60)
     r = httpx.post(d.url + "/v1/models/unload", json={"model": "beta"}, timeout=60)
     assert r.status_code == 200 and r.json()["meta"]["loaded"] is False
     t.join(60)

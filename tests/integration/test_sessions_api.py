@@ -236,7 +236,10 @@ def test_subscribe_gets_backlog_then_live_events_once(d, c):
 
     t = threading.Thread(target=listen, daemon=True)
     t.start()
-    time.sleep(0.5)
+    deadline = time.monotonic() + 30  # the backlog (the user message, event 2) came: it is subscribed
+    while not got and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert [e["id"] for e in got] == [2]
     out = c.generate(sid, max_tokens=20)
     t.join(30)
     ids = [e["id"] for e in got]

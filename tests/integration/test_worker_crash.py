@@ -34,6 +34,14 @@ def _wait_new_worker(d, old_pid, timeout=60):
     raise AssertionError("no new worker")
 
 
+def decoded(d) -> float:
+    """Tokens the daemon's scheduler has decoded (its /metrics counter)."""
+    for line in httpx.get(d.url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith("superfluid_decode_tokens_total{"):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
 def test_streaming_request_gets_error_event_then_done(d):
     pid = d.worker_pid()
     with httpx.stream("POST", d.url + "/v1/chat/completions", json={**LONG, "stream": True}, timeout=60) as r:
@@ -56,6 +64,7 @@ def test_streaming_request_gets_error_event_then_done(d):
 def test_non_streaming_request_gets_500_then_served(d):
     import threading
     pid = d.worker_pid()
+    before = decoded(d)
     out = {}
 
     def call():
@@ -66,7 +75,8 @@ def test_non_streaming_request_gets_500_then_served(d):
     deadline = time.monotonic() + 30
     while next(iter(d.health()["models"].values()))["running"] == 0 and time.monotonic() < deadline:
         time.sleep(0.05)
-    time.sleep(0.3)
+    while decoded(d) <= before and time.monotonic() < deadline:  # it is generating, not just admitted
+        time.sleep(0.05)
     os.kill(pid, signal.SIGKILL)
     t.join(60)
     r = out["r"]
@@ -80,7 +90,10 @@ def test_non_streaming_request_gets_500_then_served(d):
 def test_worker_killed_while_idle_is_replaced_transparently(d):
     pid = d.worker_pid()
     os.kill(pid, signal.SIGKILL)
-    time.sleep(0.5)
+    deadline = time.monotonic() + 10
+    while pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not pid_alive(pid)  # the worker is gone before the request comes
     r = httpx.post(d.url + "/v1/chat/completions", timeout=60,
                    json={"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 200

@@ -1,0 +1,187 @@
+"""The real engine loop (engine.Engine: scheduler, worker steps, output processor, delivery)
+on an in-process fake runtime: no worker process, no model."""
+
+import asyncio
+
+from superfluid.errors import WorkerCrashed, WorkerUnavailable
+from superfluid.request import FinishReason, GenRequest, SamplingParams
+
+from ..fakes import BOOM, FakeModel, replies
+
+GREEDY = SamplingParams(temperature=0)
+
+
+def req(model: FakeModel, rid: str, text: str, max_tokens: int = 32, **kw) -> GenRequest:
+    return GenRequest(rid, model.vocab.encode_prompt(text), kw.pop("sampling", GREEDY), max_tokens, **kw)
+
+
+async def drain(stream) -> list:
+    return [c async for c in stream]
+
+
+async def until(cond, timeout: float = 5.0) -> None:
+    async def wait():
+        while not cond():
+            await asyncio.sleep(0.001)
+    await asyncio.wait_for(wait(), timeout)
+
+
+def run(model: FakeModel, body, **cfg):
+    """Start an engine on `model`, run body(engine), close it."""
+    async def go():
+        eng = model.engine(**cfg)
+        await eng.start()
+        try:
+            return await body(eng)
+        finally:
+            await eng.close()
+    return asyncio.run(go())
+
+
+def test_a_generation_streams_its_tokens_in_order_then_finishes():
+    m = FakeModel()
+    script = m.vocab.script("Hello world.")
+
+    async def body(eng):
+        r = req(m, "r1", "hi")
+        eng.check(r)
+        return await drain(eng.submit(r))
+    chunks = run(m, body)
+    assert [t for c in chunks for t in c.tokens] == script + [m.vocab.eos]
+    assert [c.text for c in chunks] == ["Hello", " world", ".", ""]
+    assert [c.finish for c in chunks] == [None] * 3 + [FinishReason.END_OF_TURN]
+    assert [c.completion_tokens for c in chunks] == [1, 2, 3, 4]
+    last = chunks[-1]
+    assert last.prompt_tokens == len(m.vocab.encode_prompt("hi")) and last.ttft_s is not None
+    assert m.runtimes and m.runtime.prompts == [m.vocab.encode_prompt("hi")]
+
+
+def test_max_tokens_and_a_stop_string_end_it():
+    m = FakeModel(lambda p: m.vocab.script(" Once upon a time"))
+
+    async def body(eng):
+        cut = await drain(eng.submit(req(m, "r1", "a", max_tokens=2)))
+        stop = await drain(eng.submit(req(m, "r2", "b", stop=(" a",))))
+        return cut, stop
+    cut, stop = run(m, body)
+    assert "".join(c.text for c in cut) == " Once upon" and cut[-1].finish == FinishReason.LENGTH
+    assert "".join(c.text for c in stop) == " Once upon"
+    assert stop[-1].finish == FinishReason.STOP_SEQUENCE and stop[-1].stop_sequence == " a"
+
+
+def test_logprobs_come_with_each_token():
+    m = FakeModel()
+
+    async def body(eng):
+        return await drain(eng.submit(req(m, "r1", "hi", sampling=SamplingParams(temperature=0, top_logprobs=2))))
+    chunks = run(m, body)
+    lps = [lp for c in chunks for lp in c.logprobs]
+    assert [lp.text for lp in lps] == [b"Hello", b" world", b"."]
+    assert all(lp.logprob > -1e-6 and len(lp.top) == 2 and lp.top[0][0] == lp.token for lp in lps)
+
+
+def test_cancel_ends_the_stream_and_frees_its_lane():
+    m = FakeModel(lambda p: m.vocab.script(*["hm"] * 400))
+
+    async def body(eng):
+        it = eng.submit(req(m, "r1", "hi", max_tokens=400))
+        got = [await it.__anext__() for _ in range(3)]
+        assert eng.running("r1")
+        assert eng.cancel("r1") is True
+        assert eng.cancel("r1") is False  # once
+        got += await drain(it)
+        await until(lambda: eng.idle)
+        return got
+    chunks = run(m, body)
+    assert chunks[-1].finish == FinishReason.CANCELLED and chunks[-1].error is None
+    assert all(c.finish is None for c in chunks[:-1]) and len(chunks) < 400
+
+
+def test_a_consumer_that_goes_away_cancels_its_generation():
+    m = FakeModel(lambda p: m.vocab.script(*["hm"] * 400))
+
+    async def body(eng):
+        it = eng.submit(req(m, "r1", "hi", max_tokens=400))
+        await it.__anext__()
+        await it.aclose()
+        await until(lambda: eng.idle)
+        return eng.running("r1")
+    assert run(m, body) is False
+
+
+def test_two_lanes_run_in_the_same_steps_each_with_its_own_output():
+    m = FakeModel()
+    m.reply = replies(m.vocab, {"first": m.vocab.script(" Once upon a time"), "second": m.vocab.script("Hello world.")})
+    order: list[str] = []
+
+    async def body(eng):
+        async def one(r):
+            out = []
+            async for c in eng.submit(r):
+                order.append(r.id)
+                out.append(c)
+            return out
+        return await asyncio.gather(one(req(m, "a", "first")), one(req(m, "b", "second")))
+    a, b = run(m, body)
+    assert "".join(c.text for c in a) == " Once upon a time" and a[-1].finish == FinishReason.END_OF_TURN
+    assert "".join(c.text for c in b) == "Hello world." and b[-1].finish == FinishReason.END_OF_TURN
+    assert any(len(set(seqs)) == 2 for seqs in m.runtime.batches)  # one forward fed both lanes
+    assert order.index("b") < len(order) - 1 - order[::-1].index("a")  # b started before a ended
+
+
+def test_a_runtime_error_fails_every_lane_on_the_worker_and_the_worker_is_respawned():
+    """Today's behaviour: the worker reports the error and exits; every running request ends
+    with WorkerCrashed (the tokens before the failing step were delivered), the engine starts
+    a new worker at once, and the next request runs on it."""
+    m = FakeModel()
+    m.reply = replies(m.vocab, {"bad": m.vocab.script("Hello", " world", ".", BOOM),
+                                "good": m.vocab.script(*["hm"] * 50)}, m.vocab.script("Hello world."))
+
+    async def body(eng):
+        bad = asyncio.ensure_future(drain(eng.submit(req(m, "bad", "bad"))))
+        good = asyncio.ensure_future(drain(eng.submit(req(m, "good", "good", max_tokens=100))))
+        bad_chunks, good_chunks = await asyncio.gather(bad, good)
+        await until(lambda: eng.ready)
+        after = await drain(eng.submit(req(m, "next", "again")))
+        return bad_chunks, good_chunks, after, eng.respawns
+    bad, good, after, respawns = run(m, body)
+    assert "".join(c.text for c in bad) == "Hello world."
+    for chunks in (bad, good):
+        end = chunks[-1]
+        assert end.finish == FinishReason.ERROR and isinstance(end.error, WorkerCrashed)
+        assert end.error.message == "the worker failed: RuntimeError: boom"
+    assert respawns == 1 and len(m.runtimes) == 2 and m.runtimes[0].closed
+    assert "".join(c.text for c in after) == "Hello world." and after[-1].finish == FinishReason.END_OF_TURN
+
+
+def test_a_worker_that_cannot_start_again_fails_waiting_requests_until_the_next_one():
+    m = FakeModel(lambda p: m.vocab.script("Hello", BOOM))
+
+    async def body(eng):
+        m.fail_starts = 99
+        first = await drain(eng.submit(req(m, "r1", "hi")))
+        await until(lambda: eng._gave_up)
+        waiting = await drain(eng.submit(req(m, "r2", "hi")))  # tries again, and gives up again
+        m.fail_starts = 0
+        m.reply = lambda p: m.vocab.script("Hello world.")
+        ok = await drain(eng.submit(req(m, "r3", "hi")))
+        return first, waiting, ok
+    first, waiting, ok = run(m, body, max_respawns=2)
+    assert first[-1].finish == FinishReason.ERROR and isinstance(first[-1].error, WorkerCrashed)
+    assert waiting[-1].finish == FinishReason.ERROR and isinstance(waiting[-1].error, WorkerUnavailable)
+    assert "".join(c.text for c in ok) == "Hello world."
+
+
+def test_close_ends_running_streams_with_the_error_given():
+    m = FakeModel(lambda p: m.vocab.script(*["hm"] * 400))
+
+    async def go():
+        eng = m.engine()
+        await eng.start()
+        it = eng.submit(req(m, "r1", "hi", max_tokens=400))
+        await it.__anext__()
+        await eng.close(WorkerUnavailable("going"))
+        rest = await drain(it)
+        return rest, eng.closed
+    rest, closed = asyncio.run(go())
+    assert closed and rest[-1].finish == FinishReason.ERROR and isinstance(rest[-1].error, WorkerUnavailable)

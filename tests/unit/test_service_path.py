@@ -1,0 +1,172 @@
+"""The service on the real path from tokens, in one process: Service.submit / generate with
+real Sessions over an in-memory store, the real engine on a fake runtime, the OpenAI chat
+translator, and resume (api/resume.py) read back from the same log."""
+
+import asyncio
+import json
+import re
+
+import pytest
+
+from superfluid.api import resume, streams  # noqa: F401 -- streams registers the OpenAI translators
+from superfluid.api.prompt import chat_prompt
+from superfluid.errors import ContextLengthExceeded
+from superfluid.request import CallDelta, Calls, FinishReason, GenRequest, Qos, SamplingParams
+from superfluid.service import Service, Sessions
+from superfluid.session.events import Generated
+from superfluid.session.store import Store
+
+from ..fakes import FakeModel
+
+GREEDY = SamplingParams(temperature=0)
+CREATED = 1700000000
+TOOLS = [{"type": "function", "function": {"name": "f", "description": "F.", "parameters": {
+    "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}}]
+
+
+def turn_script(m: FakeModel) -> list[int]:
+    """A turn that reasons, says a little, then calls f(a=1)."""
+    return m.vocab.script("<think>", "hm", "</think>", " Let", " me", " look", ".", "<tool_call>", '{"name": ',
+                          '"f"', ', "arguments": ', '{"a": ', "1", "}}", "</tool_call>")
+
+
+def run(m: FakeModel, body, **cfg):
+    async def go():
+        store = Store(None).open()
+        sessions = Sessions(store, grace=0)
+        eng = m.engine(sessions, **cfg)
+        await eng.start()
+        try:
+            return await body(eng, Service(sessions), sessions)
+        finally:
+            await eng.close()
+            store.close()
+    return asyncio.run(go())
+
+
+def kinds(sessions: Sessions, sid: str) -> list[str]:
+    """The session's events in the store now (read on the writer, without the event loop)."""
+    rows = sessions.store.call_sync(lambda c: c.execute(
+        "SELECT kind FROM events WHERE session=? ORDER BY id", (sid,)).fetchall())
+    return [k for (k,) in rows]
+
+
+async def chat(eng, service: Service, content: str = "call f", **kw):
+    """What POST /v1/chat/completions with stream: true does (api/app.py), to the bytes."""
+    cp = chat_prompt(eng, [{"role": "user", "content": content}], tools=TOOLS)
+    rid = "chatcmpl-1"
+    r = GenRequest(f"{rid}-0", cp.prompt, GREEDY, kw.pop("max_tokens", 64), channels=cp.channels)
+    its = await service.submit(eng, [r], cp.bodies, api="chat.completions", params={
+        "response_id": rid, "created": CREATED, "logprobs": False, "include_usage": True})
+    live = b"".join([b async for b in streams.chat_events(rid, eng.model_id, its, False, True, None, [r],
+                                                          created=CREATED)])
+    return r, live
+
+
+def test_the_prompt_is_committed_before_the_engine_sees_the_request():
+    m = FakeModel()
+    seen: list = []
+
+    async def body(eng, service, sessions):
+        submit = eng.submit
+
+        def watched(r):
+            seen.append((r.session, kinds(sessions, r.session), sessions.busy(r.session)))
+            return submit(r)
+        eng.submit = watched
+        r, _ = await chat(eng, service, "hello")
+        return r, kinds(sessions, r.session)
+    r, after = run(m, body)
+    (sid, before, busy), = seen
+    assert sid == r.session and busy
+    assert before == ["created", "message", "message", "generation_prompt"]  # system (the tools), user, opener
+    assert after[:len(before)] == before and set(after[len(before):]) == {"generated"}
+
+
+def test_a_request_too_long_for_the_context_leaves_nothing_running():
+    m = FakeModel(n_ctx=256)
+
+    async def body(eng, service, sessions):
+        with pytest.raises(ContextLengthExceeded):
+            await chat(eng, service, "hello", max_tokens=10_000)
+        await asyncio.sleep(0)
+        return eng.idle, await sessions.store.sessions(), sessions._busy, m.runtime.batches
+    idle, rows, busy, batches = run(m, body)
+    assert idle and rows == [] and busy == {} and batches == []
+
+
+def test_generate_on_a_session_refused_for_length_appends_nothing():
+    m = FakeModel(n_ctx=256)
+
+    async def body(eng, service, sessions):
+        st = await sessions.create(eng, params={}, messages=[{"role": "user", "content": "hi"}])
+        before = kinds(sessions, st.id)
+        with pytest.raises(ContextLengthExceeded):
+            await service.generate(eng, st.id, max_tokens=10_000, overrides={}, stop=None, qos=Qos.AGENT)
+        refused = (kinds(sessions, st.id), sessions.busy(st.id), eng.idle)
+        req, it = await service.generate(eng, st.id, max_tokens=None, overrides={"temperature": 0}, stop=None,
+                                         qos=Qos.AGENT)
+        chunks = [c async for c in it]
+        return before, refused, chunks, kinds(sessions, st.id), await sessions.state(st.id)
+    before, (after_refusal, busy, idle), chunks, kinds_after, state = run(m, body)
+    assert after_refusal == before and not busy and idle
+    assert "".join(c.text for c in chunks) == "Hello world." and chunks[-1].finish == FinishReason.END_OF_TURN
+    assert kinds_after == before + ["generation_prompt"] + ["generated"] * 4
+    assert not state.turn_open
+
+
+def test_output_is_logged_as_typed_events_and_resumes_at_every_cursor_as_the_openai_stream():
+    m = FakeModel()
+    m.reply = lambda prompt: turn_script(m)
+
+    async def body(eng, service, sessions):
+        r, live = await chat(eng, service)
+        sid = r.session
+        events = await sessions.store.events(sid)
+        cursors = [int(x) for x in re.findall(rb"id: " + sid.encode() + rb":(\d+)\n", live)]
+        opener = max(ev.id for ev in events if ev.kind == "generation_prompt")
+        rests = {}
+        for after in [opener] + [ev.id for ev in events if ev.id > opener]:
+            rests[after] = b"".join([b async for b in resume.rest_of_generation(sessions, sid, after)])
+        return sid, live, events, cursors, opener, rests
+    sid, live, events, cursors, opener, rests = run(m, body)
+
+    gen = [ev.body for ev in events if isinstance(ev.body, Generated)]
+    assert "".join(g.text for g in gen) == " Let me look."
+    assert "".join(g.reasoning for g in gen) == "hm"
+    assert not any("<" in g.text for g in gen)  # no <think> or <tool_call> markup in the content
+    deltas = [CallDelta.from_wire(d) for g in gen for d in g.calls]
+    assert deltas[0].name == "f" and deltas[0].id.startswith("call_") and deltas[-1].end and not deltas[-1].cut
+    assert len([d for d in deltas if d.arguments]) > 1  # the arguments were logged as they were generated
+    calls = Calls()
+    calls.add(deltas)
+    assert [(c.name, json.loads(c.arguments)) for c in calls.done] == [("f", {"a": 1})]
+    assert gen[-1].finish == "end_of_turn" and sum(len(g.span) for g in gen) == len(turn_script(m)) + 1
+
+    # the live stream, as a client read it
+    assert b"<tool_call>" not in live and b"<think>" not in live
+    data = [json.loads(x[6:]) for x in live.split(b"\n") if x.startswith(b"data: {")]
+    deltas_out = [e["choices"][0]["delta"] for e in data if e["choices"]]
+    assert "".join(d.get("content") or "" for d in deltas_out) == " Let me look."
+    assert "".join(d.get("reasoning_content") or "" for d in deltas_out) == "hm"
+    args = [tc["function"]["arguments"] for d in deltas_out for tc in d.get("tool_calls") or []]
+    assert json.loads("".join(args)) == {"a": 1} and len([a for a in args if a]) > 1
+    assert [e["choices"][0]["finish_reason"] for e in data if e["choices"] and e["choices"][0]["finish_reason"]] \
+        == ["tool_calls"]
+
+    # resumed after any cursor the client saw: exactly the rest of the live stream
+    assert len(cursors) >= 5 and cursors == sorted(cursors)
+    assert rests[opener] == live  # before the first token: all of it
+    for after in cursors:
+        at = live.index(f"id: {sid}:{after}\n".encode())
+        seen = live[:live.index(b"\n\n", at) + 2]
+        assert seen + rests[after] == live, f"resumed after event {after}"
+    # and after any event at all (one whose tokens sent nothing, such as markup, too): the rest
+    # after the last frame the client could have seen by then (the role frame, at least)
+    role_end = live.index(b"\n\n") + 2
+    for after, rest in rests.items():
+        if after == opener:
+            continue
+        last = max((c for c in cursors if c <= after), default=None)
+        cut = role_end if last is None else live.index(b"\n\n", live.index(f"id: {sid}:{last}\n".encode())) + 2
+        assert live[:cut] + rest == live, f"resumed after event {after}"
