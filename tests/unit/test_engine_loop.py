@@ -4,7 +4,7 @@ on an in-process fake runtime: no worker process, no model."""
 import asyncio
 
 from superfluid.errors import WorkerCrashed, WorkerUnavailable
-from superfluid.request import FinishReason, GenRequest, SamplingParams
+from superfluid.request import FinishReason, GenRequest, Qos, SamplingParams
 
 from ..fakes import BOOM, FakeModel, replies
 
@@ -185,3 +185,21 @@ def test_close_ends_running_streams_with_the_error_given():
         return rest, eng.closed
     rest, closed = asyncio.run(go())
     assert closed and rest[-1].finish == FinishReason.ERROR and isinstance(rest[-1].error, WorkerUnavailable)
+
+
+def test_an_interactive_request_preempts_background_work_which_then_goes_on_unrepeated():
+    m = FakeModel()
+    story = m.vocab.script(*[" Once", " upon", " a", " time"] * 10)
+    m.reply = replies(m.vocab, {"story": story, "chat": m.vocab.script("Hello world.")})
+
+    async def body(eng):
+        bg = eng.submit(req(m, "bg", "story", max_tokens=100, qos=Qos.BACKGROUND))
+        first = [await bg.__anext__() for _ in range(3)]
+        chat = await drain(eng.submit(req(m, "chat", "chat", qos=Qos.INTERACTIVE)))
+        rest = await drain(bg)
+        return first + rest, chat, eng.sched.counters.preemptions
+    bg, chat, preemptions = run(m, body, max_batch=1)
+    assert preemptions >= 1
+    assert "".join(c.text for c in chat) == "Hello world."
+    assert [t for c in bg for t in c.tokens] == story + [m.vocab.eos]  # nothing lost, nothing twice
+    assert bg[-1].finish == FinishReason.END_OF_TURN

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from superfluid.api import resume, streams  # noqa: F401 -- streams registers the OpenAI translators
+from superfluid.api import anthropic, responses, resume, streams
 from superfluid.api.prompt import chat_prompt
 from superfluid.errors import ContextLengthExceeded
 from superfluid.request import CallDelta, Calls, FinishReason, GenRequest, Qos, SamplingParams
@@ -55,10 +55,12 @@ async def chat(eng, service: Service, content: str = "call f", **kw):
     """What POST /v1/chat/completions with stream: true does (api/app.py), to the bytes."""
     cp = chat_prompt(eng, [{"role": "user", "content": content}], tools=TOOLS)
     rid = "chatcmpl-1"
-    r = GenRequest(f"{rid}-0", cp.prompt, GREEDY, kw.pop("max_tokens", 64), channels=cp.channels)
+    lp = kw.pop("logprobs", False)
+    sp = SamplingParams(temperature=0, top_logprobs=0 if lp else -1)
+    r = GenRequest(f"{rid}-0", cp.prompt, sp, kw.pop("max_tokens", 64), channels=cp.channels)
     its = await service.submit(eng, [r], cp.bodies, api="chat.completions", params={
-        "response_id": rid, "created": CREATED, "logprobs": False, "include_usage": True})
-    live = b"".join([b async for b in streams.chat_events(rid, eng.model_id, its, False, True, None, [r],
+        "response_id": rid, "created": CREATED, "logprobs": lp, "include_usage": True})
+    live = b"".join([b async for b in streams.chat_events(rid, eng.model_id, its, lp, True, None, [r],
                                                           created=CREATED)])
     return r, live
 
@@ -170,3 +172,97 @@ def test_output_is_logged_as_typed_events_and_resumes_at_every_cursor_as_the_ope
         last = max((c for c in cursors if c <= after), default=None)
         cut = role_end if last is None else live.index(b"\n\n", live.index(f"id: {sid}:{last}\n".encode())) + 2
         assert live[:cut] + rest == live, f"resumed after event {after}"
+
+
+def check_rest(live: bytes, rests: dict[int, bytes], sid: str) -> None:
+    """Each resumed stream is exactly the live stream after the frame that carried the
+    cursor; after an event that sent nothing (markup), what comes after the last cursor
+    before it; before any cursor, the live stream less what the translator said first."""
+    cursors = [int(x) for x in re.findall(rb"id: " + sid.encode() + rb":(\d+)\n", live)]
+    assert len(cursors) >= 5 and cursors == sorted(cursors)
+
+    def after_frame(c: int) -> int:
+        return live.index(b"\n\n", live.index(f"id: {sid}:{c}\n".encode())) + 2
+    for c in cursors:
+        assert live[:after_frame(c)] + rests[c] == live, f"resumed after event {c}"
+    head = {rest for after, rest in rests.items() if after < cursors[0] and rest != live}
+    assert len(head) == 1  # after the opener it is all of it; after markup before any cursor, one same rest
+    (rest,) = head
+    cut = len(live) - len(rest)
+    assert live.endswith(rest) and live[:cut].endswith(b"\n\n") and cut <= live.index(f"id: {sid}:".encode())
+    for after, rest in rests.items():
+        last = max((c for c in cursors if c <= after), default=None)
+        if last is not None:
+            assert rest == rests[last], f"resumed after event {after}"
+
+
+def _data(live: bytes) -> list[dict]:
+    return [json.loads(x[6:]) for x in live.split(b"\n") if x.startswith(b"data: {")]
+
+
+@pytest.mark.parametrize("api", ["anthropic.messages", "responses"])
+def test_anthropic_and_responses_streams_of_the_same_turn_resume_in_their_own_format(api):
+    m = FakeModel()
+    m.reply = lambda prompt: turn_script(m)
+
+    async def body(eng, service, sessions):
+        cp = chat_prompt(eng, [{"role": "user", "content": "call f"}], tools=TOOLS)
+        r = GenRequest("gen-1", cp.prompt, GREEDY, 64, channels=cp.channels)
+        if api == "anthropic.messages":
+            (it,) = await service.submit(eng, [r], cp.bodies, api=api, params={"response_id": r.id, "marked": 0})
+            live_stream = anthropic.events(r.id, eng.model_id, len(cp.prompt), it, r.session, 0)
+        else:
+            base = {"id": "resp_1", "object": "response", "created_at": CREATED, "model": eng.model_id,
+                    "store": False}
+            params = {"response_id": "resp_1", "base": base, "input_items": []}
+            translate = responses._replay(responses.ResponseStore(sessions.store))
+            resume.register("responses", translate)  # as the app's routes do
+            (it,) = await service.submit(eng, [r], cp.bodies, api=api, params=params)
+            live_stream = translate(r.session, params, it)
+        live = b"".join([b async for b in live_stream])
+        events = await sessions.store.events(r.session)
+        opener = max(ev.id for ev in events if ev.kind == "generation_prompt")
+        rests = {after: b"".join([b async for b in resume.rest_of_generation(sessions, r.session, after)])
+                 for after in [opener] + [ev.id for ev in events if ev.id > opener]}
+        return r.session, live, opener, rests
+    sid, live, opener, rests = run(m, body)
+
+    assert b"<tool_call>" not in live and b"<think>" not in live
+    data = _data(live)
+    if api == "anthropic.messages":
+        assert [e["content_block"]["type"] for e in data if e["type"] == "content_block_start"] == \
+            ["thinking", "text", "tool_use"]
+        deltas = [e["delta"] for e in data if e["type"] == "content_block_delta"]
+        assert "".join(d.get("thinking", "") for d in deltas) == "hm"
+        assert "".join(d.get("text", "") for d in deltas) == " Let me look."
+        args = [d["partial_json"] for d in deltas if d["type"] == "input_json_delta"]
+        assert [e["delta"]["stop_reason"] for e in data if e["type"] == "message_delta"] == ["tool_use"]
+    else:
+        args = [e["delta"] for e in data if e["type"] == "response.function_call_arguments.delta"]
+        done = [e for e in data if e["type"] == "response.completed"][0]["response"]
+        assert [o["type"] for o in done["output"]] == ["reasoning", "message", "function_call"]
+        assert json.loads(done["output"][2]["arguments"]) == {"a": 1}
+    assert json.loads("".join(args)) == {"a": 1} and len(args) > 1  # streamed in fragments
+    assert rests[opener] == live
+    check_rest(live, rests, sid)
+
+
+def test_logprobs_with_tools_cover_the_content_tokens_only_live_and_resumed():
+    m = FakeModel()
+    m.reply = lambda prompt: turn_script(m)
+
+    async def body(eng, service, sessions):
+        r, live = await chat(eng, service, logprobs=True)
+        events = await sessions.store.events(r.session)
+        opener = max(ev.id for ev in events if ev.kind == "generation_prompt")
+        rests = {after: b"".join([b async for b in resume.rest_of_generation(sessions, r.session, after)])
+                 for after in [opener] + [ev.id for ev in events if ev.id > opener]}
+        return r.session, live, opener, rests
+    sid, live, opener, rests = run(m, body)
+    data = _data(live)
+    content = [x for e in data if e["choices"] for x in (e["choices"][0].get("logprobs") or {}).get("content") or []]
+    assert [x["token"] for x in content] == [" Let", " me", " look", "."]  # one per content token, no markup
+    assert all(x["logprob"] <= 0 and x["bytes"] == list(x["token"].encode()) for x in content)
+    assert "".join(e["choices"][0]["delta"].get("content") or "" for e in data if e["choices"]) == " Let me look."
+    assert rests[opener] == live
+    check_rest(live, rests, sid)
