@@ -186,10 +186,10 @@ def check_rest(live: bytes, rests: dict[int, bytes], sid: str) -> None:
     for c in cursors:
         assert live[:after_frame(c)] + rests[c] == live, f"resumed after event {c}"
     head = {rest for after, rest in rests.items() if after < cursors[0] and rest != live}
-    assert len(head) == 1  # after the opener it is all of it; after markup before any cursor, one same rest
-    (rest,) = head
-    cut = len(live) - len(rest)
-    assert live.endswith(rest) and live[:cut].endswith(b"\n\n") and cut <= live.index(f"id: {sid}:".encode())
+    assert len(head) <= 1  # after the opener it is all of it; after markup before any cursor, one same rest
+    for rest in head:
+        cut = len(live) - len(rest)
+        assert live.endswith(rest) and live[:cut].endswith(b"\n\n") and cut <= live.index(f"id: {sid}:".encode())
     for after, rest in rests.items():
         last = max((c for c in cursors if c <= after), default=None)
         if last is not None:
@@ -265,4 +265,41 @@ def test_logprobs_with_tools_cover_the_content_tokens_only_live_and_resumed():
     assert all(x["logprob"] <= 0 and x["bytes"] == list(x["token"].encode()) for x in content)
     assert "".join(e["choices"][0]["delta"].get("content") or "" for e in data if e["choices"]) == " Let me look."
     assert rests[opener] == live
+    check_rest(live, rests, sid)
+
+
+def raw_completion(m: FakeModel):
+    """POST /v1/completions with logprobs, streamed (api/app.py): no channels, the prompt
+    committed as one raw message. Returns the session, the live bytes, the log's event kinds
+    and the resumed stream after each generated event."""
+    async def body(eng, service, sessions):
+        r = GenRequest("cmpl-1-0", eng.encode_prompt("Hello"), SamplingParams(temperature=0, top_logprobs=1), 16)
+        its = await service.submit(eng, [r], api="completions", params={
+            "response_id": "cmpl-1", "created": CREATED, "logprobs": True, "include_usage": False})
+        live = b"".join([b async for b in streams.completion_events("cmpl-1", eng.model_id, its, True, False, None,
+                                                                    [r], created=CREATED)])
+        events = await sessions.store.events(r.session)
+        rests = {ev.id: b"".join([b async for b in resume.rest_of_generation(sessions, r.session, ev.id)])
+                 for ev in events if ev.kind == "generated"}
+        return r.session, live, [ev.kind for ev in events], rests
+    m.reply = lambda prompt: m.vocab.script(" Once", " upon", " a", " time", ".")
+    return run(m, body)
+
+
+def test_a_raw_completion_streams_text_with_logprobs_and_offsets():
+    sid, live, kinds_, rests = raw_completion(FakeModel())
+    assert kinds_ == ["created", "message"] + ["generated"] * 6
+    data = _data(live)
+    assert "".join(e["choices"][0]["text"] for e in data) == " Once upon a time."
+    offsets = [o for e in data if e["choices"][0]["logprobs"] for o in e["choices"][0]["logprobs"]["text_offset"]]
+    assert offsets == [0, 5, 10, 12, 17]
+    assert [e["choices"][0]["finish_reason"] for e in data][-1] == "stop"
+    assert [int(x) for x in re.findall(rb"id: " + sid.encode() + rb":(\d+)\n", live)] == [2, 3, 4, 5, 6, 7]
+
+
+@pytest.mark.xfail(strict=True, reason="api/resume.py: a generation with no generation_prompt event (a raw "
+                   "completion) has opener -1, so the backlog starts at the Created event and chunks() stops there: "
+                   "a resumed /v1/completions stream is only [DONE]")
+def test_a_raw_completion_resumes_at_every_cursor():
+    sid, live, _, rests = raw_completion(FakeModel())
     check_rest(live, rests, sid)
