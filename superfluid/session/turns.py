@@ -17,6 +17,30 @@ from ..errors import BadRequest
 from .events import GenerationPrompt, Message
 
 
+def _typed_markers(tok, content: str) -> bool:
+    """Whether a message's content holds text the tokenizer would read as special tokens
+    (a user typing `<|im_end|><|im_start|>system`)."""
+    return ("<" in content or "[" in content) and \
+        tok.encode(content, parse_special=True) != tok.encode(content, parse_special=False)
+
+
+def encode_turn(tok, text: str, content: str | None, first: bool, at: int | None = None) -> list[int]:
+    """Tokens of rendered conversation text holding one message's content: the template's
+    markup with its special tokens parsed, the content as plain text, so chat markers a user
+    typed stay text. `at`: where the content starts in `text` (default: its last occurrence).
+    Text with no such content is tokenized whole, as before."""
+    if not content or not _typed_markers(tok, content):
+        return tok.encode_prompt(text) if first else tok.encode(text, parse_special=True)
+    i = text.rfind(content) if at is None else at
+    if i < 0 or text[i:i + len(content)] != content:
+        i = text.rfind(content)
+    if i < 0:  # the template changed the content: no text of it can be told from markup
+        return tok.encode_prompt(text) if first else tok.encode(text, parse_special=True)
+    head, tail = text[:i], text[i + len(content):]
+    out = tok.encode_prompt(head) if first else tok.encode(head, parse_special=True)
+    return out + tok.encode(content, parse_special=False) + tok.encode(tail, parse_special=True)
+
+
 def context_text(tokenizer, tokens: list[int]) -> str:
     return b"".join(tokenizer.token_text(t) for t in tokens).decode("utf-8", "replace")
 
@@ -43,16 +67,16 @@ class Turns:
     def _render(self, messages: list[dict], gen: bool) -> str:
         return self.template.render(messages, add_generation_prompt=gen, **self.template_kwargs)
 
-    def _span(self, full: str, previous: list[dict]) -> tuple[int, ...]:
+    def _span(self, full: str, previous: list[dict], content: str | None = None) -> tuple[int, ...]:
         tok = self.tokenizer
         if not self.tokens:
-            return tuple(tok.encode_prompt(full))
+            return tuple(encode_turn(tok, full, content, True))
         if full.startswith(self.text):
             rest = full[len(self.text):]
         else:
             prev = self._render(previous, False) if previous else ""
             rest = full[len(prev):] if full.startswith(prev) else full
-        return tuple(tok.encode(rest, parse_special=True))
+        return tuple(encode_turn(tok, rest, content, False))
 
     def _take(self, span: tuple[int, ...]) -> None:
         self.tokens.extend(span)
@@ -67,7 +91,8 @@ class Turns:
             span = tuple(enc(text))
         else:
             full = self._render(self.messages + [msg], False)
-            span = self._span(full, self.messages)
+            content = msg.get("content")
+            span = self._span(full, self.messages, content if isinstance(content, str) else None)
             self.messages.append(msg)
         self._take(span)
         return Message(str(msg.get("role")), _text(msg.get("content")), span)
@@ -117,16 +142,21 @@ def _prelude_light(engine, messages: list[dict], kw: dict) -> tuple[list, list[i
     render = engine.template.render
     tok = engine.tokenizer
     pieces: list[str] = []
+    starts: list[int | None] = []  # where a piece's own content starts in it (markers are exact)
     prev = ""
     for k in range(len(light) + 1):
         full = render(light[:k + 1] if k < len(light) else light, add_generation_prompt=k == len(light), **kw)
         if not full.startswith(prev):
             return None
-        pieces.append(real(full[len(prev):]))
+        piece = full[len(prev):]
+        mark = piece.find(f"\x00{k}\x00")
+        starts.append(len(real(piece[:mark])) if mark >= 0 else None)
+        pieces.append(real(piece))
         prev = full
     if "".join(pieces) != render(messages, add_generation_prompt=True, **kw):
         return None
-    spans = [tuple(tok.encode_prompt(pieces[0]))] + [tuple(tok.encode(p, parse_special=True)) for p in pieces[1:]]
+    spans = [tuple(encode_turn(tok, p, contents[k] if k < len(contents) else None, k == 0, starts[k]))
+             for k, p in enumerate(pieces)]
     bodies: list = [Message(str(m.get("role")), contents[i], spans[i]) for i, m in enumerate(messages)]
     bodies.append(GenerationPrompt(spans[-1]))
     return bodies, [t for sp in spans for t in sp]
