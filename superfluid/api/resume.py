@@ -93,7 +93,10 @@ async def rest_of_generation(sessions, sid: str, after: int,
             async for b in _native(sessions, sid, after, q, watching, resume):
                 yield b
             return
-        opener = max((e.event_id for e in st.entries if e.kind == "generation_prompt"), default=-1)
+        # the generation starts after the last input: the assistant-turn opener, or the raw
+        # prompt of a completion (which has no template, so no opener)
+        opener = max((e.event_id for e in st.entries if e.kind in ("generation_prompt", "message", "tool_result")),
+                     default=-1)
         backlog = [ev for ev in await sessions.store.events(sid, after=opener)]
         params = st.params
         rid = str(params.get("response_id") or sid)

@@ -297,9 +297,6 @@ def test_a_raw_completion_streams_text_with_logprobs_and_offsets():
     assert [int(x) for x in re.findall(rb"id: " + sid.encode() + rb":(\d+)\n", live)] == [2, 3, 4, 5, 6, 7]
 
 
-@pytest.mark.xfail(strict=True, reason="api/resume.py: a generation with no generation_prompt event (a raw "
-                   "completion) has opener -1, so the backlog starts at the Created event and chunks() stops there: "
-                   "a resumed /v1/completions stream is only [DONE]")
 def test_a_raw_completion_resumes_at_every_cursor():
     sid, live, _, rests = raw_completion(FakeModel())
     check_rest(live, rests, sid)
