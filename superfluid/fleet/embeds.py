@@ -77,7 +77,7 @@ class FleetEmbedder:
             rid = f"{eng.model_id}#{next(self._ids)}"
             fut: asyncio.Future = asyncio.get_running_loop().create_future()
             self._waits[rid] = (fut, node, len(inputs))
-            eng.pool.send(node, m.EMBED_REQ, {"id": rid, "inputs": [[x.tokens, x.pair_at] for x in inputs],
+            eng.pool.send_raw(node, m.EMBED_REQ, {"id": rid, "inputs": [[x.tokens, x.pair_at] for x in inputs],
                                               "qos": int(qos)})
             try:
                 return await fut

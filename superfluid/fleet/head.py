@@ -117,14 +117,13 @@ class FleetEngine(EngineBase):
 
     @property
     def model_kind(self) -> str:
-        kinds = [str(x.get("kind") or "generate") for n in self.nodes if n.up for x in n.models
-                 if x.get("id") == self.model_id]
+        kinds = [x.kind for n in self.nodes if n.up for x in n.models if x.id == self.model_id]
         return kinds[0] if kinds else "generate"
 
     def on_embedded(self, n: NodeConn, body: dict) -> None:
         self.embedder.on_embedded(n, body)
 
-    def node_up(self, n: NodeConn) -> dict:
+    def node_up(self, n: NodeConn) -> dict[str, tuple[int, int]]:
         """A node (re)connected: our generations on it, as RECONCILE wants them. Embedding
         batches sent over its old link are answered there, if at all: they go out again."""
         self._fit_window()
@@ -133,7 +132,7 @@ class FleetEngine(EngineBase):
         for p in self._placed.values():
             if p.node is n:
                 p.lost_at = None
-                view[p.req.id] = [p.tracker.epoch, p.tracker.watermark]
+                view[p.req.id] = (p.tracker.epoch, p.tracker.watermark)
         return view
 
     def node_lost(self, n: NodeConn, *, at: float, gens: tuple[str, ...] | None = None) -> None:
@@ -214,14 +213,10 @@ class FleetEngine(EngineBase):
             p.tracker.replace(epoch)
         p.node, p.lost_at, p.base = node, None, len(p.delivered)
         r = p.req
-        self._send(node, m.GENERATE_REQ, {
-            "cmd": self.pool.cmds.next(), "gen": r.id, "session": r.session or r.id, "epoch": epoch,
-            "prompt": list(r.prompt) + p.delivered, "sampling": r.sampling.to_wire(),
-            "max_tokens": r.max_tokens - len(p.delivered), "stop": list(r.stop), "qos": int(r.qos),
-            "channels": spec_to_wire(r.channels), "history": list(r.history) + p.delivered})
-
-    def _send(self, node: NodeConn, kind: int, body: dict) -> None:
-        self.pool.send(node, kind, body)
+        self.pool.send(node, m.GenerateReq(
+            self.pool.cmds.next(), r.id, r.session or r.id, epoch, tuple(r.prompt) + tuple(p.delivered),
+            r.sampling.to_wire(), r.max_tokens - len(p.delivered), tuple(r.stop), int(r.qos),
+            spec_to_wire(r.channels), tuple(r.history) + tuple(p.delivered)))
 
     async def _watch(self) -> None:
         """Failover: work on a node gone for longer than `grace` moves."""
@@ -246,10 +241,10 @@ class FleetEngine(EngineBase):
         log.warning("re-placed %s from %s on %s (epoch %d, %d tokens delivered)", p.req.id,
                     old.addr if old else "?", p.node.addr if p.node else "?", p.tracker.epoch, len(p.delivered))
         if old is not None and old.up:
-            self._send(old, m.SESSION_REVOKE, {"session": p.req.session or p.req.id, "epoch": p.tracker.epoch})
+            self.pool.send(old, m.SessionRevoke(p.req.session or p.req.id, p.tracker.epoch))
 
-    def on_tokens(self, n: NodeConn, body: dict) -> None:
-        gen, epoch = str(body.get("gen")), int(body.get("epoch", -1))
+    def on_tokens(self, n: NodeConn, body: m.TokenEvents) -> None:
+        gen, epoch = body.gen, body.epoch
         p = self._placed.get(gen)
         if p is None or p.node is not n or p.tracker.epoch != epoch:
             # a stale epoch or a generation that moved away: never delivered; the node drops it
@@ -258,8 +253,8 @@ class FleetEngine(EngineBase):
             return
         st = self._streams.get(gen)
         outs = []
-        for seq, w in body.get("events") or []:
-            if not p.tracker.accept(epoch, int(seq)):
+        for seq, w in body.events:
+            if not p.tracker.accept(epoch, seq):
                 continue
             c = m.chunk_from_wire(gen, w)
             if st is not None and st.n_out == 0 and c.tokens:
@@ -277,5 +272,5 @@ class FleetEngine(EngineBase):
                     st.done = True
                     self._streams.pop(gen, None)
                 break
-        self._send(n, m.WATERMARK_ACK, {"gen": gen, "epoch": epoch, "upto": p.tracker.watermark})
+        self.pool.send(n, m.WatermarkAck(gen, epoch, p.tracker.watermark))
         self.out.publish(outs)

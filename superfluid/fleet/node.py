@@ -12,6 +12,7 @@ import asyncio
 import logging
 import socket
 import time
+from typing import Any
 
 from ..codec.channels import spec_from_wire, spec_to_wire  # noqa: F401 -- the head sends what a node reads
 from ..embedding import EmbedInput
@@ -19,16 +20,15 @@ from ..errors import ProtocolError, SuperfluidError
 from ..link import messages as m
 from ..link.node_state import NodeState, RetryBuffer
 from ..request import Chunk, FinishReason, GenRequest, Qos, SamplingParams
+from ..transport import Link
 from .prefixes import NodeSummary
 from .stats import node_status
-from .transport import Link
 
 log = logging.getLogger("superfluid.node")
 
 MAX_HANDSHAKES = 8  # connections mid-handshake at once; more are refused at once
 STATUS_EVERY = 2.0
 STATUS_POLL = 0.25  # how soon a change in its status is reported
-KEEPALIVE_EVERY = 1.0
 
 
 class _Head:
@@ -38,7 +38,10 @@ class _Head:
     def __init__(self, link: Link, instance: str = ""):
         self.link = link
         self.instance = instance  # the head process's id from HELLO: its command ids' namespace
-        self.last_heard = time.monotonic()
+
+    @property
+    def last_heard(self) -> float:
+        return self.link.live.last_heard
 
 
 class NodeServer:
@@ -88,11 +91,9 @@ class NodeServer:
         """The responder's side of the secure channel (the head always initiates), then HELLO."""
         peer = writer.get_extra_info("peername")
         try:
-            link = await Link.accept(reader, writer, self.psk)
-            kind, hello = await asyncio.wait_for(link.recv(), 5.0)
-            if kind != m.HELLO or m.VERSION not in (hello.get("versions") or []):
-                raise ProtocolError(f"expected HELLO with version {m.VERSION}, got message {kind}")
-            return link, str(hello.get("head") or "")
+            link = await Link.accept(reader, writer, m.LINK_F, self.psk)
+            hello = await link.welcome(5.0)
+            return link, hello.head
         except SuperfluidError as e:
             log.warning("refused a head at %s: %s", peer, e.message)
         except (TimeoutError, ConnectionError, OSError) as e:
@@ -146,19 +147,12 @@ class NodeServer:
     async def _session(self, link: Link, instance: str = "") -> None:
         head = _Head(link, instance)
         self.heads.add(head)
-        link.send(m.HELLO_ACK, self.hello_ack())
+        link.send(self.hello_ack())
         self._send_prefixes(link)
         log.info("head %s connected", link.peer)
         ticker = asyncio.create_task(self._tick(link))
         try:
-            while True:
-                kind, body = await link.recv()
-                head.last_heard = time.monotonic()
-                try:
-                    self._on_message(head, kind, body)
-                except (KeyError, TypeError, ValueError, AttributeError) as e:
-                    raise m.malformed(kind, e) from None
-                await link.writer.drain()
+            await link.serve(lambda kind, body: self._on_message(head, kind, body))
         except SuperfluidError as e:
             log.warning("dropping the link to %s: %s", link.peer, e.message)
         except (ConnectionError, OSError):
@@ -170,23 +164,20 @@ class NodeServer:
             self.head_gone(head)
 
     async def _tick(self, link: Link) -> None:
-        """KEEPALIVE every second; NODE_STATUS (and NODE_PREFIXES) every STATUS_EVERY seconds,
-        and NODE_STATUS within STATUS_POLL of any change (lanes, queue, KV, counters), so a
-        head's /metrics follows its nodes as they fill, generate and drain; an idle node's
-        status does not change, and it sends only the periodic one."""
-        alive = sent = time.monotonic()
+        """NODE_STATUS (and NODE_PREFIXES) every STATUS_EVERY seconds, and NODE_STATUS within
+        STATUS_POLL of any change (lanes, queue, KV, counters), so a head's /metrics follows
+        its nodes as they fill, generate and drain; an idle node's status does not change,
+        and it sends only the periodic one (the link sends the KEEPALIVEs)."""
+        sent = time.monotonic()
         last = None
         while not link.closed:
             await asyncio.sleep(STATUS_POLL)
             now = time.monotonic()
             try:
-                if now - alive >= KEEPALIVE_EVERY:
-                    link.send(m.KEEPALIVE, {})
-                    alive = now
                 status = self.status()
                 due = now - sent >= STATUS_EVERY
                 if due or status != last:
-                    link.send(m.NODE_STATUS, status)
+                    link.send(m.NodeStatus(**status))
                     sent, last = (now if due else sent), status
                 if due:
                     self._send_prefixes(link)
@@ -198,7 +189,7 @@ class NodeServer:
         a head that predates it drops it)."""
         body = self._prefixes.fields(self.engine)
         if body:
-            link.send(m.NODE_PREFIXES, body)
+            link.send_raw(m.NODE_PREFIXES, body)
 
     async def _watchdog(self) -> None:
         """The lease: generations whose head has been silent for lease_s are fenced."""
@@ -211,12 +202,12 @@ class NodeServer:
             for gen in stale:
                 self._cancel(gen)
 
-    def hello_ack(self) -> dict:
+    def hello_ack(self) -> m.HelloAck:
         eng = self.engine
-        return {"version": m.VERSION, "node": self.node_id,
-                "models": [{"id": eng.model_id, "n_ctx": eng.n_ctx, "lanes": eng.cfg.max_batch,
-                            "embed_window": eng.embed_window, "kind": eng.model_kind}],
-                "status": self.status()}
+        return m.HelloAck(m.VERSION, self.node_id,
+                          (m.ModelOffer(eng.model_id, int(eng.n_ctx), int(eng.cfg.max_batch),
+                                        int(eng.embed_window or 0), str(eng.model_kind)),),
+                          m.NodeStatus(**self.status()))
 
     def head_gone(self, head: _Head) -> None:
         """A head's link ended (its generations wait for its lease; stages drop its work)."""
@@ -226,28 +217,26 @@ class NodeServer:
         return node_status(self.engine.stats())
 
     # -- messages ------------------------------------------------------------------------
-    def _on_message(self, head: _Head, kind: int, body: dict) -> None:
+    def _on_message(self, head: _Head, kind: int, body: Any) -> None:
         link = head.link
         if kind == m.GENERATE_REQ:
             self._generate(head, body)
         elif kind == m.GENERATE_CANCEL:
-            if self.state.first_time(int(body["cmd"]), head.instance):
-                self._cancel(str(body["gen"]))
+            if self.state.first_time(body.cmd, head.instance):
+                self._cancel(body.gen)
         elif kind == m.WATERMARK_ACK:
-            gen = str(body["gen"])
-            self.state.ack(gen, int(body["epoch"]), int(body["upto"]))
-            if gen not in self.state.gens:  # finished and acknowledged: forget it
-                self._owner.pop(gen, None)
+            self.state.ack(body.gen, body.epoch, body.upto)
+            if body.gen not in self.state.gens:  # finished and acknowledged: forget it
+                self._owner.pop(body.gen, None)
         elif kind == m.RECONCILE:
-            view = {str(g): (int(v[0]), int(v[1])) for g, v in (body.get("gens") or {}).items()}
-            resend, missing = self.state.reconcile(view)
+            resend, missing = self.state.reconcile(body.gens)
             for buf, tail in resend:
                 self._owner[buf.gen] = head  # the reconnected head takes its generations back
                 if tail:
                     self._send(buf, tail)
-            link.send(m.RECONCILE_ACK, {"missing": missing})
+            link.send(m.ReconcileAck(tuple(missing)))
         elif kind == m.SESSION_REVOKE:
-            for gen in self.state.revoke(str(body["session"]), int(body["epoch"])):
+            for gen in self.state.revoke(body.session, body.epoch):
                 self._cancel(gen)
         elif kind == m.EMBED_REQ:
             inputs = [EmbedInput([int(t) for t in toks], int(at)) for toks, at in body["inputs"]]
@@ -266,24 +255,23 @@ class NodeServer:
         if not head.link.closed:
             try:
                 try:
-                    head.link.send(m.EMBED_RESP, body)
+                    head.link.send_raw(m.EMBED_RESP, body)
                 except ProtocolError as e:  # over the frame cap: the head gets an error, not silence
-                    head.link.send(m.EMBED_RESP, {"id": rid, "error": [e.code or "protocol_error", e.message]})
+                    head.link.send_raw(m.EMBED_RESP, {"id": rid, "error": [e.code or "protocol_error", e.message]})
             except ConnectionError:
                 pass
 
-    def _generate(self, head: _Head, b: dict) -> None:
-        gen, epoch, session = str(b["gen"]), int(b["epoch"]), str(b["session"])
-        if not self.state.first_time(int(b["cmd"]), head.instance):
+    def _generate(self, head: _Head, b: m.GenerateReq) -> None:
+        gen, epoch, session = b.gen, b.epoch, b.session
+        if not self.state.first_time(b.cmd, head.instance):
             return
         if not self.state.admit(session, epoch):
             log.info("fenced a stale GENERATE_REQ for %s (epoch %d)", gen, epoch)
             return
         buf = self.state.open(gen, epoch, session)
         self._owner[gen] = head
-        req = GenRequest(f"{gen}@{epoch}", list(b["prompt"]), SamplingParams.from_wire(list(b["sampling"])),
-                         int(b["max_tokens"]), tuple(b.get("stop") or ()), Qos(int(b.get("qos", 2))),
-                         channels=spec_from_wire(b.get("channels")), history=tuple(b.get("history") or ()))
+        req = GenRequest(f"{gen}@{epoch}", list(b.prompt), SamplingParams.from_wire(list(b.sampling)),
+                         b.max_tokens, b.stop, Qos(b.qos), channels=spec_from_wire(b.channels), history=b.history)
         try:
             self.engine.check(req)
             stream = self.engine.submit(req)
@@ -308,7 +296,7 @@ class NodeServer:
         if head is None or head.link.closed:
             return  # kept in the retry buffer: the head gets them after RECONCILE
         try:
-            head.link.send(m.TOKEN_EVENTS, {"gen": buf.gen, "epoch": buf.epoch, "events": [list(e) for e in events]})
+            head.link.send(m.TokenEvents(buf.gen, buf.epoch, tuple(events)))
         except ConnectionError:
             pass
 

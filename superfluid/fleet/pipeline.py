@@ -23,6 +23,8 @@ import secrets
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
@@ -31,8 +33,8 @@ from ..link import messages as m
 from ..plan import Run
 from ..runtime.base import ModelInfo, Runtime
 from ..runtime.gguf_vocab import GgufVocab
+from ..transport import Link
 from .placement import split_layers
-from .transport import Link
 
 log = logging.getLogger("superfluid.pipeline")
 
@@ -48,11 +50,10 @@ class StageLost(SuperfluidError):
 
 
 class _Stage:
-    def __init__(self, addr: str, link: Link, ack: dict):
+    def __init__(self, addr: str, link: Link, ack: m.HelloAck):
         self.addr, self.link = addr, link
-        self.info = ack.get("stage") or {}
+        self.info = ack.stage or {}
         self.pending: collections.deque[asyncio.Future] = collections.deque()  # answered in order
-        self.last_heard = time.monotonic()
         self.lost: str | None = None
         self.reader: asyncio.Task | None = None
         self.first = self.last = 0
@@ -64,6 +65,7 @@ class PipelineRuntime(Runtime):
                  n_ctx: int, split: str = "even", timeout: float = 10.0, spares: Sequence[tuple[str, int]] = ()):
         super().__init__()
         self.timeout = timeout
+        self.proto = replace(m.LINK_F, silence=timeout)  # a stage silent this long is gone
         self.instance = secrets.token_hex(8)
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, name="pipeline-links", daemon=True).start()
@@ -106,9 +108,9 @@ class PipelineRuntime(Runtime):
         addr = f"{host}:{port}"
         link = None
         try:
-            link = await Link.dial(host, port, psk)
-            ack = await link.hello(self.instance)
-            if not isinstance(ack.get("stage"), dict):
+            link = await Link.dial(host, port, self.proto, psk)
+            ack = await link.greet(m.Hello((m.VERSION,), self.instance))
+            if not isinstance(ack.stage, dict):
                 raise StageLost(f"{addr} is not a pipeline stage (start it with `superfluid node serve --stage`)")
         except (OSError, TimeoutError, OverflowError, SuperfluidError) as e:
             if link is not None:
@@ -150,16 +152,16 @@ class PipelineRuntime(Runtime):
 
     # -- the links -----------------------------------------------------------------------
     async def _read(self, st: _Stage) -> None:
+        """The stage's answers, to its requests in order (the link drops a silent stage)."""
+        def on_message(kind: int, body: Any) -> None:
+            if kind in (m.STAGE_READY, m.STAGE_FORWARD_RESP):
+                if not st.pending:
+                    raise SuperfluidError(f"an answer nobody asked for (message {kind})")
+                fut = st.pending.popleft()
+                if not fut.done():
+                    fut.set_result(body)
         try:
-            while True:
-                kind, body = await st.link.recv()
-                st.last_heard = time.monotonic()
-                if kind in (m.STAGE_READY, m.STAGE_FORWARD_RESP):
-                    if not st.pending:
-                        raise SuperfluidError(f"an answer nobody asked for (message {kind})")
-                    fut = st.pending.popleft()
-                    if not fut.done():
-                        fut.set_result(body)
+            await st.link.serve(on_message)
         except (ConnectionError, OSError, SuperfluidError) as e:
             self._lose(st, f"pipeline stage {st.addr} went away ({getattr(e, 'message', None) or e or 'closed'})")
 
@@ -173,13 +175,14 @@ class PipelineRuntime(Runtime):
 
     async def _ask(self, st: _Stage, kind: int, body: dict, limit: float = FORWARD_TIMEOUT) -> dict:
         """One request and its answer. Fails with StageLost when the stage goes away, is
-        silent for `timeout`, or does not answer within `limit` (keepalives do not count)."""
+        silent for `timeout` (its link ends), or does not answer within `limit` (keepalives
+        do not count)."""
         if st.lost:
             raise StageLost(st.lost)
         fut = self.loop.create_future()
         st.pending.append(fut)
         try:
-            st.link.send(kind, body)
+            st.link.send_raw(kind, body)
         except (ConnectionError, SuperfluidError) as e:  # gone, or a request over the frame cap
             self._lose(st, f"pipeline stage {st.addr}: {getattr(e, 'message', None) or e or 'the link is closed'}")
         deadline = time.monotonic() + limit
@@ -187,10 +190,7 @@ class PipelineRuntime(Runtime):
             done, _ = await asyncio.wait([fut], timeout=1.0)
             if done:
                 break
-            now = time.monotonic()
-            if now - st.last_heard > self.timeout:
-                self._lose(st, f"pipeline stage {st.addr} is silent for {self.timeout:.0f} s")
-            elif now > deadline:
+            if time.monotonic() > deadline:
                 self._lose(st, f"pipeline stage {st.addr} did not answer within {limit:.0f} s")
         reply = fut.result()
         if not isinstance(reply, dict) or reply.get("error"):
@@ -204,7 +204,7 @@ class PipelineRuntime(Runtime):
             for st in self.stages:
                 if not st.lost:
                     try:
-                        st.link.send(kind, body)
+                        st.link.send_raw(kind, body)
                     except ConnectionError:
                         self._lose(st, f"pipeline stage {st.addr} went away")
         self.loop.call_soon_threadsafe(send)

@@ -2,9 +2,9 @@
 
 Nodes are dialed (`--fleet`), join (`--fleet-listen`, found by mDNS or named), or run in
 this process (`--fleet-local`: the head's own model, behind a loopback Link F like any other
-node). The pool dials with backoff, keeps each link alive (KEEPALIVE every second, which
-also renews the node's leases, idle or not), treats a node silent for `timeout` as gone,
-and routes each node's messages to the FleetEngine whose generation they belong to.
+node). The pool dials with backoff; each link (transport.py) keeps itself alive (KEEPALIVE
+every second, which also renews the node's leases, idle or not) and treats a node silent
+for `timeout` as gone. The pool routes each node's messages to the FleetEngine whose generation they belong to.
 Command ids and epochs come from one counter for the whole head (never reused: the
 session store's epoch is in their high bits)."""
 
@@ -15,19 +15,18 @@ import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..errors import SuperfluidError, WorkerUnavailable
 from ..link import messages as m
 from ..link.head_state import Counter
 from ..link.noise import AuthFailed
+from ..transport import Link
 from .prefixes import from_wire
-from .transport import Link
 
 log = logging.getLogger("superfluid.fleet")
 
-KEEPALIVE_EVERY = 1.0
 RECENT = 5.0  # a prompt placed on a node counts as held there this long before its reports show it
 START_WAIT = 120.0  # a head that dials nodes waits this long for the first one
 
@@ -40,11 +39,10 @@ class NodeConn:
     up: bool = False
     link: Link | None = None
     name: str = ""
-    models: list = field(default_factory=list)
-    status: dict = field(default_factory=dict)
+    models: list[m.ModelOffer] = field(default_factory=list)
+    status: dict = field(default_factory=dict)  # its last NodeStatus report, as sent
     prefixes: frozenset = frozenset()  # prefix hashes it holds (fleet/prefixes.py): NODE_PREFIXES + recent
     recent: dict = field(default_factory=dict)  # hash -> when the head placed a prompt holding it here
-    last_heard: float = 0.0
     refused: str | None = None  # why the node refused us (a wrong token), logged once
 
     @property
@@ -64,13 +62,13 @@ class NodeConn:
         self.prefixes = self.prefixes | frozenset(hashes)
 
     def window(self, model_id: str) -> int:
-        return max((int(x.get("n_ctx", 0)) for x in self.models if x.get("id") == model_id), default=0)
+        return max((x.n_ctx for x in self.models if x.id == model_id), default=0)
 
     def serves(self, model_id: str) -> bool:
-        return any(x.get("id") == model_id for x in self.models)
+        return any(x.id == model_id for x in self.models)
 
     def embed_window(self, model_id: str) -> int:
-        return max((int(x.get("embed_window") or 0) for x in self.models if x.get("id") == model_id), default=0)
+        return max((x.embed_window for x in self.models if x.id == model_id), default=0)
 
 
 class NodePool:
@@ -80,6 +78,7 @@ class NodePool:
         self.nodes = [NodeConn(h, p) for h, p in nodes]
         self.psk = psk
         self.timeout = timeout
+        self.proto = replace(m.LINK_F, silence=timeout)  # a node silent this long is treated as gone
         self.listen_at = listen
         self.mdns = mdns
         self.instance = secrets.token_hex(8)  # this head process: the namespace of its command ids on nodes
@@ -118,7 +117,6 @@ class NodePool:
                 bound = self._server.sockets[0].getsockname()
                 self._advert = await Advertiser.start(self.listen_at[0], bound[1], self.psk)
         self._bg += [asyncio.create_task(self._run_node(n), name=f"fleet-{n.addr}") for n in self.nodes]
-        self._bg.append(asyncio.create_task(self._watch(), name="fleet-watch"))
         if not self.nodes:
             return  # nodes join when they will; requests get 503 until one has
         deadline = time.monotonic() + START_WAIT
@@ -171,34 +169,36 @@ class NodePool:
             await self._local_engine.close()
             self._local_server = None
 
-    def send(self, node: NodeConn, kind: int, body: dict) -> None:
+    def send(self, node: NodeConn, msg: Any) -> None:
+        """A typed message to a node (dropped when its link is down: reconcile covers it)."""
         if node.link is None:
             return
         try:
-            node.link.send(kind, body)
+            node.link.send(msg)
+        except ConnectionError:
+            pass
+
+    def send_raw(self, node: NodeConn, kind: int, body: dict) -> None:
+        if node.link is None:
+            return
+        try:
+            node.link.send_raw(kind, body)
         except ConnectionError:
             pass
 
     def cancel(self, node: NodeConn, gen: str) -> None:
-        self.send(node, m.GENERATE_CANCEL, {"cmd": self.cmds.next(), "gen": gen})
+        self.send(node, m.GenerateCancel(self.cmds.next(), gen))
 
     # -- the links -------------------------------------------------------------------------
-    async def _watch(self) -> None:
-        """A node silent past `timeout` is treated as gone (its link is closed)."""
-        while True:
-            await asyncio.sleep(0.1)
-            now = time.monotonic()
-            for n in self.nodes:
-                if n.up and n.link is not None and now - n.last_heard > self.timeout:
-                    log.warning("node %s silent for %.1f s: treating it as gone", n.addr, now - n.last_heard)
-                    n.link.close()
+    async def _greet(self, link: Link) -> m.HelloAck:
+        return await link.greet(m.Hello((m.VERSION,), self.instance))
 
     async def _run_node(self, n: NodeConn) -> None:
         backoff = 0.1
         while True:
             try:
-                link = await Link.dial(n.host, n.port, self.psk)
-                ack = await link.hello(self.instance)
+                link = await Link.dial(n.host, n.port, self.proto, self.psk)
+                ack = await self._greet(link)
             except AuthFailed as e:
                 self._refused(n, e.message)
                 await asyncio.sleep(min(backoff, 5.0))
@@ -222,8 +222,8 @@ class NodePool:
         channel; a node that joins again under the same name gets its generations back."""
         peer = writer.get_extra_info("peername")
         try:
-            link = await Link.accept(reader, writer, self.psk, initiator=True)
-            ack = await link.hello(self.instance)
+            link = await Link.accept(reader, writer, self.proto, self.psk, initiator=True)
+            ack = await self._greet(link)
         except AuthFailed as e:
             log.error("a node at %s refused the fleet token: %s", peer, e.message)
             writer.close()
@@ -235,7 +235,7 @@ class NodePool:
                 log.warning("a node at %s went away while joining: %s", peer, getattr(e, "message", None) or e)
             writer.close()
             return
-        name = str(ack.get("node", "")) or f"{peer[0]}:{peer[1]}"
+        name = ack.node or f"{peer[0]}:{peer[1]}"
         n = next((x for x in self.nodes if x.port == 0 and x.host == name), None)
         if n is None:
             n = NodeConn(name, 0)
@@ -249,32 +249,23 @@ class NodePool:
             log.error("node %s refused the fleet token: %s", n.addr, why)
         n.refused = why
 
-    async def _session(self, n: NodeConn, link: Link, ack: dict) -> None:
-        """One live link to a node: reconcile, then read until it ends."""
+    async def _session(self, n: NodeConn, link: Link, ack: m.HelloAck) -> None:
+        """One live link to a node: reconcile, then read until it ends (transport.py sends
+        the KEEPALIVEs, which also renew the node's leases, and drops a silent node)."""
         n.link, n.up, n.refused = link, True, None
-        n.name, n.models = str(ack.get("node", "")), list(ack.get("models") or [])
-        n.status = ack.get("status") or {}
-        n.last_heard = time.monotonic()
+        n.name, n.models, n.status = ack.node, list(ack.models), ack.status.report()
         log.info("fleet node %s (%s) is up, serving %s", n.addr, n.name,
-                 ", ".join(str(x.get("id")) for x in n.models) or "nothing")
-        view: dict = {}
+                 ", ".join(x.id for x in n.models) or "nothing")
+        view: dict[str, tuple[int, int]] = {}
         for eng in self.engines:
             view.update(eng.node_up(n))
         if view:
-            self.send(n, m.RECONCILE, {"gens": view})
-        ticker = asyncio.create_task(self._keepalive(n, link))
+            self.send(n, m.Reconcile(view))
         try:
-            while True:
-                kind, body = await link.recv()
-                n.last_heard = time.monotonic()
-                try:
-                    self._on_message(n, kind, body)
-                except (KeyError, TypeError, ValueError, AttributeError) as e:
-                    raise m.malformed(kind, e) from None
+            await link.serve(lambda kind, body: self._on_message(n, kind, body))
         except (ConnectionError, OSError, SuperfluidError) as e:
             log.warning("lost the link to node %s: %s", n.addr, getattr(e, "message", None) or e or "closed")
         finally:
-            ticker.cancel()
             link.close()
             if n.link is link:
                 n.up, n.link = False, None
@@ -282,20 +273,14 @@ class NodePool:
                 for eng in self.engines:
                     eng.node_lost(n, at=now)
 
-    async def _keepalive(self, n: NodeConn, link: Link) -> None:
-        while not link.closed:
-            self.send(n, m.KEEPALIVE, {})  # also renews the lease of every session on the node, idle or not
-            await asyncio.sleep(KEEPALIVE_EVERY)
-
     def _owner(self, gen: str):
         return next((e for e in self.engines if e.owns(gen)), None)
 
-    def _on_message(self, n: NodeConn, kind: int, body: dict) -> None:
+    def _on_message(self, n: NodeConn, kind: int, body: Any) -> None:
         if kind == m.TOKEN_EVENTS:
-            gen = str(body.get("gen"))
-            eng = self._owner(gen)
+            eng = self._owner(body.gen)
             if eng is None:  # a generation that ended here (or a stale one): the node drops it
-                self.cancel(n, gen)
+                self.cancel(n, body.gen)
             else:
                 eng.on_tokens(n, body)
         elif kind == m.EMBED_RESP:
@@ -303,11 +288,11 @@ class NodePool:
             if eng is not None:
                 eng.on_embedded(n, body)
         elif kind == m.NODE_STATUS:
-            n.status = body
+            n.status = body.report()
         elif kind == m.NODE_PREFIXES:
             n.set_prefixes(body)
         elif kind == m.RECONCILE_ACK:
-            for gen in body.get("missing") or []:  # the node lost them (it restarted): move them now
-                eng = self._owner(str(gen))
+            for gen in body.missing:  # the node lost them (it restarted): move them now
+                eng = self._owner(gen)
                 if eng is not None:
-                    eng.node_lost(n, at=0.0, gens=(str(gen),))
+                    eng.node_lost(n, at=0.0, gens=(gen,))

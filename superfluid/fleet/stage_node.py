@@ -41,17 +41,16 @@ class StageServer(NodeServer):
         self._compute = asyncio.Lock()  # one forward at a time: they share the cores
         self.tokens_fed = 0  # tokens through this stage's layers, every head together
 
-    def hello_ack(self) -> dict:
-        return {"version": m.VERSION, "node": self.node_id, "models": [],
-                "stage": {"model": self.model_id, "n_layer": self.n_layer, "mem": _memory()},
-                "status": self.status()}
+    def hello_ack(self) -> m.HelloAck:
+        return m.HelloAck(m.VERSION, self.node_id, (), m.NodeStatus(**self.status()),
+                          stage={"model": self.model_id, "n_layer": self.n_layer, "mem": _memory()})
 
     def status(self) -> dict:
         return {"lanes": 0, "running": 0, "waiting": 0, "kv_used": 0, "kv_total": 0,
                 "stages": [list(r) for r in self._models], "tokens_fed": self.tokens_fed,
                 "sessions": sum(s.sessions() for s in self._models.values())}
 
-    def _on_message(self, head: _Head, kind: int, body: dict) -> None:
+    def _on_message(self, head: _Head, kind: int, body: Any) -> None:
         if kind in (m.STAGE_LOAD, m.STAGE_FORWARD_REQ, m.STAGE_COPY, m.STAGE_DROP):
             if head not in self._queues:
                 self._queues[head] = asyncio.Queue()
@@ -117,11 +116,11 @@ class StageServer(NodeServer):
                                   "error": f"{type(e).__name__}: {e}"})
                 if reply is not None:
                     try:
-                        head.link.send(*reply)
+                        head.link.send_raw(*reply)
                     except ConnectionError:
                         return
                     except ProtocolError as e:  # e.g. a reply over the frame cap
-                        head.link.send(reply[0], {"id": reply[1].get("id"), "error": e.message})
+                        head.link.send_raw(reply[0], {"id": reply[1].get("id"), "error": e.message})
         finally:
             self._release(head)
 

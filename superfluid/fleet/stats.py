@@ -80,7 +80,7 @@ def fleet_stats(eng: FleetEngine) -> EngineStats:
         rows.append(NodeStats(name=n.name, addr=n.addr, up=n.up, lanes=len(mine), max_lanes=_int(rep.get("lanes")),
                               queue=sum(q.values()), kv_used=_int(rep.get("kv_used")),
                               kv_total=_int(rep.get("kv_total")), placed=eng.placed_on(n),
-                              models=tuple(str(x.get("id")) for x in n.models), prefixes=len(n.prefixes),
+                              models=tuple(x.id for x in n.models), prefixes=len(n.prefixes),
                               report=dict(rep)))
         if not n.serves(eng.model_id):
             continue

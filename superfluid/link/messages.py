@@ -1,4 +1,5 @@
-"""Link F messages (msgpack bodies in the frame envelope). The head initiates with HELLO
+"""Link F messages: typed records (link/records.py; each a msgpack map of its fields) in
+the frame envelope, carried by link/conn.py (LINK_F below). The head initiates with HELLO
 {versions, head: its process's instance id, the namespace of its command ids}; the node
 answers HELLO_ACK (identity, models, capacity, limits), then:
 
@@ -29,24 +30,145 @@ resends it after RECONCILE."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import msgpack
 import numpy as np
 
 from ..errors import ProtocolError
 from ..request import CallDelta, Chunk, FinishReason, TokenLogprob
+from .conn import HELLO, HELLO_ACK, KEEPALIVE, Protocol
+from .records import Record, Table
 
 VERSION = 1
 OPTIONAL_BIT = 0x8000
 
-HELLO, HELLO_ACK = 1, 2
 GENERATE_REQ, GENERATE_CANCEL, TOKEN_EVENTS, WATERMARK_ACK = 10, 11, 12, 13
 RECONCILE, RECONCILE_ACK, SESSION_REVOKE = 14, 15, 16
 EMBED_REQ, EMBED_RESP = 17, 18  # idempotent: a batch whose node is lost is simply sent to another
-NODE_STATUS, KEEPALIVE, NODE_PREFIXES = 0x8000 | 20, 0x8000 | 21, 0x8000 | 22  # optional: a peer may ignore them
+NODE_STATUS, NODE_PREFIXES = 0x8000 | 20, 0x8000 | 22  # optional (KEEPALIVE too): a peer may ignore them
 STAGE_LOAD, STAGE_READY, STAGE_FORWARD_REQ, STAGE_FORWARD_RESP, STAGE_COPY, STAGE_DROP = 30, 31, 32, 33, 34, 35
-KNOWN = {HELLO, HELLO_ACK, GENERATE_REQ, GENERATE_CANCEL, TOKEN_EVENTS, WATERMARK_ACK, RECONCILE,
-         RECONCILE_ACK, SESSION_REVOKE, EMBED_REQ, EMBED_RESP, NODE_STATUS, KEEPALIVE, NODE_PREFIXES, STAGE_LOAD,
-         STAGE_READY, STAGE_FORWARD_REQ, STAGE_FORWARD_RESP, STAGE_COPY, STAGE_DROP}
+
+
+# -- the typed messages (link/records.py: a map of the fields by name on the wire) --------
+@dataclass(frozen=True, slots=True)
+class Hello(Record):
+    TYPE = HELLO
+    versions: tuple[int, ...]
+    head: str = ""  # the head process's instance id: the namespace of its command ids
+
+
+@dataclass(frozen=True, slots=True)
+class ModelOffer(Record):
+    id: str
+    n_ctx: int = 0
+    lanes: int = 0
+    embed_window: int = 0
+    kind: str = "generate"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeStatus(Record):
+    """NODE_STATUS (fleet/stats.py says what each field means); a field left None is not sent."""
+    TYPE = NODE_STATUS
+    lanes: int | None = None
+    running: int | None = None
+    waiting: int | None = None
+    kv_used: int | None = None
+    kv_total: int | None = None
+    kv_slots: int | None = None
+    lane_list: list | None = None
+    queue: dict | None = None
+    counters: dict | None = None
+    rates: list | None = None
+    restarts: int | None = None
+    steps: int | None = None
+    stages: list | None = None  # a pipeline stage: the layer ranges it holds
+    tokens_fed: int | None = None
+    sessions: int | None = None
+
+    def report(self) -> dict:
+        return self.to_wire()
+
+
+@dataclass(frozen=True, slots=True)
+class HelloAck(Record):
+    TYPE = HELLO_ACK
+    version: int
+    node: str = ""
+    models: tuple[ModelOffer, ...] = ()
+    status: NodeStatus = field(default_factory=NodeStatus)
+    stage: dict | None = None  # a pipeline stage: {model, n_layer, mem}
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateReq(Record):
+    TYPE = GENERATE_REQ
+    cmd: int
+    gen: str
+    session: str
+    epoch: int
+    prompt: tuple[int, ...]
+    sampling: list  # SamplingParams.to_wire()
+    max_tokens: int
+    stop: tuple[str, ...] = ()
+    qos: int = 2
+    channels: dict | None = None  # codec.channels.spec_to_wire()
+    history: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateCancel(Record):
+    TYPE = GENERATE_CANCEL
+    cmd: int
+    gen: str
+
+
+@dataclass(frozen=True, slots=True)
+class TokenEvents(Record):
+    TYPE = TOKEN_EVENTS
+    gen: str
+    epoch: int
+    events: tuple[tuple[int, list], ...]  # (seq, chunk_to_wire(chunk))
+
+
+@dataclass(frozen=True, slots=True)
+class WatermarkAck(Record):
+    TYPE = WATERMARK_ACK
+    gen: str
+    epoch: int
+    upto: int
+
+
+@dataclass(frozen=True, slots=True)
+class Reconcile(Record):
+    TYPE = RECONCILE
+    gens: dict[str, tuple[int, int]]  # gen -> (epoch, last seq the head has)
+
+
+@dataclass(frozen=True, slots=True)
+class ReconcileAck(Record):
+    TYPE = RECONCILE_ACK
+    missing: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRevoke(Record):
+    TYPE = SESSION_REVOKE
+    session: str
+    epoch: int
+
+
+# STAGE_* and EMBED_* stay raw maps: their handlers answer a malformed one with an error
+# reply (the link goes on); NODE_PREFIXES is read defensively by fleet/prefixes.py.
+RECORDS: list[type[Record]] = [Hello, HelloAck, NodeStatus, GenerateReq, GenerateCancel, TokenEvents,
+                               WatermarkAck, Reconcile, ReconcileAck, SessionRevoke]
+TABLE = Table({**{r.TYPE: r for r in RECORDS}, KEEPALIVE: None, NODE_PREFIXES: None, EMBED_REQ: None,
+               EMBED_RESP: None, STAGE_LOAD: None, STAGE_READY: None, STAGE_FORWARD_REQ: None,
+               STAGE_FORWARD_RESP: None, STAGE_COPY: None, STAGE_DROP: None})
+KNOWN = frozenset(TABLE.classes)
+KEEPALIVE_EVERY = 1.0  # a KEEPALIVE also renews the lease of every generation on the node
+LINK_F = Protocol("Link F", VERSION, TABLE, keepalive=KEEPALIVE_EVERY)
 
 
 
@@ -83,11 +205,6 @@ def unpack_array(w) -> np.ndarray:
         return np.frombuffer(raw, dtype=dt).reshape(rows, cols).astype(np.float32)
     except (TypeError, ValueError) as e:
         raise ProtocolError(f"a stage array is malformed ({e})") from None
-
-
-def malformed(kind: int, e: Exception) -> ProtocolError:
-    """A message whose body lacks a field or has a wrong type: fatal for the link only."""
-    return ProtocolError(f"message {kind} has a malformed body ({type(e).__name__}: {e})")
 
 
 def chunk_to_wire(c: Chunk) -> list:

@@ -1,25 +1,26 @@
 """The worker process: owns one runtime, answers Link W on an inherited socket.
 
-Started by the supervisor as `python -m superfluid.worker --fd N --model PATH ...`. It dies
-with its parent (PR_SET_PDEATHSIG) and exits on EOF, so a daemon that is killed leaves no
-orphan behind."""
+Started by the supervisor as `python -m superfluid.worker.main --fd N`; everything else it
+is configured with comes in the daemon's HELLO (protocol.WorkerSettings). It dies with its
+parent (PR_SET_PDEATHSIG) and exits on EOF, so a daemon that is killed leaves no orphan
+behind."""
 
 from __future__ import annotations
 
 import argparse
-import importlib
-from array import array
+import asyncio
 import ctypes
-import os
+import importlib
 import signal
 import socket
 import sys
 import traceback
+from array import array
+from typing import Any
 
 from ..errors import ProtocolError
-from ..link.frame import FrameDecoder
-from ..plan import StepPlan
-from .protocol import SUPPORTED, VERSION, Msg, decode, encode
+from ..transport import Link
+from .protocol import LINK_W, VERSION, HelloAck, Msg, WorkerError, WorkerSettings
 
 
 def _die_with_parent() -> None:
@@ -34,81 +35,89 @@ TORCH_RUNTIMES = {"transformers": ("..runtime.transformers", "TransformersRuntim
                   "sentence": ("..runtime.sentence", "SentenceRuntime")}
 
 
-def _load(args: argparse.Namespace):
-    if args.runtime == "llamacpp":
+def _load(s: WorkerSettings):
+    if s.runtime == "llamacpp":
         from ..runtime.llamacpp import LlamaCppRuntime
-        return LlamaCppRuntime(args.model, lanes=args.lanes, n_ctx=args.ctx,
-                               threads=args.threads, batch_tokens=args.batch_tokens, pooling=args.pooling or None)
-    if args.runtime in TORCH_RUNTIMES:  # transformers; sentence: embeddings or a cross-encoder
-        module, name = TORCH_RUNTIMES[args.runtime]
+        return LlamaCppRuntime(s.model, lanes=s.lanes, n_ctx=s.ctx,
+                               threads=s.threads, batch_tokens=s.batch_tokens, pooling=s.pooling or None)
+    if s.runtime in TORCH_RUNTIMES:  # transformers; sentence: embeddings or a cross-encoder
+        module, name = TORCH_RUNTIMES[s.runtime]
         try:
             cls = getattr(importlib.import_module(module, __package__), name)
         except ImportError as e:
-            raise RuntimeError(f"the {args.runtime} runtime needs torch and transformers: "
+            raise RuntimeError(f"the {s.runtime} runtime needs torch and transformers: "
                                f"pip install 'superfluid[hf]' ({e})") from None
-        return cls(args.model, lanes=args.lanes, n_ctx=args.ctx, threads=args.threads, batch_tokens=args.batch_tokens)
-    if args.runtime == "pipeline":  # a model split by layers over stage nodes (fleet/pipeline.py)
+        return cls(s.model, lanes=s.lanes, n_ctx=s.ctx, threads=s.threads, batch_tokens=s.batch_tokens)
+    if s.runtime == "pipeline":  # a model split by layers over stage nodes
         from ..fleet.pipeline import PipelineRuntime
-        def addrs(s: str) -> list[tuple[str, int]]:
-            return [(h, int(p)) for h, _, p in (x.rpartition(":") for x in s.split(",") if x)]
-        psk = os.environ.pop("SUPERFLUID_FLEET_PSK", None)
-        return PipelineRuntime(args.model, addrs(args.stages), bytes.fromhex(psk) if psk else None, lanes=args.lanes,
-                               n_ctx=args.ctx, split=args.split, spares=addrs(args.spares))
-    raise SystemExit(f"unknown runtime {args.runtime}")
+        return PipelineRuntime(s.model, list(s.stages), s.stage_psk, lanes=s.lanes, n_ctx=s.ctx, split=s.split,
+                               spares=list(s.spares))
+    raise RuntimeError(f"unknown runtime {s.runtime}")
 
 
-def _attach_kv_store(runtime, args: argparse.Namespace) -> list:
+def _attach_kv_store(runtime, s: WorkerSettings) -> tuple | None:
     """The disk tier, where the runtime has one and the daemon asked for it: its entries
-    (key, int32 tokens) go to the scheduler's index in HELLO_ACK."""
-    if not (args.kv_dir and args.kv_disk_mb > 0 and runtime.kv_format):
-        return []
+    (key, int32 tokens) go to the scheduler's index in HELLO_ACK (None: no tier)."""
+    if not (s.kv_dir and s.kv_disk_mb > 0 and runtime.kv_format):
+        return None
     from ..runtime.kvstore import KvStore, file_fingerprint
-    runtime.kv_store = KvStore(args.kv_dir, file_fingerprint(args.model, runtime.kv_format),
-                               int(args.kv_disk_mb * (1 << 20)))
-    return [[key, array("i", tokens).tobytes()] for key, tokens in runtime.kv_store.scan()]
+    runtime.kv_store = KvStore(s.kv_dir, file_fingerprint(s.model, runtime.kv_format), int(s.kv_disk_mb * (1 << 20)))
+    return tuple((key, array("i", tokens).tobytes()) for key, tokens in runtime.kv_store.scan())
 
 
-def serve(sock: socket.socket, args: argparse.Namespace) -> int:
-    dec = FrameDecoder()
-    runtime = None
+class _Failed(Exception):
+    """The runtime failed (not the link): reported to the daemon as it is."""
+
+
+def _error(e: BaseException) -> WorkerError:
+    code = getattr(e, "code", None)
+    return WorkerError(getattr(e, "message", None) or f"{type(e).__name__}: {e}", str(code) if code else None)
+
+
+async def serve(sock: socket.socket) -> int:
+    link = await Link.over(sock, LINK_W)
+    runtime: Any = None
     try:
-        while True:
-            data = sock.recv(1 << 20)
-            if not data:
-                return 0  # the daemon is gone
-            for frame in dec.feed(data):
-                msg, body = decode(frame)
-                if msg == Msg.HELLO:
-                    common = [v for v in body.get("versions", []) if v in SUPPORTED]
-                    if not common:
-                        sock.sendall(encode(Msg.ERROR, {"message": "no common Link W version"}))
-                        return 2
-                    try:
-                        runtime = _load(args)
-                    except Exception as e:
-                        sock.sendall(encode(Msg.ERROR, {"message": getattr(e, "message", None) or str(e),
-                                                        "code": getattr(e, "code", None)}))
-                        return 3
-                    kv = _attach_kv_store(runtime, args)
-                    sock.sendall(encode(Msg.HELLO_ACK, {"version": VERSION, "info": runtime.info.to_wire(),
-                                                        "kv": kv if runtime.kv_store is not None else None}))
-                elif msg == Msg.STEP:
-                    if runtime is None:
-                        raise ProtocolError("STEP before HELLO")
-                    plan = StepPlan.from_wire(body)
-                    result = runtime.step(plan)
-                    sock.sendall(encode(Msg.STEP_RESULT, result.to_wire(), correlation=plan.step))
-                elif msg == Msg.SHUTDOWN:
-                    return 0
-    except Exception as e:
-        traceback.print_exc()
         try:
-            sock.sendall(encode(Msg.ERROR, {"message": getattr(e, "message", None) or f"{type(e).__name__}: {e}",
-                                            "code": getattr(e, "code", None)}))
-        except OSError:
+            hello = await link.welcome(timeout=None)
+        except ProtocolError as e:
+            link.send(WorkerError(f"no common Link W version ({e.message})"))
+            await link.drain()
+            return 2
+        try:
+            runtime = _load(hello.settings)
+        except Exception as e:
+            link.send(_error(e))
+            await link.drain()
+            return 3
+        link.send(HelloAck(VERSION, runtime.info.to_wire(), _attach_kv_store(runtime, hello.settings)))
+
+        def on_message(kind: int, body: Any) -> None:
+            if kind == Msg.STEP:
+                try:
+                    result = runtime.step(body)
+                except Exception as e:
+                    raise _Failed() from e
+                link.send(result, correlation=body.step)
+            elif kind == Msg.SHUTDOWN:
+                link.close()
+            else:
+                raise ProtocolError(f"unexpected message {kind} from the daemon")
+        await link.serve(on_message)
+        return 0
+    except ConnectionError:
+        return 0  # the daemon is gone
+    except Exception as e:
+        cause = e.__cause__ if isinstance(e, _Failed) and e.__cause__ is not None else e
+        traceback.print_exception(cause)
+        try:
+            link.send(_error(cause))
+            await link.drain()
+        except (ConnectionError, OSError):
             pass
         return 1
     finally:
+        link.close()
         if runtime is not None:
             if runtime.kv_store is not None:
                 runtime.kv_store.close()  # queued saves reach the disk before the process goes
@@ -117,25 +126,13 @@ def serve(sock: socket.socket, args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="superfluid.worker")
-    p.add_argument("--fd", type=int, required=True)
-    p.add_argument("--model", required=True)
-    p.add_argument("--runtime", default="llamacpp")
-    p.add_argument("--lanes", type=int, default=8)
-    p.add_argument("--ctx", type=int, default=2048)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--batch-tokens", type=int, default=256)
-    p.add_argument("--pooling", default="", help="llama.cpp embeddings: mean, cls or last (default: the GGUF's)")
-    p.add_argument("--stages", default="", help="pipeline runtime: the stage nodes, HOST:PORT,...")
-    p.add_argument("--split", default="even", help="pipeline runtime: layers split evenly or by memory")
-    p.add_argument("--spares", default="", help="pipeline runtime: stage nodes that stand in for unreachable ones")
-    p.add_argument("--kv-dir", default="", help="the disk tier of the KV cache (empty: none)")
-    p.add_argument("--kv-disk-mb", type=float, default=0.0, help="most MiB the disk tier holds")
+    p.add_argument("--fd", type=int, required=True, help="the inherited socket of Link W")
     args = p.parse_args(argv)
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the daemon decides when we stop
     sock = socket.socket(fileno=args.fd)
     try:
-        return serve(sock, args)
+        return asyncio.run(serve(sock))
     finally:
         sock.close()
 

@@ -1,48 +1,78 @@
-"""Link W: the messages between daemon and worker, as frames with msgpack bodies.
+"""Link W: the messages between daemon and worker, typed records in the frame envelope
+(link/conn.py carries them; transport.py reads the socketpair).
 
-Handshake: the daemon sends HELLO {versions}; the worker loads the model and answers
-HELLO_ACK {version, info} (or ERROR). Then STEP (a StepPlan) -> STEP_RESULT, one at a time,
-until SHUTDOWN."""
+Handshake: the daemon sends HELLO {versions, settings} (the worker's WorkerSettings: the
+model, runtime and sizes; nothing else configures a worker); the worker loads the model
+and answers HELLO_ACK {version, info, kv} (or ERROR). Then STEP (a StepPlan) ->
+STEP_RESULT, one at a time, until SHUTDOWN."""
 
 from __future__ import annotations
 
 import enum
-from typing import Any
+from dataclasses import dataclass
 
-import msgpack
-
-from ..errors import ProtocolError
-from ..link.frame import OPTIONAL, Frame
+from ..link.conn import HELLO, HELLO_ACK, Protocol
+from ..link.records import Record, Table
+from ..plan import StepPlan, StepResult
 
 VERSION = 1
-SUPPORTED = (1,)
 
 
 class Msg(enum.IntEnum):
-    HELLO = 1
-    HELLO_ACK = 2
+    HELLO = HELLO
+    HELLO_ACK = HELLO_ACK
     STEP = 3
     STEP_RESULT = 4
     ERROR = 5
     SHUTDOWN = 6
 
 
-def encode(msg: Msg, body: Any, *, seq: int = 0, correlation: int = 0) -> bytes:
-    return Frame(VERSION, int(msg), seq, correlation, 0,
-                 msgpack.packb(body, use_bin_type=True)).encode()
+@dataclass(frozen=True, slots=True)
+class WorkerSettings(Record):
+    """Everything a worker process is configured with, sent once in HELLO."""
+    model: str
+    lanes: int
+    ctx: int
+    threads: int
+    batch_tokens: int
+    runtime: str = "llamacpp"
+    load_timeout_s: float = 300.0  # the daemon's wait for HELLO_ACK
+    stages: tuple[tuple[str, int], ...] = ()  # the pipeline runtime's stage nodes, (host, port)
+    spares: tuple[tuple[str, int], ...] = ()  # stage nodes that stand in for unreachable ones
+    stage_psk: bytes | None = None  # their fleet token's PSK (over the socketpair: never in argv)
+    split: str = "even"  # how the stages share the layers: even or memory
+    pooling: str | None = None  # llama.cpp embeddings: mean, cls or last (None: the GGUF's)
+    kv_dir: str = ""  # the disk tier of the KV cache ("" : none)
+    kv_disk_mb: float = 0.0  # its size cap
 
 
-def decode(frame: Frame) -> tuple[Msg | None, Any]:
-    """(message type, body); (None, None) for an unknown optional type."""
-    if frame.version not in SUPPORTED:
-        raise ProtocolError(f"Link W version {frame.version} is not supported")
-    try:
-        msg = Msg(frame.msg_type)
-    except ValueError:
-        if frame.msg_type & OPTIONAL:
-            return None, None
-        raise ProtocolError(f"unknown Link W message type {frame.msg_type}") from None
-    try:
-        return msg, msgpack.unpackb(frame.body, raw=False, strict_map_key=False)
-    except Exception as e:  # msgpack raises several unrelated types
-        raise ProtocolError(f"bad {msg.name} body: {e}") from e
+@dataclass(frozen=True, slots=True)
+class Hello(Record):
+    TYPE = Msg.HELLO
+    versions: tuple[int, ...]
+    settings: WorkerSettings
+
+
+@dataclass(frozen=True, slots=True)
+class HelloAck(Record):
+    TYPE = Msg.HELLO_ACK
+    version: int
+    info: dict  # runtime.base.ModelInfo.to_wire()
+    kv: tuple[tuple[int, bytes], ...] | None = None  # the disk tier's entries (key, int32 tokens); None: no tier
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerError(Record):
+    TYPE = Msg.ERROR
+    message: str
+    code: str | None = None  # the typed error's code (e.g. a pipeline stage that went away)
+
+
+@dataclass(frozen=True, slots=True)
+class Shutdown(Record):
+    TYPE = Msg.SHUTDOWN
+
+
+TABLE = Table({Msg.HELLO: Hello, Msg.HELLO_ACK: HelloAck, Msg.STEP: StepPlan, Msg.STEP_RESULT: StepResult,
+               Msg.ERROR: WorkerError, Msg.SHUTDOWN: Shutdown})
+LINK_W = Protocol("Link W", VERSION, TABLE)  # no keepalive: a dead peer is an EOF on the socketpair

@@ -364,15 +364,15 @@ def test_fleet_token_is_created_once_private_and_printed(tmp_path):
 def test_malformed_messages_drop_the_link_not_the_node(fleet):
     import asyncio
 
-    from superfluid.fleet.transport import Link
     from superfluid.link import messages as msg
+    from superfluid.transport import Link
     head, _, b, _ = fleet
 
     async def poke(kind, body):
-        link = await Link.dial("127.0.0.1", b.port, None)
-        link.send(msg.HELLO, {"versions": [msg.VERSION]})
+        link = await Link.dial("127.0.0.1", b.port, msg.LINK_F, None)
+        link.send_raw(msg.HELLO, {"versions": [msg.VERSION]})
         assert (await link.recv())[0] == msg.HELLO_ACK
-        link.send(kind, body)
+        link.send_raw(kind, body)
         try:
             while True:  # the node drops us (keepalives may come first)
                 await asyncio.wait_for(link.recv(), 10)

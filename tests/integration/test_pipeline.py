@@ -22,7 +22,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from superfluid.fleet.transport import Link  # noqa: E402
+from superfluid.transport import Link  # noqa: E402
 from superfluid.link import messages as m  # noqa: E402
 
 from . import hf  # noqa: E402
@@ -65,22 +65,21 @@ def ask(d: Daemon, question: str, **kw):
 
 def stage_status(node: Node) -> dict:
     async def hello() -> dict:
-        link = await Link.dial("127.0.0.1", node.port, None)
-        link.send(m.HELLO, {"versions": [m.VERSION], "head": "test"})
-        kind, ack = await link.recv()
+        link = await Link.dial("127.0.0.1", node.port, m.LINK_F, None)
+        ack = await link.greet(m.Hello((m.VERSION,), "test"))
         link.close()
-        return ack["status"]
+        return ack.status.report()
     return asyncio.run(hello())
 
 
 def test_bad_stage_requests_are_answered_with_errors_and_the_stage_keeps_serving(stages):
     async def talk() -> list[dict]:
-        link = await Link.dial("127.0.0.1", stages[0].port, None)
-        link.send(m.HELLO, {"versions": [m.VERSION], "head": "fuzz"})
+        link = await Link.dial("127.0.0.1", stages[0].port, m.LINK_F, None)
+        link.send_raw(m.HELLO, {"versions": [m.VERSION], "head": "fuzz"})
         assert (await link.recv())[0] == m.HELLO_ACK
 
         async def ask(kind, body, want):
-            link.send(kind, body)
+            link.send_raw(kind, body)
             while True:
                 k, b = await asyncio.wait_for(link.recv(), 120)
                 if k == want:
@@ -95,7 +94,7 @@ def test_bad_stage_requests_are_answered_with_errors_and_the_stage_keeps_serving
             await ask(m.STAGE_FORWARD_REQ, {"id": 3, "items": [["s", 5, [1], None, True]]}, m.STAGE_FORWARD_RESP),
             await ask(m.STAGE_FORWARD_REQ, {"id": 4, "items": "junk"}, m.STAGE_FORWARD_RESP),
         ]
-        link.send(m.STAGE_COPY, {"src": "s", "dst": "t", "n": -1})  # no answer; must not break the session
+        link.send_raw(m.STAGE_COPY, {"src": "s", "dst": "t", "n": -1})  # no answer; must not break the session
         answers.append(await ask(m.STAGE_FORWARD_REQ, {"id": 5, "items": [["s", 0, [1, 2, 3], None, True]]},
                                  m.STAGE_FORWARD_RESP))
         link.close()

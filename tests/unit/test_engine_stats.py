@@ -13,6 +13,7 @@ from superfluid.engine_api import QUEUE_CLASSES, EngineAPI, percentiles
 from superfluid.engine_stats import RateMeter, local_stats
 from superfluid.fleet.head import FleetEngine
 from superfluid.fleet.pool import NodeConn
+from superfluid.link.messages import ModelOffer
 from superfluid.fleet.stats import fleet_stats, node_status
 from superfluid.monitor.metrics import EngineCollector
 from superfluid.engine_records import health_row, monitor_record
@@ -80,7 +81,7 @@ def test_percentiles():
 
 
 def node(host: str, port: int, report: dict, *, up: bool = True, model: str = "m", name: str = "") -> NodeConn:
-    n = NodeConn(host, port, up=up, name=name or host, models=[{"id": model, "n_ctx": 512}])
+    n = NodeConn(host, port, up=up, name=name or host, models=[ModelOffer(model, 512)])
     n.status = report
     return n
 
