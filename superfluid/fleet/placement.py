@@ -61,21 +61,3 @@ def _overloaded(w: float, least: float) -> bool:
 def _kv_full(s: dict) -> bool:
     total = int(s.get("kv_total", 0))
     return total > 0 and int(s.get("kv_used", 0)) / total > KV_FULL
-
-
-def split_layers(n_layer: int, weights: list[float]) -> list[tuple[int, int]]:
-    """Contiguous layer ranges [first, last), one per stage, in proportion to `weights`
-    (equal weights: an even split; reported memory: by memory); every stage holds at
-    least one layer."""
-    k = len(weights)
-    if not 0 < k <= n_layer:
-        raise ValueError(f"{k} stages cannot split {n_layer} layers")
-    total = sum(max(0.0, x) for x in weights)
-    w = [max(0.0, x) / total for x in weights] if total > 0 else [1 / k] * k
-    bounds, acc = [0], 0.0
-    for i in range(k - 1):
-        acc += w[i]
-        lo, hi = bounds[-1] + 1, n_layer - (k - 1 - i)  # room for one layer per later stage
-        bounds.append(min(max(round(acc * n_layer), lo), hi))
-    bounds.append(n_layer)
-    return list(zip(bounds, bounds[1:], strict=False))

@@ -1,7 +1,7 @@
 """A pipeline stage node (`superfluid node serve --stage`): the layers a head assigns, behind
 Link F, with a KV cache per session for those layers.
 
-The head's worker (fleet/pipeline.py) says which layers to hold (STAGE_LOAD), then sends
+The head's worker (runtime/pipeline.py) says which layers to hold (STAGE_LOAD), then sends
 STAGE_FORWARD_REQ with token ids (first stage) or activations (the others) for several of
 its lanes at once; the stage runs them as one batched pass of runtime/stage.py's StageModel
 and answers activations, or logits on the last stage. Each head's requests are answered in

@@ -49,7 +49,7 @@ def _load(s: WorkerSettings):
                                f"pip install 'superfluid[hf]' ({e})") from None
         return cls(s.model, lanes=s.lanes, n_ctx=s.ctx, threads=s.threads, batch_tokens=s.batch_tokens)
     if s.runtime == "pipeline":  # a model split by layers over stage nodes
-        from ..fleet.pipeline import PipelineRuntime
+        from ..runtime.pipeline import PipelineRuntime
         return PipelineRuntime(s.model, list(s.stages), s.stage_psk, lanes=s.lanes, n_ctx=s.ctx, split=s.split,
                                spares=list(s.spares))
     raise RuntimeError(f"unknown runtime {s.runtime}")

@@ -6,7 +6,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from superfluid.errors import ProtocolError
-from superfluid.fleet.placement import pick, split_layers
+from superfluid.fleet.placement import pick
+from superfluid.runtime.pipeline import split_layers
 from superfluid.link.messages import pack_array, unpack_array
 
 

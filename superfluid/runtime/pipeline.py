@@ -2,7 +2,8 @@
 H1:P1,H2:P2,...` runs this in its worker process, so the daemon's scheduler, session log,
 sampling (counter-based RNG, grammars), QoS, streaming and every API work as on one machine.
 
-The runtime dials each stage (`superfluid node serve --stage`) over Link F, assigns
+The runtime dials each stage (`superfluid node serve --stage`, fleet/stage_node.py) over
+Link F through the shared connection layer (transport.py), assigns
 contiguous layer ranges (evenly, or by the memory each stage reports), and executes each
 step's runs as one STAGE_FORWARD_REQ per stage: token ids into the first, activations from
 each stage into the next, logits out of the last; all lanes' decode tokens of a step travel
@@ -31,10 +32,9 @@ import numpy as np
 from ..errors import SuperfluidError
 from ..link import messages as m
 from ..plan import Run
-from ..runtime.base import ModelInfo, Runtime
-from ..runtime.gguf_vocab import GgufVocab
 from ..transport import Link
-from .placement import split_layers
+from .base import ModelInfo, Runtime
+from .gguf_vocab import GgufVocab
 
 log = logging.getLogger("superfluid.pipeline")
 
@@ -42,6 +42,24 @@ log = logging.getLogger("superfluid.pipeline")
 FRAME_BUDGET = 12 * 2**20  # bytes of activations or logits per request (the frame cap is 16 MiB)
 LOAD_TIMEOUT = 280.0  # a stage loading its layers (the daemon waits 300 s for its worker)
 FORWARD_TIMEOUT = 120.0  # one step on one stage
+
+
+def split_layers(n_layer: int, weights: list[float]) -> list[tuple[int, int]]:
+    """Contiguous layer ranges [first, last), one per stage, in proportion to `weights`
+    (equal weights: an even split; reported memory: by memory); every stage holds at
+    least one layer."""
+    k = len(weights)
+    if not 0 < k <= n_layer:
+        raise ValueError(f"{k} stages cannot split {n_layer} layers")
+    total = sum(max(0.0, x) for x in weights)
+    w = [max(0.0, x) / total for x in weights] if total > 0 else [1 / k] * k
+    bounds, acc = [0], 0.0
+    for i in range(k - 1):
+        acc += w[i]
+        lo, hi = bounds[-1] + 1, n_layer - (k - 1 - i)  # room for one layer per later stage
+        bounds.append(min(max(round(acc * n_layer), lo), hi))
+    bounds.append(n_layer)
+    return list(zip(bounds, bounds[1:], strict=False))
 
 
 class StageLost(SuperfluidError):
