@@ -44,7 +44,6 @@ class _Placed:
     node: NodeConn | None = None
     delivered: list[int] = field(default_factory=list)  # tokens the client already has
     base: int = 0  # tokens delivered before the current placement
-    lost_at: float | None = None
 
 
 class FleetEngine(EngineBase):
@@ -131,7 +130,7 @@ class FleetEngine(EngineBase):
         view = {}
         for p in self._placed.values():
             if p.node is n:
-                p.lost_at = None
+                p.tracker.found()
                 view[p.req.id] = (p.tracker.epoch, p.tracker.watermark)
         return view
 
@@ -140,8 +139,8 @@ class FleetEngine(EngineBase):
         if gens is None:
             self.embedder.node_lost(n)  # its embedding batches go to another node now
         for p in self._placed.values():
-            if p.node is n and (gens is None or p.req.id in gens) and (p.lost_at is None or at == 0.0):
-                p.lost_at = at
+            if p.node is n and (gens is None or p.req.id in gens):
+                p.tracker.lost(at)
 
     # -- the API's view ------------------------------------------------------------------
     def submit(self, req: GenRequest) -> AsyncIterator[Chunk]:
@@ -211,7 +210,7 @@ class FleetEngine(EngineBase):
             p.tracker = Tracker(p.req.id, epoch)
         else:
             p.tracker.replace(epoch)
-        p.node, p.lost_at, p.base = node, None, len(p.delivered)
+        p.node, p.base = node, len(p.delivered)
         r = p.req
         self.pool.send(node, m.GenerateReq(
             self.pool.cmds.next(), r.id, r.session or r.id, epoch, tuple(r.prompt) + tuple(p.delivered),
@@ -224,7 +223,7 @@ class FleetEngine(EngineBase):
             await asyncio.sleep(0.1)
             now = time.monotonic()
             for p in list(self._placed.values()):
-                if p.lost_at is not None and now - p.lost_at > self.grace:
+                if p.tracker.failover_due(now, self.grace):
                     self._failover(p)
 
     def _failover(self, p: _Placed) -> None:
@@ -232,7 +231,7 @@ class FleetEngine(EngineBase):
         try:
             self._place(p)
         except SuperfluidError as e:
-            if time.monotonic() - (p.lost_at or 0) > self.grace + 30:
+            if p.tracker.hopeless(time.monotonic(), self.grace):
                 st = self._streams.get(p.req.id)
                 self._placed.pop(p.req.id, None)
                 if st is not None:

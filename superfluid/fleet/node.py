@@ -18,7 +18,7 @@ from ..codec.channels import spec_from_wire, spec_to_wire  # noqa: F401 -- the h
 from ..embedding import EmbedInput
 from ..errors import ProtocolError, SuperfluidError
 from ..link import messages as m
-from ..link.node_state import NodeState, RetryBuffer
+from ..link.node_state import NodeState, RetryBuffer, expired
 from ..request import Chunk, FinishReason, GenRequest, Qos, SamplingParams
 from ..transport import Link
 from .prefixes import NodeSummary
@@ -195,8 +195,7 @@ class NodeServer:
         """The lease: generations whose head has been silent for lease_s are fenced."""
         while True:
             await asyncio.sleep(1.0)
-            now = time.monotonic()
-            stale = [g for g, h in self._owner.items() if now - h.last_heard > self.lease_s]
+            stale = expired({g: h.last_heard for g, h in self._owner.items()}, time.monotonic(), self.lease_s)
             if stale:
                 log.warning("no word from their head for %.0f s: fencing %d generation(s)", self.lease_s, len(stale))
             for gen in stale:

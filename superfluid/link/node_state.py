@@ -1,10 +1,13 @@
 """The node side of Link F's session layer, pure: commands applied at most once, epochs
-that only go up (a stale one is fenced), and per-generation retry buffers of numbered
-token events kept until the head acknowledges them."""
+that only go up (a stale one is fenced), per-generation retry buffers of numbered token
+events kept until the head acknowledges them, and leases: a generation is fenced when
+its head has been silent for the lease (every message renews it; the head sends a
+KEEPALIVE every second, idle or not)."""
 
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 SEEN_COMMANDS = 4096  # command ids remembered for at-most-once
@@ -100,3 +103,9 @@ class NodeState:
             buf.ack(last)
             resend.append((buf, buf.tail(last)))
         return resend, missing
+
+
+def expired(last_word: Mapping[str, float], now: float, lease_s: float) -> list[str]:
+    """The generations whose lease ran out: `last_word` maps each to when its owning head
+    was last heard from."""
+    return [gen for gen, heard in last_word.items() if now - heard > lease_s]

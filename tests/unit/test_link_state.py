@@ -8,9 +8,9 @@ from hypothesis import strategies as st
 
 from superfluid.errors import ProtocolError
 from superfluid.link.frame import Frame, FrameDecoder
-from superfluid.link.head_state import Counter, Tracker
+from superfluid.link.head_state import GIVE_UP_S, Counter, Tracker
 from superfluid.link.messages import chunk_from_wire, chunk_to_wire, pack, unpack
-from superfluid.link.node_state import NodeState
+from superfluid.link.node_state import NodeState, expired
 from superfluid.link.noise import AuthFailed, SecureChannel, psk_of
 from superfluid.request import Chunk, FinishReason
 
@@ -165,3 +165,33 @@ def test_chunks_survive_the_wire():
     assert back == c
     f = Frame(1, 12, body=pack({"x": 1}))
     assert FrameDecoder().feed(f.encode()) == [f]
+
+
+def test_failover_waits_for_the_grace_and_a_refusal_moves_at_once():
+    t = Tracker("s/g", epoch=3)
+    assert not t.failover_due(100.0, grace=1.0)
+    t.lost(10.0)
+    assert not t.failover_due(11.0, grace=1.0) and t.failover_due(11.5, grace=1.0)
+    t.lost(11.2)  # a second loss never delays the first
+    assert t.lost_at == 10.0
+    t.found()  # the node came back and reconciled
+    assert not t.failover_due(1e9, grace=1.0) and not t.hopeless(1e9, grace=1.0)
+    t.lost(50.0)
+    t.lost(0.0)  # the node says it no longer has the generation: move now
+    assert t.failover_due(0.5 + 1.0, grace=1.0)
+    t.replace(4)  # re-placed: a new epoch, placed and up
+    assert t.lost_at is None and t.next_seq == 0
+
+
+def test_a_lost_generation_is_given_up_only_after_its_grace_and_the_wait():
+    t = Tracker("s/g", epoch=1)
+    t.lost(100.0)
+    assert not t.hopeless(100.0 + 1.0 + GIVE_UP_S, grace=1.0)
+    assert t.hopeless(100.0 + 1.0 + GIVE_UP_S + 0.1, grace=1.0)
+
+
+def test_leases_expire_on_their_heads_silence():
+    heard = {"a": 100.0, "b": 95.0, "c": 89.0}
+    assert expired(heard, 100.0, lease_s=10.0) == ["c"]
+    assert expired(heard, 105.5, lease_s=10.0) == ["b", "c"]
+    assert expired({}, 1e9, lease_s=10.0) == []
