@@ -95,7 +95,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--max-body", type=_positive, default=16 * 1024 * 1024, help="largest request body in bytes (default 16 MiB)")
     s.add_argument("--sessions", metavar="DIR", help="session store directory (default: $SUPERFLUID_HOME/sessions, ~/.superfluid/sessions)")
     s.add_argument("--sessions-cache", action="store_true", help="keep sessions in memory only: nothing survives a restart")
-    s.add_argument("--resume-grace", type=float, default=10.0, metavar="S", help="a streamed generation whose client disconnected keeps running S seconds so it can be resumed with Last-Event-ID (default 10; 0 cancels at once)")
+    s.add_argument("--resume-grace", type=float, default=0.0, metavar="S", help="a streamed generation whose client disconnected is cut at once, freeing its lane, and a resume with Last-Event-ID continues it from the log (default 0); S > 0 keeps it running S seconds instead")
     s.add_argument("--sessions-max-mb", type=float, metavar="MB", help="the session store refuses writes (HTTP 500 store_error) once its file reaches MB")
     s.add_argument("--fleet", type=_hostports, default=(), metavar="HOST:PORT,...", help="fleet nodes to dial: the default model runs on them (this head keeps the tokenizer, template and session log)")
     s.add_argument("--fleet-listen", type=_hostport, metavar="HOST:PORT", help="accept fleet nodes that join (superfluid node join HOST:PORT)")

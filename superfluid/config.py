@@ -68,7 +68,7 @@ class ServeConfig:
     idle_timeout: float | None = None  # unload a non-default model idle this long
     sessions_dir: str | None = None  # the session store's directory (None: <home>/sessions)
     sessions_cache: bool = False  # a throwaway in-memory store: nothing persists
-    resume_grace: float = 10.0  # a dropped stream keeps generating this long, to be resumed
+    resume_grace: float = 0.0  # a dropped stream keeps generating this long (0: cut at once, resumed from the log)
     store_max_bytes: int | None = None  # the session store refuses writes past this size
     fleet: tuple = ()  # (host, port) of nodes the head dials; the default model runs on them
     fleet_psk: bytes | None = None  # SHA-256 of the fleet token (None: plaintext, loopback only)

@@ -66,7 +66,7 @@ def logged(c: Chunk, want_logprobs: bool) -> Generated:
     return Generated(tuple(c.tokens), c.text, c.finish.log_name if c.finish else None, c.reasoning,
                      tuple(d.to_wire() for d in c.calls),
                      tuple((lp.token, lp.text, lp.logprob, lp.top) for lp in c.logprobs) if want_logprobs else (),
-                     c.stop_sequence, c.cached_tokens if c.finish is not None else 0)
+                     c.stop_sequence, c.cached_tokens if c.finish is not None or c.completion_tokens == 1 else 0)
 
 
 class Deliveries:

@@ -32,6 +32,7 @@ class FinishReason(enum.IntEnum):
     CANCELLED = 4
     ERROR = 5
     STOP_SEQUENCE = 6  # a caller's stop string matched (OpenAI "stop", Anthropic "stop_sequence")
+    DROPPED = 7  # its client went away: cut at once, continued from the log when it resumes
 
     @property
     def log_name(self) -> str:

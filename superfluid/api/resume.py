@@ -58,6 +58,20 @@ def chunk_of(ev: Event, request_id: str, prompt_tokens: int, n_out: int) -> Chun
                            for t, x, lp, top in b.logprobs])
 
 
+def _cut(b) -> bool:
+    """A restart (epoch bump) or its client going away (finish "dropped") cut the generation."""
+    return isinstance(b, EpochBump) or (isinstance(b, Generated) and b.finish == "dropped")
+
+
+async def _continued(sessions, sid: str, pending: list[Event]) -> bool:
+    """Whether a cut generation goes on already: the log has more of it, or a continuation
+    runs now. (The dropped generation itself may still be finishing its last commit: wait.)"""
+    gen = sessions.live(sid)
+    if gen is not None and gen.dropped:
+        await gen.ended.wait()
+    return any(isinstance(e.body, Generated) for e in pending) or sessions.busy(sid)
+
+
 class _Behind(Exception):
     def __init__(self, last: int):
         self.last = last
@@ -106,6 +120,7 @@ async def rest_of_generation(sessions, sid: str, after: int,
 
         async def chunks() -> AsyncIterator[Chunk]:
             n_out, last = 0, opener
+            cached: int | None = None  # the generation's own: a continuation's is not the client's
             pending = list(backlog)
             while True:
                 if pending:
@@ -120,21 +135,25 @@ async def rest_of_generation(sessions, sid: str, after: int,
                         continue
                 last = ev.id
                 b = ev.body
-                if isinstance(b, Generated):
-                    n_out += len(b.span)
-                    c = chunk_of(ev, rid, prompt_tokens, n_out)
-                    yield c
-                    if c.finish is not None:
-                        break
-                elif isinstance(b, EpochBump):
-                    if any(isinstance(e.body, Generated) for e in pending) or sessions.busy(sid):
-                        continue  # it was continued already (or is being continued now)
+                if _cut(b):  # a restart, or its client going away, cut it: it goes on from here
+                    if await _continued(sessions, sid, pending):
+                        continue
                     started = await resume() if resume is not None else None
-                    if started is None:
+                    if started is not None:
+                        watching.append(started)
+                        continue
+                    if isinstance(b, EpochBump):
                         yield Chunk(rid, finish=FinishReason.ERROR, error=GenerationInterrupted(INTERRUPTED),
                                     prompt_tokens=prompt_tokens, completion_tokens=n_out)
                         break
-                    watching.append(started)
+                if isinstance(b, Generated):
+                    n_out += len(b.span)
+                    c = chunk_of(ev, rid, prompt_tokens, n_out)
+                    cached = c.cached_tokens if cached is None else cached
+                    c.cached_tokens = cached
+                    yield c
+                    if c.finish is not None:
+                        break
                 elif not isinstance(b, (Meta, ToolUse)):
                     break
 
@@ -188,36 +207,43 @@ async def after_cursor(stream: AsyncIterator[bytes], drop: list[bool], sid: str)
 
 async def _native(sessions, sid: str, after: int, q: asyncio.Queue, watching: list,
                   resume: Callable[[], Awaitable[object]] | None) -> AsyncIterator[bytes]:
-    """A native session's generation: its events after the cursor, as the session API has them."""
+    """A native session's generation: its events after the cursor, as the session API has
+    them. One cut by a restart or by its client going away goes on through `resume`."""
     last = after
-    for ev in await sessions.store.events(sid, after=after):
-        if isinstance(ev.body, EpochBump) and resume is not None:
-            started = await resume()
+    pending = await sessions.store.events(sid, after=after)
+    if not pending and after >= 0:  # the reader has it all; was it cut right at the cursor?
+        at = await sessions.store.events(sid, after=after - 1, limit=1)
+        if at and _cut(at[0].body) and not await _continued(sessions, sid, []):
+            started = await resume() if resume is not None else None
+            if started is None:
+                yield DONE
+                return
+            watching.append(started)
+    while True:
+        if pending:
+            ev = pending.pop(0)
+        else:
+            if q.empty() and not sessions.busy(sid):
+                yield DONE
+                return
+            ev = await _next(q)
+            if ev is None:
+                yield b": ping\n\n"
+                continue
+            if ev is BEHIND:
+                yield _behind(sid, last)
+                return
+            if ev.id <= last:
+                continue
+        last = ev.id
+        b = ev.body
+        if _cut(b):
+            if await _continued(sessions, sid, pending):
+                continue
+            started = await resume() if resume is not None else None
             if started is not None:  # the rest comes live, from the continuation
                 watching.append(started)
-                last = ev.id
-                break
-        out, ended = _native_event(sid, ev)
-        for o in out:
-            yield o
-        last = ev.id
-        if ended:
-            yield DONE
-            return
-    while True:
-        if q.empty() and not sessions.busy(sid):
-            yield DONE
-            return
-        ev = await _next(q)
-        if ev is None:
-            yield b": ping\n\n"
-            continue
-        if ev is BEHIND:
-            yield _behind(sid, last)
-            return
-        if ev.id <= last:
-            continue
-        last = ev.id
+                continue
         out, ended = _native_event(sid, ev)
         for o in out:
             yield o

@@ -167,18 +167,21 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
         after = _after(request, sid)
         await sessions.state(sid)
         go_on = request.query_params.get("continue", "true") != "false"
+        turn_budget = _int_query(request, "budget", None)  # a native turn's whole budget (the caller knows it)
         qos = qos_for(request)
 
         async def continue_cut():
-            """An API request's generation cut by a restart: generate the rest of its
-            budget on the session (greedy, the tokens an uncut run would have given)."""
+            """A generation cut by a restart or by its client going away: generate the rest
+            of its budget on the session (the tokens an uncut run would have given: the
+            sampler's draws are keyed by position). An API request's budget is in its
+            params; a native turn's comes with the resume (?budget=, the turn's tokens in all)."""
             st = await sessions.state(sid)
-            budget = st.params.get("max_tokens")
-            if not go_on or budget is None or sessions.busy(sid) or int(budget) - st.turn_tokens < 1:
+            budget = st.params.get("max_tokens", turn_budget)
+            left = int(budget) - st.turn_tokens if budget is not None else 0
+            if not go_on or left < 1 or sessions.busy(sid):
                 return None
             eng = await models.get(st.params.get("model"))
-            req, _ = await models.service.generate(eng, sid, max_tokens=int(budget) - st.turn_tokens, overrides={},
-                                             stop=None, qos=qos)
+            req, _ = await models.service.generate(eng, sid, max_tokens=left, overrides={}, stop=None, qos=qos)
             eng.keep_running(req.id)  # nobody reads its chunks: the resumed stream reads the log
             return sessions.watch(sid)
 

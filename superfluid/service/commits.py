@@ -112,4 +112,6 @@ class Commits:
         if gen.failed:
             self.finished(req.id)
             return
+        if finish == FinishReason.CANCELLED and gen.dropped:
+            finish = FinishReason.DROPPED  # a resume continues it from the log
         self.commit([(req, Generated((), "", finish.log_name))])

@@ -26,6 +26,7 @@ class Gen:
     watchers: int = 0  # HTTP responses streaming it
     timer: asyncio.TimerHandle | None = None
     failed: bool = False
+    dropped: bool = False  # cancelled because nobody was reading it any more
     ended: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -46,13 +47,15 @@ class Watchers:
         return gen
 
     def unwatch(self, gen: Gen | None) -> None:
-        """A stream of this generation closed; with nobody left watching, it is cancelled
-        after the grace period unless someone resumes it."""
+        """A stream of this generation closed. With nobody left watching it is cut at once
+        (finish "dropped": its lane is free for others, its KV stays cached, and a resume
+        continues it from the log), or with --resume-grace S only after S seconds."""
         if gen is None or gen.req.id not in self._gens:
             return
         gen.watchers = max(0, gen.watchers - 1)
         if gen.watchers == 0 and gen.timer is None:
             if self.grace <= 0:
+                gen.dropped = True
                 gen.cancel()
                 return
             loop = asyncio.get_running_loop()
@@ -62,6 +65,7 @@ class Watchers:
         gen.timer = None
         if gen.watchers == 0:
             log.info("session %s: nobody resumed its stream in %.0f s; cancelling", gen.sid, self.grace)
+            gen.dropped = True
             gen.cancel()
 
     def subscribe(self, sid: str) -> asyncio.Queue:

@@ -12,7 +12,7 @@ import msgpack
 
 # A generation's end, as the log spells it. A turn cut by these stays open: generating
 # again continues it.
-OPEN_FINISHES = frozenset({None, "length", "cancelled", "error"})
+OPEN_FINISHES = frozenset({None, "length", "cancelled", "error", "dropped"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +42,7 @@ class Generated:
     output they released (codec/output.py): content text, reasoning text, tool-call pieces
     (`CallDelta.to_wire()` lists) and, when the request asked for them, the logprobs of the
     content tokens. The last one says how the generation ended, with the caller's stop
-    string that matched and the prompt tokens whose KV was reused. (Logs written before
+    string that matched; the first and the last carry the prompt tokens whose KV was reused. (Logs written before
     typed output hold the raw text, markup included, in `text`.)"""
     span: tuple[int, ...]
     text: str = ""

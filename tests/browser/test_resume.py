@@ -62,8 +62,9 @@ def test_reload_mid_answer_continues_it(page, context, d, reference):
     page.wait_for_selector("body[data-ready='1']")
     page.wait_for_function("() => document.body.dataset.generating === '1'")  # picked up mid-answer
     chat.wait_done(0)
-    resumed = [h for u, h in page.watch.requests if u.endswith(f"/v1/sessions/{sid}/resume")]
-    assert resumed and resumed[0]["last-event-id"].startswith(f"{sid}:")  # a header, not in the URL
+    resumed = [(u, h) for u, h in page.watch.requests if u.split("?")[0].endswith(f"/v1/sessions/{sid}/resume")]
+    assert resumed and resumed[0][1]["last-event-id"].startswith(f"{sid}:")  # a header, not in the URL
+    assert sid + ":" not in resumed[0][0]
     assert page.get_attribute("body", "data-mismatch") is None
     assert log_text(url, sid) == reference[0]
     final = chat.answers()[-1]
@@ -101,7 +102,7 @@ def test_connection_lost_mid_answer(page, context, d, reference):
         chat.wait_done(0)
     finally:
         proxy.close()
-    resumed = [h for u, h in page.watch.requests[n:] if u.endswith(f"/v1/sessions/{sid}/resume")]
+    resumed = [h for u, h in page.watch.requests[n:] if u.split("?")[0].endswith(f"/v1/sessions/{sid}/resume")]
     assert resumed and resumed[0]["last-event-id"].startswith(f"{sid}:")
     assert log_text(url, sid) == reference[0]
     assert page.get_attribute("body", "data-mismatch") is None

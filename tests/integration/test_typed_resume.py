@@ -4,6 +4,7 @@ gives argument deltas in the API's own format that join to the uncut call, with 
 as content; logprobs with tools never show markup."""
 
 import json
+import time
 
 import anthropic
 import httpx
@@ -137,3 +138,33 @@ def test_logprobs_with_tools_show_no_markup(client):
     assert p.message.content and not p.message.tool_calls
     assert "".join(t.token for t in p.logprobs.content) == p.message.content  # one per content token
     assert len(p.logprobs.content) <= prose.usage.completion_tokens
+
+
+def test_a_dropped_stream_is_cut_at_once_and_a_resume_continues_it_exactly(daemon, client):
+    """The client goes away: its generation stops at once (its lane is free for others) and
+    the log says "dropped". A resume with Last-Event-ID continues it from the log: seen plus
+    resumed is the uncut greedy text, with the uncut run's finish and usage."""
+    body = {"model": MODEL, "max_tokens": 40, "temperature": 0,
+            "messages": [{"role": "user", "content": "Tell me a story about a lighthouse."}]}
+    whole = httpx.post(daemon.url + "/v1/chat/completions", json=body, timeout=60).json()
+
+    def content(d):
+        return isinstance(d, dict) and d["choices"] and d["choices"][0]["delta"].get("content")
+    sid, seen, cursor = _cut_after(daemon.url + "/v1/chat/completions", {**body, "stream": True}, content)
+    info = {}
+    for _ in range(300):  # the daemon notices the hang-up and cuts the generation
+        info = httpx.get(f"{daemon.url}/v1/sessions/{sid}", timeout=10).json()
+        if not info["busy"]:
+            break
+        time.sleep(0.05)
+    assert not info["busy"] and info["turn_open"]
+    log = httpx.get(f"{daemon.url}/v1/sessions/{sid}/events", timeout=10).json()["data"]
+    assert log[-1]["finish"] == "dropped"
+    rest = _resume(daemon.url, sid, cursor)
+    text = "".join(e["choices"][0]["delta"].get("content") or "" for e in seen + rest
+                   if isinstance(e, dict) and e.get("choices"))
+    assert text == whole["choices"][0]["message"]["content"]
+    final = [e for e in rest if isinstance(e, dict) and e.get("choices") and e["choices"][0]["finish_reason"]]
+    assert final[-1]["choices"][0]["finish_reason"] == whole["choices"][0]["finish_reason"]
+    assert final[-1]["usage"]["completion_tokens"] == whole["usage"]["completion_tokens"]
+    assert final[-1]["usage"]["prompt_tokens"] == whole["usage"]["prompt_tokens"]

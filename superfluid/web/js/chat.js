@@ -141,7 +141,14 @@ async function openSession(sid, { follow = true } = {}) {
   sidebar.setCurrent(sid);
   refreshTitle();
   drawAll();
-  if (follow && summary.busy && !gen) drive(sid, resumeFrom(sid), Number(prefs.load().max_tokens));
+  if (follow && !gen) {
+    const budget = Number(prefs.load().max_tokens);
+    const m = conv.messages[conv.messages.length - 1];
+    if (summary.busy) drive(sid, resumeFrom(sid, budget), budget);
+    else if (m && m.role === "assistant" && m.finish === "dropped" && budget - m.tokens > 0) {
+      drive(sid, resumeFrom(sid, budget), budget); // reloaded mid-answer: it goes on
+    }
+  }
 }
 
 function newChat() {
@@ -155,7 +162,9 @@ function newChat() {
 }
 
 // -- generating ------------------------------------------------------------------------
-const resumeFrom = (sid) => (signal) => request(`/v1/sessions/${sid}/resume`,
+// the rest of a generation after the page's cursor; one whose stream was lost (cut,
+// "dropped") goes on to the turn's `budget` of tokens in all
+const resumeFrom = (sid, budget) => (signal) => request(`/v1/sessions/${sid}/resume${budget ? `?budget=${budget}` : ""}`,
   { extraHeaders: { "last-event-id": `${sid}:${conv.cursor}` }, signal });
 const generateOn = (sid, maxTokens) => (signal) => request(`/v1/sessions/${sid}/generate`,
   { method: "POST", body: { stream: true, max_tokens: maxTokens, ...sampling(prefs.load()) }, signal });
@@ -229,8 +238,9 @@ async function recover(g) {
       queueDraw();
       status("");
       const m = conv.messages[conv.messages.length - 1];
-      if (s.busy) return resumeFrom(g.sid);
-      if (m && m.role === "assistant" && m.cut && g.budget - m.tokens > 0) return generateOn(g.sid, g.budget - m.tokens);
+      if (s.busy) return resumeFrom(g.sid, g.budget);
+      // cut by a restart or by the lost connection: the daemon continues it from the log
+      if (m && m.role === "assistant" && m.cut && g.budget - m.tokens > 0) return resumeFrom(g.sid, g.budget);
       return null;
     } catch (e) {
       if (e.name === "AbortError") return null;

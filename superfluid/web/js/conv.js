@@ -71,7 +71,7 @@ export function apply(c, ev) {
       if (ev.ts) { m.tFirst = m.tFirst ?? ev.ts; m.tLast = ev.ts; }
       m.last = ev.id ?? m.last;
       m.finish = ev.finish || null;
-      m.cut = false;
+      m.cut = m.finish === "dropped"; // the page lost its stream: the daemon cut it, the page continues it
       if (ev.usage) m.usage = ev.usage;
       retext(m);
       return true;
