@@ -77,8 +77,7 @@ class FleetEmbedder:
             rid = f"{eng.model_id}#{next(self._ids)}"
             fut: asyncio.Future = asyncio.get_running_loop().create_future()
             self._waits[rid] = (fut, node, len(inputs))
-            eng.pool.send_raw(node, m.EMBED_REQ, {"id": rid, "inputs": [[x.tokens, x.pair_at] for x in inputs],
-                                              "qos": int(qos)})
+            eng.pool.send(node, m.EmbedReq(rid, tuple((tuple(x.tokens), x.pair_at) for x in inputs), int(qos)))
             try:
                 return await fut
             except _NodeLost:
@@ -87,18 +86,17 @@ class FleetEmbedder:
             finally:
                 self._waits.pop(rid, None)
 
-    def on_embedded(self, n: NodeConn, body: dict) -> None:
-        got = self._waits.get(str(body.get("id")))
+    def on_embedded(self, n: NodeConn, body: m.EmbedResp) -> None:
+        got = self._waits.get(body.id)
         if got is None or got[1] is not n or got[0].done():
             return
         fut, _, count = got
-        err = body.get("error")
-        if err:
-            code, message = str(err[0]), str(err[1])
+        if body.error is not None:
+            code, message = body.error
             fut.set_exception(EmbeddingUnsupported(message, param="model") if code == EmbeddingUnsupported.code
                               else WorkerCrashed(f"the node reported: {message}", code=code))
             return
-        vecs = [np.frombuffer(bytes(v), dtype="<f4") for v in body["vectors"]]
+        vecs = [np.frombuffer(v, dtype="<f4") for v in body.vectors or ()]
         if len(vecs) != count or len({len(v) for v in vecs}) > 1:
             raise ProtocolError(f"EMBED_RESP has {len(vecs)} vectors of mixed or wrong sizes for {count} inputs")
         fut.set_result(vecs)

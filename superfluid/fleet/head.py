@@ -119,7 +119,7 @@ class FleetEngine(EngineBase):
         kinds = [x.kind for n in self.nodes if n.up for x in n.models if x.id == self.model_id]
         return kinds[0] if kinds else "generate"
 
-    def on_embedded(self, n: NodeConn, body: dict) -> None:
+    def on_embedded(self, n: NodeConn, body: m.EmbedResp) -> None:
         self.embedder.on_embedded(n, body)
 
     def node_up(self, n: NodeConn) -> dict[str, tuple[int, int]]:

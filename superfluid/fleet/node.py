@@ -238,8 +238,8 @@ class NodeServer:
             for gen in self.state.revoke(body.session, body.epoch):
                 self._cancel(gen)
         elif kind == m.EMBED_REQ:
-            inputs = [EmbedInput([int(t) for t in toks], int(at)) for toks, at in body["inputs"]]
-            task = asyncio.create_task(self._embed(head, str(body["id"]), inputs, Qos(int(body.get("qos", 4)))))
+            inputs = [EmbedInput(list(toks), at) for toks, at in body.inputs]
+            task = asyncio.create_task(self._embed(head, body.id, inputs, Qos(body.qos)))
             self._tasks.append(task)
             task.add_done_callback(self._tasks.remove)
 
@@ -248,15 +248,15 @@ class NodeServer:
         the batch elsewhere when it loses us: embedding is idempotent)."""
         try:
             vectors = await self.engine.embed(inputs, qos)
-            body = {"id": rid, "vectors": [v.astype("<f4").tobytes() for v in vectors]}
+            resp = m.EmbedResp(rid, vectors=tuple(v.astype("<f4").tobytes() for v in vectors))
         except SuperfluidError as e:
-            body = {"id": rid, "error": [e.code or e.type, e.message]}
+            resp = m.EmbedResp(rid, error=(e.code or e.type, e.message))
         if not head.link.closed:
             try:
                 try:
-                    head.link.send_raw(m.EMBED_RESP, body)
+                    head.link.send(resp)
                 except ProtocolError as e:  # over the frame cap: the head gets an error, not silence
-                    head.link.send_raw(m.EMBED_RESP, {"id": rid, "error": [e.code or "protocol_error", e.message]})
+                    head.link.send(m.EmbedResp(rid, error=(e.code or "protocol_error", e.message)))
             except ConnectionError:
                 pass
 

@@ -178,14 +178,6 @@ class NodePool:
         except ConnectionError:
             pass
 
-    def send_raw(self, node: NodeConn, kind: int, body: dict) -> None:
-        if node.link is None:
-            return
-        try:
-            node.link.send_raw(kind, body)
-        except ConnectionError:
-            pass
-
     def cancel(self, node: NodeConn, gen: str) -> None:
         self.send(node, m.GenerateCancel(self.cmds.next(), gen))
 
@@ -284,7 +276,7 @@ class NodePool:
             else:
                 eng.on_tokens(n, body)
         elif kind == m.EMBED_RESP:
-            eng = self._owner(str(body.get("id")))
+            eng = self._owner(body.id)
             if eng is not None:
                 eng.on_embedded(n, body)
         elif kind == m.NODE_STATUS:

@@ -159,13 +159,29 @@ class SessionRevoke(Record):
     epoch: int
 
 
-# STAGE_* and EMBED_* stay raw maps: their handlers answer a malformed one with an error
-# reply (the link goes on); NODE_PREFIXES is read defensively by fleet/prefixes.py.
+@dataclass(frozen=True, slots=True)
+class EmbedReq(Record):
+    TYPE = EMBED_REQ
+    id: str
+    inputs: tuple[tuple[tuple[int, ...], int], ...]  # (tokens, pair_at) per input
+    qos: int = 4
+
+
+@dataclass(frozen=True, slots=True)
+class EmbedResp(Record):
+    TYPE = EMBED_RESP
+    id: str
+    vectors: tuple[bytes, ...] | None = None  # float32 little-endian, one per input
+    error: tuple[str, str] | None = None  # (code, message) instead
+
+
+# STAGE_* stay raw maps: the stage answers a malformed one with an error reply (the link
+# goes on); NODE_PREFIXES is read defensively by fleet/prefixes.py (garbage: no prefixes).
 RECORDS: list[type[Record]] = [Hello, HelloAck, NodeStatus, GenerateReq, GenerateCancel, TokenEvents,
-                               WatermarkAck, Reconcile, ReconcileAck, SessionRevoke]
-TABLE = Table({**{r.TYPE: r for r in RECORDS}, KEEPALIVE: None, NODE_PREFIXES: None, EMBED_REQ: None,
-               EMBED_RESP: None, STAGE_LOAD: None, STAGE_READY: None, STAGE_FORWARD_REQ: None,
-               STAGE_FORWARD_RESP: None, STAGE_COPY: None, STAGE_DROP: None})
+                               WatermarkAck, Reconcile, ReconcileAck, SessionRevoke, EmbedReq, EmbedResp]
+TABLE = Table({**{r.TYPE: r for r in RECORDS}, KEEPALIVE: None, NODE_PREFIXES: None, STAGE_LOAD: None,
+               STAGE_READY: None, STAGE_FORWARD_REQ: None, STAGE_FORWARD_RESP: None, STAGE_COPY: None,
+               STAGE_DROP: None})
 KNOWN = frozenset(TABLE.classes)
 KEEPALIVE_EVERY = 1.0  # a KEEPALIVE also renews the lease of every generation on the node
 LINK_F = Protocol("Link F", VERSION, TABLE, keepalive=KEEPALIVE_EVERY)

@@ -44,6 +44,9 @@ RECORDS = [
     m.ReconcileAck(("g",)),
     m.SessionRevoke("s", 9),
     m.NodeStatus(lanes=2, queue={"agent": 1}, stages=[[0, 15]]),
+    m.EmbedReq("m#1", (((1, 2, 3), 0), ((4, 5), 1)), 4),
+    m.EmbedResp("m#1", vectors=(b"\x00" * 8, b"\x01" * 8)),
+    m.EmbedResp("m#2", error=("embedding_unsupported", "no")),
 ]
 
 
@@ -60,6 +63,7 @@ def test_records_keep_the_maps_link_f_always_carried():
     assert m.NodeStatus(lanes=1).to_wire() == {"lanes": 1}  # optional fields left off while None
     assert m.Hello.from_wire({"versions": [1]}) == m.Hello((1,))  # a default fills what an old peer leaves off
     assert m.GenerateCancel.from_wire({"cmd": 1, "gen": "g", "future": 3}) == m.GenerateCancel(1, "g")
+    assert m.EmbedResp("x", error=("c", "m")).to_wire() == {"id": "x", "error": ["c", "m"]}
 
 
 @pytest.mark.parametrize("cls,body", [
@@ -68,6 +72,7 @@ def test_records_keep_the_maps_link_f_always_carried():
     (m.TokenEvents, {"gen": "g", "epoch": 1, "events": [[0]]}), (m.HelloAck, {"version": True}),
     (m.HelloAck, {"version": 1, "models": [{"n_ctx": 3}]}), (m.GenerateCancel, [1, "g"]),
     (m.WatermarkAck, {"gen": "g", "epoch": 1.5, "upto": 0}),
+    (m.EmbedReq, {"id": "x", "inputs": [[[1, "a"], 0]]}), (m.EmbedResp, {"id": "x", "error": ["c"]}),
 ])
 def test_malformed_records_are_protocol_errors(cls, body):
     with pytest.raises(ProtocolError, match="malformed body"):
