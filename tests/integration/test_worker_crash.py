@@ -129,3 +129,23 @@ def test_respawn_gives_up_after_three_failures_until_the_next_request(tmp_path):
         d.stop()
     log = d.proc.stdout.read()
     assert "not restarting it until the next request" in log
+
+
+def test_a_worker_gets_its_settings_in_hello_and_reports_why_it_cannot_load():
+    """Link W end to end without a model: the worker process reads its settings from the
+    daemon's HELLO (nothing on its command line but the socket) and answers ERROR with the
+    reason, which the supervisor raises as a typed WorkerCrashed."""
+    import asyncio
+
+    from superfluid.errors import WorkerCrashed
+    from superfluid.worker.supervisor import WorkerProcess, WorkerSpec
+
+    async def start() -> str:
+        w = WorkerProcess(WorkerSpec("/nonexistent.gguf", 1, 64, 1, 16, runtime="no-such-runtime",
+                                     load_timeout_s=60))
+        with pytest.raises(WorkerCrashed) as e:
+            await w.start()
+        await w.stop()
+        assert not w.alive
+        return e.value.message
+    assert "unknown runtime no-such-runtime" in asyncio.run(start())

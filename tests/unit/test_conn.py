@@ -171,3 +171,44 @@ def test_a_handler_that_chokes_on_a_body_ends_the_link_with_a_protocol_error():
         x.close()
         y.close()
     asyncio.run(run())
+
+
+def test_hello_over_loopback_tcp_with_the_secure_channel():
+    """The head dials, greets; the node accepts, welcomes; a HELLO naming only another
+    version is refused by the node, and an ACK of another version by the head."""
+    async def run() -> list:
+        psk = b"p" * 32
+        out: list = []
+
+        async def on_connect(reader, writer):
+            link = await Link.accept(reader, writer, m.LINK_F, psk)
+            try:
+                hello = await link.welcome(5)
+                out.append(hello.head)
+                link.send(m.HelloAck(1 if hello.head != "old" else 9, "node"))
+                await link.drain()
+            except ProtocolError as e:
+                out.append(e.message)
+            await asyncio.sleep(0.1)
+            link.close()
+        server = await asyncio.start_server(on_connect, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        head = await Link.dial("127.0.0.1", port, m.LINK_F, psk)
+        out.append((await head.greet(m.Hello((1,), "h"))).node)
+        head.close()
+        other = await Link.dial("127.0.0.1", port, m.LINK_F, psk)
+        other.send(m.Hello((7,), "x"))
+        await asyncio.sleep(0.2)
+        other.close()
+        old = await Link.dial("127.0.0.1", port, m.LINK_F, psk)
+        try:
+            await old.greet(m.Hello((1,), "old"))
+        except ProtocolError as e:
+            out.append(e.message)
+        old.close()
+        server.close()
+        return out
+    out = asyncio.run(run())
+    assert out[:2] == ["h", "node"]
+    assert "expected HELLO with Link F version 1" in out[2]
+    assert out[3] == "old" and "version 9" in out[4]
