@@ -110,57 +110,61 @@ class StageServer(NodeServer):
                     else:
                         log.warning("stage request from %s refused: %s", head.link.peer, e)
                     reply = None  # copy and drop have no answer; a later forward of the lane fails instead
-                    if kind in (m.STAGE_LOAD, m.STAGE_FORWARD_REQ):
-                        reply = (m.STAGE_FORWARD_RESP if kind == m.STAGE_FORWARD_REQ else m.STAGE_READY,
-                                 {"id": body.get("id") if isinstance(body, dict) else None,
-                                  "error": f"{type(e).__name__}: {e}"})
+                    why = e.message if isinstance(e, ProtocolError) else f"{type(e).__name__}: {e}"
+                    if kind == m.STAGE_LOAD:
+                        reply = m.StageReady(error=why)
+                    elif kind == m.STAGE_FORWARD_REQ:
+                        reply = m.StageForwardResp(body.get("id") if isinstance(body, dict) else None, error=why)
                 if reply is not None:
                     try:
-                        head.link.send_raw(*reply)
+                        head.link.send(reply)
                     except ConnectionError:
                         return
                     except ProtocolError as e:  # e.g. a reply over the frame cap
-                        head.link.send_raw(reply[0], {"id": reply[1].get("id"), "error": e.message})
+                        head.link.send(m.StageForwardResp(reply.id, error=e.message)
+                                       if isinstance(reply, m.StageForwardResp) else m.StageReady(error=e.message))
         finally:
             self._release(head)
 
-    async def _handle(self, head: _Head, kind: int, body: dict):
+    async def _handle(self, head: _Head, kind: int, body: dict) -> m.Record | None:
         if kind == m.STAGE_LOAD:
-            return m.STAGE_READY, await self._load(head, int(body["first"]), int(body["last"]))
+            load = m.StageLoad.from_wire(body)
+            return await self._load(head, load.first, load.last)
         model = self._models[self._range[head]]
         ns = self._serial[head]
         if kind == m.STAGE_COPY:
-            n = body["n"]
-            if not isinstance(n, int) or n < 0:
-                raise ValueError(f"copy of {n!r} positions")
-            model.copy((ns, body["src"]), (ns, body["dst"]), n)
+            copy = m.StageCopy.from_wire(body)
+            if copy.n < 0:
+                raise ValueError(f"copy of {copy.n!r} positions")
+            model.copy((ns, copy.src), (ns, copy.dst), copy.n)
             return None
         if kind == m.STAGE_DROP:
-            for s in body["sessions"]:
+            for s in m.StageDrop.from_wire(body).sessions:
                 model.drop((ns, s))
             return None
+        req = m.StageForwardReq.from_wire(body)
         items, want = [], []
-        for session, pos, tokens, hidden, w in body["items"]:
+        for session, pos, tokens, hidden, w in req.items:
             if (not tokens) if model.is_first else (hidden is None):
                 raise ValueError("the first stage takes tokens, the others activations")
             x: Any
             if model.is_first:
-                x = [int(t) for t in tokens]
+                x = list(tokens or ())
                 if any(not 0 <= t < model.n_vocab for t in x):
                     raise ValueError(f"a token id outside the vocabulary of {model.n_vocab}")
             else:
                 x = m.unpack_array(hidden)
                 if x.shape[1] != model.hidden_size:
                     raise ValueError(f"activations of width {x.shape[1]}; this model's is {model.hidden_size}")
-            items.append(((ns, session), int(pos), x))
-            want.append(bool(w))
+            items.append(((ns, session), pos, x))
+            want.append(w)
         async with self._compute:
             outs = await asyncio.to_thread(model.run, items, want)
         self.tokens_fed += sum(len(x) for _, _, x in items)
-        return m.STAGE_FORWARD_RESP, {"id": body["id"], "outs": [None if o is None else m.pack_array(
-            o.reshape(1, -1) if o.ndim == 1 else o) for o in outs]}
+        return m.StageForwardResp(req.id, tuple(None if o is None else m.pack_array(
+            o.reshape(1, -1) if o.ndim == 1 else o) for o in outs))
 
-    async def _load(self, head: _Head, first: int, last: int) -> dict:
+    async def _load(self, head: _Head, first: int, last: int) -> m.StageReady:
         if not 0 <= first < last <= self.n_layer:
             raise ValueError(f"layers [{first}, {last}) are not within the model's {self.n_layer}")
         rng = (first, last)
@@ -179,9 +183,8 @@ class StageServer(NodeServer):
         self._range[head] = rng
         self._users.setdefault(rng, set()).add(head)
         model = self._models[rng]
-        return {"first": first, "last": last, "n_params": model.n_params, "n_layer": self.n_layer,
-                "n_vocab": model.n_vocab, "hidden": model.hidden_size,
-                "n_ctx_train": int(getattr(model.config, "max_position_embeddings", 0) or 0)}
+        return m.StageReady(first, last, int(model.n_params), self.n_layer, int(model.n_vocab),
+                            int(model.hidden_size), int(getattr(model.config, "max_position_embeddings", 0) or 0))
 
     async def _load_range(self, rng: tuple[int, int]) -> None:
         from ..runtime.stage import StageModel

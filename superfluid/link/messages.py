@@ -175,13 +175,63 @@ class EmbedResp(Record):
     error: tuple[str, str] | None = None  # (code, message) instead
 
 
-# STAGE_* stay raw maps: the stage answers a malformed one with an error reply (the link
-# goes on); NODE_PREFIXES is read defensively by fleet/prefixes.py (garbage: no prefixes).
+# Pipeline stages. Decoded by their handlers (deferred): a stage answers a malformed
+# request with an error reply and the link goes on; a head loses a stage that answers one.
+@dataclass(frozen=True, slots=True)
+class StageLoad(Record):
+    TYPE = STAGE_LOAD
+    first: int
+    last: int
+
+
+@dataclass(frozen=True, slots=True)
+class StageReady(Record):
+    TYPE = STAGE_READY
+    first: int = 0
+    last: int = 0
+    n_params: int = 0
+    n_layer: int = 0
+    n_vocab: int = 0
+    hidden: int = 0
+    n_ctx_train: int = 0
+    error: str | None = None  # instead of the rest: why the stage refused
+
+
+@dataclass(frozen=True, slots=True)
+class StageForwardReq(Record):
+    TYPE = STAGE_FORWARD_REQ
+    id: int
+    items: tuple[tuple[object, int, tuple[int, ...] | None, list | None, bool], ...]  # see the docstring
+
+
+@dataclass(frozen=True, slots=True)
+class StageForwardResp(Record):
+    TYPE = STAGE_FORWARD_RESP
+    id: object = None
+    outs: tuple[list | None, ...] = ()  # pack_array per item (None: no output wanted)
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StageCopy(Record):
+    TYPE = STAGE_COPY
+    src: object
+    dst: object
+    n: int
+
+
+@dataclass(frozen=True, slots=True)
+class StageDrop(Record):
+    TYPE = STAGE_DROP
+    sessions: tuple[object, ...]
+
+
+# NODE_PREFIXES stays a raw map, read defensively by fleet/prefixes.py (garbage: no prefixes).
 RECORDS: list[type[Record]] = [Hello, HelloAck, NodeStatus, GenerateReq, GenerateCancel, TokenEvents,
                                WatermarkAck, Reconcile, ReconcileAck, SessionRevoke, EmbedReq, EmbedResp]
-TABLE = Table({**{r.TYPE: r for r in RECORDS}, KEEPALIVE: None, NODE_PREFIXES: None, STAGE_LOAD: None,
-               STAGE_READY: None, STAGE_FORWARD_REQ: None, STAGE_FORWARD_RESP: None, STAGE_COPY: None,
-               STAGE_DROP: None})
+STAGE_RECORDS: tuple[type[Record], ...] = (StageLoad, StageReady, StageForwardReq, StageForwardResp, StageCopy,
+                                           StageDrop)
+TABLE = Table({**{r.TYPE: r for r in RECORDS}, KEEPALIVE: None, NODE_PREFIXES: None}, deferred=STAGE_RECORDS)
 KNOWN = frozenset(TABLE.classes)
 KEEPALIVE_EVERY = 1.0  # a KEEPALIVE also renews the lease of every generation on the node
 LINK_F = Protocol("Link F", VERSION, TABLE, keepalive=KEEPALIVE_EVERY)

@@ -9,7 +9,8 @@ field and answers anything malformed with a ProtocolError, never a KeyError or T
 
 A Table maps message types to the classes that carry them (records, or any class with
 `to_wire()` / `from_wire(w)` like plan.StepPlan); types in it without a class carry a raw
-map, left to their handler to check."""
+map, left to their handler to check. A `deferred` class is sent typed but decoded by its
+handler (`Cls.from_wire(body)`), which can answer a malformed one instead of losing the link."""
 
 from __future__ import annotations
 
@@ -135,9 +136,9 @@ class Record:
 class Table:
     """Message type <-> the class that carries it, for one link."""
 
-    def __init__(self, classes: dict[int, Any]):
-        self.classes = dict(classes)
-        self.types = {c: t for t, c in classes.items() if c is not None}
+    def __init__(self, classes: dict[int, Any], deferred: tuple[type[Record], ...] = ()):
+        self.classes = {**classes, **{c.TYPE: None for c in deferred}}
+        self.types = {c: t for t, c in classes.items() if c is not None} | {c: c.TYPE for c in deferred}
 
     def __contains__(self, msg_type: int) -> bool:
         return msg_type in self.classes

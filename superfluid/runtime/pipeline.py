@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -37,6 +37,7 @@ from .base import ModelInfo, Runtime
 from .gguf_vocab import GgufVocab
 
 log = logging.getLogger("superfluid.pipeline")
+R = TypeVar("R", bound=m.Record)
 
 
 FRAME_BUDGET = 12 * 2**20  # bytes of activations or logits per request (the frame cap is 16 MiB)
@@ -75,7 +76,7 @@ class _Stage:
         self.lost: str | None = None
         self.reader: asyncio.Task | None = None
         self.first = self.last = 0
-        self.ready: dict = {}  # STAGE_READY: what the stage holds
+        self.ready = m.StageReady()  # what the stage holds
 
 
 class PipelineRuntime(Runtime):
@@ -100,7 +101,7 @@ class PipelineRuntime(Runtime):
             raise
         desc = ", ".join(f"{s.addr} [{s.first},{s.last})" for s in self.stages)
         self.info = ModelInfo(n_vocab=self.n_vocab, n_ctx=n_ctx, n_lanes=lanes,
-                              n_ctx_train=int(self.stages[-1].ready.get("n_ctx_train") or 0),
+                              n_ctx_train=self.stages[-1].ready.n_ctx_train,
                               description=f"pipeline of {len(self.stages)} stages: {desc}")
 
     # -- setup ---------------------------------------------------------------------------
@@ -155,18 +156,17 @@ class PipelineRuntime(Runtime):
         for st, (first, last) in zip(self.stages, split_layers(n_layers.pop(), weights), strict=True):
             st.first, st.last = first, last
 
-        async def load_all() -> list[dict]:
-            return await asyncio.gather(*(self._ask(st, m.STAGE_LOAD, {"first": st.first, "last": st.last},
-                                                    LOAD_TIMEOUT) for st in self.stages))
+        async def load_all() -> list[m.StageReady]:
+            return await asyncio.gather(*(self._ask(st, m.StageLoad(st.first, st.last), m.StageReady, LOAD_TIMEOUT)
+                                          for st in self.stages))
         for st, ready in zip(self.stages, self._call(load_all()), strict=True):
             st.ready = ready
-            if int(ready.get("n_vocab") or 0) < self.vocab.n_vocab:
+            if ready.n_vocab < self.vocab.n_vocab:
                 raise StageLost(f"pipeline stage {st.addr} serves another model: a vocabulary of "
-                                f"{ready.get('n_vocab')} tokens, not {self.vocab.n_vocab}")
-            log.info("stage %s holds layers [%d, %d): %s parameters", st.addr, st.first, st.last,
-                     ready.get("n_params"))
-        self.n_vocab = int(self.stages[-1].ready["n_vocab"])
-        self.hidden = int(self.stages[0].ready.get("hidden") or 1)
+                                f"{ready.n_vocab} tokens, not {self.vocab.n_vocab}")
+            log.info("stage %s holds layers [%d, %d): %s parameters", st.addr, st.first, st.last, ready.n_params)
+        self.n_vocab = self.stages[-1].ready.n_vocab
+        self.hidden = self.stages[0].ready.hidden or 1
 
     # -- the links -----------------------------------------------------------------------
     async def _read(self, st: _Stage) -> None:
@@ -191,7 +191,7 @@ class PipelineRuntime(Runtime):
             if not fut.done():
                 fut.set_exception(StageLost(st.lost))
 
-    async def _ask(self, st: _Stage, kind: int, body: dict, limit: float = FORWARD_TIMEOUT) -> dict:
+    async def _ask(self, st: _Stage, msg: m.Record, answer: type[R], limit: float = FORWARD_TIMEOUT) -> R:
         """One request and its answer. Fails with StageLost when the stage goes away, is
         silent for `timeout` (its link ends), or does not answer within `limit` (keepalives
         do not count)."""
@@ -200,7 +200,7 @@ class PipelineRuntime(Runtime):
         fut = self.loop.create_future()
         st.pending.append(fut)
         try:
-            st.link.send_raw(kind, body)
+            st.link.send(msg)
         except (ConnectionError, SuperfluidError) as e:  # gone, or a request over the frame cap
             self._lose(st, f"pipeline stage {st.addr}: {getattr(e, 'message', None) or e or 'the link is closed'}")
         deadline = time.monotonic() + limit
@@ -210,19 +210,23 @@ class PipelineRuntime(Runtime):
                 break
             if time.monotonic() > deadline:
                 self._lose(st, f"pipeline stage {st.addr} did not answer within {limit:.0f} s")
-        reply = fut.result()
-        if not isinstance(reply, dict) or reply.get("error"):
-            why = reply.get("error") if isinstance(reply, dict) else reply
+        try:
+            reply = answer.from_wire(fut.result())
+        except SuperfluidError as e:
+            self._lose(st, f"pipeline stage {st.addr} answered a malformed {answer.__name__} ({e.message})")
+            raise StageLost(st.lost or "") from None
+        why = getattr(reply, "error", None)
+        if why:
             raise StageLost(f"pipeline stage {st.addr} refused: {why}")
         return reply
 
-    def _tell(self, kind: int, body: dict) -> None:
+    def _tell(self, msg: m.Record) -> None:
         """A command with no answer, to every stage (ordered before the next request)."""
         def send() -> None:
             for st in self.stages:
                 if not st.lost:
                     try:
-                        st.link.send_raw(kind, body)
+                        st.link.send(msg)
                     except ConnectionError:
                         self._lose(st, f"pipeline stage {st.addr} went away")
         self.loop.call_soon_threadsafe(send)
@@ -257,11 +261,12 @@ class PipelineRuntime(Runtime):
     async def _forward_group(self, runs: list[Run]) -> dict[int, np.ndarray]:
         hidden: list = [None] * len(runs)
         for st in self.stages:
-            items = [[r.seq, r.pos, list(r.tokens) if st.first == 0 else None,
-                      None if st.first == 0 else m.pack_array(h), r.sample] for r, h in zip(runs, hidden, strict=True)]
-            reply = await self._ask(st, m.STAGE_FORWARD_REQ, {"id": 0, "items": items})
+            items = tuple((r.seq, r.pos, tuple(r.tokens) if st.first == 0 else None,
+                           None if st.first == 0 else m.pack_array(h), r.sample)
+                          for r, h in zip(runs, hidden, strict=True))
+            reply = await self._ask(st, m.StageForwardReq(0, items), m.StageForwardResp)
             try:
-                outs = reply["outs"]
+                outs = reply.outs
                 if len(outs) != len(runs):
                     raise ValueError(f"{len(outs)} outputs for {len(runs)} items")
                 hidden = [None if o is None else m.unpack_array(o) for o in outs]
@@ -284,7 +289,7 @@ class PipelineRuntime(Runtime):
         pass  # the KV stays on the stages: a prefix-cache entry
 
     def copy_lane(self, src: int, dst: int, n: int) -> None:
-        self._tell(m.STAGE_COPY, {"src": src, "dst": dst, "n": n})
+        self._tell(m.StageCopy(src, dst, n))
 
     def forward(self, runs: tuple[Run, ...]) -> dict[int, np.ndarray]:
         return self._call(self._forward(runs))

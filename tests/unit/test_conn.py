@@ -212,3 +212,25 @@ def test_hello_over_loopback_tcp_with_the_secure_channel():
     assert out[:2] == ["h", "node"]
     assert "expected HELLO with Link F version 1" in out[2]
     assert out[3] == "old" and "version 9" in out[4]
+
+
+@pytest.mark.parametrize("rec", [
+    m.StageLoad(0, 15), m.StageReady(0, 15, 10, 30, 49152, 576, 8192), m.StageReady(error="no"),
+    m.StageForwardReq(3, (("s", 0, (1, 2), None, True), (7, 2, None, ["float32", 1, 2, b"\0" * 8], False))),
+    m.StageForwardResp(3, (None, ["float32", 1, 2, b"\0" * 8])), m.StageForwardResp(3, error="boom"),
+    m.StageCopy(1, 2, 5), m.StageDrop(("s", 7)),
+], ids=lambda r: type(r).__name__)
+def test_stage_records_travel_typed_and_their_handler_decodes_them(rec):
+    """Deferred: the link hands the stage the raw map, so a malformed request gets an
+    error reply instead of costing the link."""
+    head, node = pair(None)
+    node.receive_data(head.send(rec))
+    kind, body = node.next_event()
+    assert kind == type(rec).TYPE and isinstance(body, dict) and type(rec).from_wire(body) == rec
+
+
+@pytest.mark.parametrize("cls,body", [(m.StageLoad, {"first": "x"}), (m.StageForwardReq, {"id": 4, "items": "junk"}),
+                                      (m.StageCopy, {"src": 1, "dst": 2, "n": "3"}), (m.StageDrop, {})])
+def test_malformed_stage_requests_are_protocol_errors(cls, body):
+    with pytest.raises(ProtocolError, match="malformed body"):
+        cls.from_wire(body)
