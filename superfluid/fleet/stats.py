@@ -2,7 +2,8 @@
 stats() record built from those reports (engine_api.EngineStats with a row per node).
 
 NODE_STATUS {lanes (the node's lane count), running, waiting, kv_used, kv_total} is what
-every node has always sent. A node now also sends, each optional (a head that predates them
+every node has always sent (the record link/messages.NodeStatus: a field added here is
+added there too). A node now also sends, each optional (a head that predates them
 ignores them; a node that does not send them shows as lanes of unknown class and phase):
 `lane_list` [[lane, class, phase, prompt, generated, cached]...], `queue` {class: waiting}
 (classes with none waiting left out), `counters` {scheduler counter: value}, `rates`
