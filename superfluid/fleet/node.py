@@ -189,7 +189,7 @@ class NodeServer:
         a head that predates it drops it)."""
         body = self._prefixes.fields(self.engine)
         if body:
-            link.send_raw(m.NODE_PREFIXES, body)
+            link.send(m.NodePrefixes(**body))
 
     async def _watchdog(self) -> None:
         """The lease: generations whose head has been silent for lease_s are fenced."""

@@ -226,12 +226,20 @@ class StageDrop(Record):
     sessions: tuple[object, ...]
 
 
-# NODE_PREFIXES stays a raw map, read defensively by fleet/prefixes.py (garbage: no prefixes).
+@dataclass(frozen=True, slots=True)
+class NodePrefixes(Record):
+    """Deferred too: the head reads it defensively (fleet/prefixes.py: garbage or another
+    granularity is no prefixes, not a lost link)."""
+    TYPE = NODE_PREFIXES
+    prefix: bytes | None = None  # u64 LE block hashes
+    prefix_tokens: int | None = None  # tokens per block
+
+
 RECORDS: list[type[Record]] = [Hello, HelloAck, NodeStatus, GenerateReq, GenerateCancel, TokenEvents,
                                WatermarkAck, Reconcile, ReconcileAck, SessionRevoke, EmbedReq, EmbedResp]
 STAGE_RECORDS: tuple[type[Record], ...] = (StageLoad, StageReady, StageForwardReq, StageForwardResp, StageCopy,
                                            StageDrop)
-TABLE = Table({**{r.TYPE: r for r in RECORDS}, KEEPALIVE: None, NODE_PREFIXES: None}, deferred=STAGE_RECORDS)
+TABLE = Table({**{r.TYPE: r for r in RECORDS}, KEEPALIVE: None}, deferred=(*STAGE_RECORDS, NodePrefixes))
 KNOWN = frozenset(TABLE.classes)
 KEEPALIVE_EVERY = 1.0  # a KEEPALIVE also renews the lease of every generation on the node
 LINK_F = Protocol("Link F", VERSION, TABLE, keepalive=KEEPALIVE_EVERY)
