@@ -19,6 +19,7 @@ from .schema import number_in
 from .prompt import chat_prompt as build_chat_prompt
 from .prompt import template_options
 from . import resume
+from .policy import owner_of
 from .blocks import Blocks
 from .sse import cursor, frame, tagged
 from .streams import collect, raise_first_error, sse
@@ -318,7 +319,7 @@ def add_routes(app: FastAPI, models, qos_for, body_of) -> None:
                           hint)
         marked = hint[0] if hint else 0
         streams = await models.service.submit(eng, [req], cp.bodies, api="anthropic.messages",
-                                   params={"response_id": req.id, "marked": marked})
+                                              params={"response_id": req.id, "marked": marked}, owner=owner_of(request))
         if body.get("stream"):
             return sse(events(req.id, eng.model_id, len(cp.prompt), streams[0], req.session, marked),
                        models.service.on_close(eng, [req]), [req])

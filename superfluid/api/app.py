@@ -26,7 +26,7 @@ from . import sessions as sessions_api
 from . import ui as web_ui
 from . import openai as oa
 from .guard import Guard
-from .policy import KeyPolicy
+from .policy import KeyPolicy, owner_of
 from .schema import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, ModelRequest, TokenizeRequest,
                      json_object, parse)
 from .streams import (ClientGone, chat_events, collect, completion_events, raise_first_error, record,
@@ -252,7 +252,8 @@ def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Q
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         created = int(time.time())
         streams = await models.service.submit(eng, reqs, cp.bodies, api="chat.completions", params={
-            "response_id": rid, "created": created, "logprobs": bool(body.logprobs), "include_usage": include_usage})
+            "response_id": rid, "created": created, "logprobs": bool(body.logprobs), "include_usage": include_usage},
+            owner=owner_of(request))
         rec = access_record(request, eng, reqs[0].qos)
         if body.stream:
             return sse(chat_events(rid, eng.model_id, streams, body.logprobs, include_usage, rec, reqs,
@@ -276,7 +277,8 @@ def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Q
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         created = int(time.time())
         streams = await models.service.submit(eng, reqs, api="completions", params={
-            "response_id": rid, "created": created, "logprobs": top >= 0, "include_usage": include_usage})
+            "response_id": rid, "created": created, "logprobs": top >= 0, "include_usage": include_usage},
+            owner=owner_of(request))
         rec = access_record(request, eng, reqs[0].qos)
         if body.stream:
             return sse(completion_events(rid, eng.model_id, streams, top >= 0, include_usage, rec, reqs,

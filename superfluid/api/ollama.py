@@ -25,6 +25,7 @@ from .schema import MAX_EMBED_INPUTS, json_object
 from ..codec import grammar
 from ..codec.tools import new_call_id
 from . import keep_alive, resume
+from .policy import owner_of
 from .prompt import chat_prompt, template_options
 from .streams import collect, raise_first_error, sse
 
@@ -317,7 +318,8 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
         req = GenRequest(new_id("ollama"), prompt, sp, min(num_predict or room, room), stops, qos_for(request),
                          channels=channels)
         streams = await models.service.submit(eng, [req], bodies, api="ollama." + ("chat" if chat else "generate"),
-                                   params={"response_id": req.id, "t0": time.time()})
+                                              params={"response_id": req.id, "t0": time.time()},
+                                              owner=owner_of(request))
         keep_alive.apply(request, models, eng.model_id, ka)  # submitted: 0 unloads it once the request is done
         model = eng.model_id
         if body.get("stream", True):

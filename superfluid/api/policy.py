@@ -103,3 +103,27 @@ def find_key(policies: list[KeyPolicy], presented: str) -> KeyPolicy | None:
         if hmac.compare_digest(p.key.encode(), presented.encode()):
             found = p
     return found
+
+
+# -- who may see what: keys own their sessions ------------------------------------------------
+def key_of(request) -> KeyPolicy | None:
+    """The key a request came with (None: the server has no keys)."""
+    return request.scope.get("state", {}).get("key")
+
+
+def owner_of(request) -> str | None:
+    """The name a request's sessions and stored responses are recorded under."""
+    key = key_of(request)
+    return key.name if key is not None else None
+
+
+def may_see(request, owner: str | None) -> bool:
+    """A key sees only its own sessions; an admin key, or a server without keys, sees all."""
+    key = key_of(request)
+    return key is None or key.admin or owner == key.name
+
+
+def listed_owner(request) -> str | None:
+    """Whose sessions a list shows (None: everyone's)."""
+    key = key_of(request)
+    return None if key is None or key.admin else key.name

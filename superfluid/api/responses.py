@@ -19,6 +19,7 @@ from ..errors import BadRequest, SuperfluidError
 from ..ids import new_id
 from ..request import FinishReason, GenRequest, SamplingParams
 from . import resume
+from .policy import may_see, owner_of
 from .prompt import chat_prompt, response_format_grammar, template_options
 from .response_events import events, output_items
 from .schema import number_in
@@ -65,6 +66,13 @@ class ResponseStore:
 
     async def put(self, record: dict, session: str | None) -> None:
         await self.store.put_response(record["response"]["id"], session, orjson.dumps(record))
+
+    async def visible(self, rid: str, request) -> None:
+        """Keys own their stored responses: another key's is not found (an admin sees all)."""
+        self._check(rid)
+        exists, owner = await self.store.response_owner(rid)
+        if not exists or not may_see(request, owner):
+            raise ResponseNotFound(f"no response {rid!r}", param="response_id")
 
     async def get(self, rid: str) -> dict:
         self._check(rid)
@@ -218,6 +226,8 @@ def add_routes(app: FastAPI, models, qos_for, body_of, store: ResponseStore) -> 
         text_opts = body.get("text") if isinstance(body.get("text"), dict) else {}
         grammar = response_format_grammar(text_opts.get("format"), "text.format")
         new_items = input_items(body.get("input"))
+        if body.get("previous_response_id"):
+            await store.visible(str(body["previous_response_id"]), request)
         record = await record_of(store, body.get("previous_response_id"), new_items)
         conversation = record["conversation"]
         eng = await models.get(body["model"])
@@ -243,8 +253,8 @@ def add_routes(app: FastAPI, models, qos_for, body_of, store: ResponseStore) -> 
                 "store": body.get("store", True) is not False, "tools": body.get("tools") or [],
                 "tool_choice": body.get("tool_choice") or "auto", "parallel_tool_calls": False,
                 "text": {"format": text_opts.get("format") or {"type": "text"}}, "metadata": {}}
-        streams = await models.service.submit(eng, [req], cp.bodies, api="responses",
-                                   params={"response_id": rid, "base": base, "input_items": new_items})
+        streams = await models.service.submit(eng, [req], cp.bodies, api="responses", owner=owner_of(request),
+                                              params={"response_id": rid, "base": base, "input_items": new_items})
 
         async def finished(text: str, reasoning: str, calls: list, c) -> dict:
             return await finish(store, base, record, req.session, text, reasoning, calls, c)
@@ -257,16 +267,19 @@ def add_routes(app: FastAPI, models, qos_for, body_of, store: ResponseStore) -> 
         return await finished("".join(ch.text), "".join(ch.reasoning), ch.tool_calls, ch.last)
 
     @app.get("/v1/responses/{rid}")
-    async def retrieve(rid: str):
+    async def retrieve(rid: str, request: Request):
+        await store.visible(rid, request)
         return (await store.get(rid))["response"]
 
     @app.delete("/v1/responses/{rid}")
-    async def delete(rid: str):
+    async def delete(rid: str, request: Request):
+        await store.visible(rid, request)
         await store.delete(rid)
         return {"id": rid, "object": "response.deleted", "deleted": True}
 
     @app.get("/v1/responses/{rid}/input_items")
-    async def items(rid: str):
+    async def items(rid: str, request: Request):
+        await store.visible(rid, request)
         its = [{**it, "id": f"msg_{rid[5:]}_{i}", "status": "completed"}
                for i, it in enumerate((await store.get(rid))["input_items"])]
         return {"object": "list", "data": its, "first_id": its[0]["id"] if its else None,

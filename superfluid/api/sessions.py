@@ -6,12 +6,13 @@ slot and on disk). Translation only: the work is in sessions.Sessions and the en
 from __future__ import annotations
 
 import orjson
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
-from ..errors import BadRequest
+from ..errors import BadRequest, SessionNotFound
 from ..request import SamplingParams
 from ..service.verbs import sampling_dict
+from .policy import listed_owner, may_see, owner_of
 from .resume import media_type, rest_of_generation, subscription
 from .schema import (SessionCreate, SessionFork, SessionGenerate, SessionMessage, SessionMetaBody, SessionToolResult,
                      SessionTrim, parse)
@@ -46,6 +47,13 @@ def _after(request: Request, sid: str) -> int:
 def add_routes(app: FastAPI, models, qos_for) -> None:
     sessions = models.sessions
 
+    async def check_owner(request: Request, sid: str) -> None:
+        """Keys own their sessions: another key's is not found (an admin key sees all)."""
+        if not may_see(request, (await sessions.row(sid)).owner):
+            raise SessionNotFound(f"no session {sid}", param="session")
+
+    owned = APIRouter(dependencies=[Depends(check_owner)])  # every /v1/sessions/{sid} route
+
     async def summary(sid: str) -> dict:
         st = await sessions.state(sid)
         row = await sessions.row(sid)
@@ -68,7 +76,7 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
         if body.tools:
             params["tools"] = body.tools
         msgs = [{"role": "prompt" if body.raw else "system", "content": body.system}] if body.system else []
-        st = await sessions.create(eng, params=params, messages=msgs, title=body.title)
+        st = await sessions.create(eng, params=params, messages=msgs, title=body.title, owner=owner_of(request))
         return _json(await summary(st.id), 201)
 
     @app.get("/v1/sessions")
@@ -80,27 +88,28 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
         before = request.query_params.get("before")
         try:
             rows = await sessions.store.sessions(limit=limit, before=float(before) if before else None,
-                                                 archived=None if archived is None else archived == "true")
+                                                 archived=None if archived is None else archived == "true",
+                                                 owner=listed_owner(request))
         except ValueError:
             raise BadRequest("before must be a timestamp", param="before") from None
         return _json({"object": "list", "data": [r.to_json() for r in rows]})
 
-    @app.get("/v1/sessions/{sid}")
+    @owned.get("/v1/sessions/{sid}")
     async def inspect(sid: str):
         return _json(await summary(sid))
 
-    @app.patch("/v1/sessions/{sid}")
+    @owned.patch("/v1/sessions/{sid}")
     async def set_meta(sid: str, request: Request):
         body = parse(SessionMetaBody, await request.body())
         await sessions.set_meta(sid, body.title, body.archived)
         return _json(await summary(sid))
 
-    @app.delete("/v1/sessions/{sid}")
+    @owned.delete("/v1/sessions/{sid}")
     async def purge(sid: str):
         await sessions.purge(sid)
         return _json({"id": sid, "object": "session", "deleted": True})
 
-    @app.post("/v1/sessions/{sid}/messages")
+    @owned.post("/v1/sessions/{sid}/messages")
     async def append_message(sid: str, request: Request):
         body = parse(SessionMessage, await request.body())
         role = "system" if body.role == "developer" else body.role
@@ -115,14 +124,14 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
         evs = await sessions.append_message(await engine_of(sid), sid, msg)
         return _json({"object": "list", "data": [e.to_json(sid) for e in evs]})
 
-    @app.post("/v1/sessions/{sid}/tool_results")
+    @owned.post("/v1/sessions/{sid}/tool_results")
     async def append_tool_result(sid: str, request: Request):
         body = parse(SessionToolResult, await request.body())
         evs = await sessions.append_message(await engine_of(sid), sid,
                                             {"role": "tool", "content": body.content, "tool_call_id": body.call_id})
         return _json({"object": "list", "data": [e.to_json(sid) for e in evs]})
 
-    @app.post("/v1/sessions/{sid}/generate")
+    @owned.post("/v1/sessions/{sid}/generate")
     async def generate(sid: str, request: Request):
         body = parse(SessionGenerate, await request.body())
         eng = await engine_of(sid)
@@ -139,12 +148,12 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
                       "usage": {"prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens,
                                 "cached_tokens": c.cached_tokens}})
 
-    @app.post("/v1/sessions/{sid}/cancel")
+    @owned.post("/v1/sessions/{sid}/cancel")
     async def cancel(sid: str):
         await sessions.state(sid)
         return _json({"session": sid, "cancelled": sessions.cancel(sid)})
 
-    @app.get("/v1/sessions/{sid}/events")
+    @owned.get("/v1/sessions/{sid}/events")
     async def events(sid: str, request: Request):
         after = _after(request, sid)
         limit = _int_query(request, "limit", 1000)
@@ -155,14 +164,14 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
         return _json({"object": "list", "data": [e.to_json(sid) for e in evs],
                       "next": evs[-1].id if evs else None})
 
-    @app.get("/v1/sessions/{sid}/subscribe")
+    @owned.get("/v1/sessions/{sid}/subscribe")
     async def subscribe(sid: str, request: Request):
         after = _after(request, sid)
         await sessions.state(sid)
         return StreamingResponse(subscription(sessions, sid, after), media_type="text/event-stream",
                                  headers=SSE_HEADERS)
 
-    @app.get("/v1/sessions/{sid}/resume")
+    @owned.get("/v1/sessions/{sid}/resume")
     async def resume(sid: str, request: Request):
         after = _after(request, sid)
         await sessions.state(sid)
@@ -189,7 +198,7 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
         return StreamingResponse(rest_of_generation(sessions, sid, after, continue_cut),
                                  media_type=media_type(api), headers=SSE_HEADERS)
 
-    @app.post("/v1/sessions/{sid}/pin")
+    @owned.post("/v1/sessions/{sid}/pin")
     async def pin(sid: str):
         st = await sessions.state(sid)
         eng = await engine_of(sid)
@@ -198,24 +207,26 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
         warm = eng.pin(sid, list(st.tokens))  # TooManyPins (409) beyond the share
         return _json({"id": sid, "object": "session.pin", "pinned": True, "warm_tokens": warm})
 
-    @app.post("/v1/sessions/{sid}/unpin")
+    @owned.post("/v1/sessions/{sid}/unpin")
     async def unpin(sid: str):
         st = await sessions.state(sid)
         eng = models.engines.get(models.resolve_id(st.params.get("model")))  # an unloaded model holds no pins
         was = bool(eng.pin(sid, None)) if eng is not None and hasattr(eng, "pin") else False
         return _json({"id": sid, "object": "session.pin", "pinned": False, "was_pinned": was})
 
-    @app.post("/v1/sessions/{sid}/fork")
+    @owned.post("/v1/sessions/{sid}/fork")
     async def fork(sid: str, request: Request):
         body = parse(SessionFork, await request.body() or b"{}")
-        st = await sessions.fork(sid, body.at)
+        st = await sessions.fork(sid, body.at, owner=owner_of(request))
         return _json(await summary(st.id), 201)
 
-    @app.post("/v1/sessions/{sid}/trim")
+    @owned.post("/v1/sessions/{sid}/trim")
     async def trim(sid: str, request: Request):
         body = parse(SessionTrim, await request.body())
         await sessions.trim(sid, body.to)
         return _json(await summary(sid))
+
+    app.include_router(owned)
 
 
 async def _generated(sid: str, stream):

@@ -18,10 +18,10 @@ class Service:
         self.sessions = sessions
 
     async def submit(self, engine, reqs: list[GenRequest], bodies: list[Body] | None = None, *, api: str,
-                     params: dict | None = None) -> list[AsyncIterator[Chunk]]:
+                     params: dict | None = None, owner: str | None = None) -> list[AsyncIterator[Chunk]]:
         """Start a request's generations (one per choice). With a session log each is a
-        session: `bodies` are the prompt's events (one raw prompt message when not given),
-        committed before the engine sees the request."""
+        session, recorded under `owner` (its key's name): `bodies` are the prompt's events
+        (one raw prompt message when not given), committed before the engine sees it."""
         for r in reqs:
             engine.check(r)
         if self.sessions is not None:
@@ -29,7 +29,7 @@ class Service:
             if bodies is None:
                 bodies = [Message("prompt", engine.tokenizer.decode(reqs[0].prompt), tuple(reqs[0].prompt))]
                 params["raw"] = True
-            await self.sessions.open_requests(engine.model_id, reqs, bodies, api=api, params=params,
+            await self.sessions.open_requests(engine.model_id, reqs, bodies, api=api, params=params, owner=owner,
                                               cancel=lambda r: (lambda: engine.cancel(r.id)))
         streams: list = []
         try:

@@ -39,7 +39,8 @@ class Sessions(Cache, Commits, Watchers, Verbs):
         self._subs: dict[str, set[asyncio.Queue]] = {}
 
     async def open_requests(self, model: str, reqs: list[GenRequest], bodies: list[Body], *, api: str,
-                            params: dict, cancel: Callable[[GenRequest], Callable[[], bool]]) -> None:
+                            params: dict, cancel: Callable[[GenRequest], Callable[[], bool]],
+                            owner: str | None = None) -> None:
         """An API request's generations as sessions, committed: the first choice's session
         holds the prompt's events; the others fork it after them. Each request gets its
         session id and is marked generating."""
@@ -50,10 +51,10 @@ class Sessions(Cache, Commits, Watchers, Verbs):
                  "sampling": sampling_dict(r.sampling), "max_tokens": r.max_tokens, "stop": list(r.stop),
                  "channels": spec_to_wire(r.channels)}
             if i == 0:
-                specs.append(dict(sid=first, params=p, model=model, api=api, bodies=bodies))
+                specs.append(dict(sid=first, params=p, model=model, api=api, bodies=bodies, owner=owner))
             else:
                 specs.append(dict(sid=new_id("sess"), params=p, model=model, api=api, parent=first,
-                                  fork_at=len(bodies)))
+                                  fork_at=len(bodies), owner=owner))
         created = await self.store.create_many(specs)
         for r, spec, evs in zip(reqs, specs, created, strict=True):
             r.session = spec["sid"]

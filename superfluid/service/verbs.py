@@ -42,14 +42,14 @@ class Verbs:
         def started(self, req: GenRequest, cancel: Callable[[], bool], next_id: int) -> Gen: ...
 
     async def create(self, engine, *, params: dict, messages: Sequence[dict] = (), title: str | None = None,
-                     api: str = "sessions") -> SessionState:
+                     api: str = "sessions", owner: str | None = None) -> SessionState:
         sid = new_id("sess")
         params = {**params, "model": engine.model_id}
         turns = Turns.of(engine, **template_kwargs(params))
         bodies: list[Body] = [turns.message(m) for m in messages]
         if title is not None:
             bodies.append(Meta(title=title))
-        evs = await self.store.create(sid, params=params, model=engine.model_id, api=api, bodies=bodies)
+        evs = await self.store.create(sid, params=params, model=engine.model_id, api=api, bodies=bodies, owner=owner)
         st = fold(sid, evs)
         self._cache(st)
         return st
@@ -108,14 +108,15 @@ class Verbs:
         gen = self._busy.get(sid)
         return gen is not None and gen.cancel()
 
-    async def fork(self, sid: str, at: int | None) -> SessionState:
+    async def fork(self, sid: str, at: int | None, owner: str | None = None) -> SessionState:
         st = await self.state(sid)
         at = st.next_id - 1 if at is None else at
         if not 0 <= at < st.next_id:
             raise BadRequest(f"session {sid} has no event {at} (it has {st.next_id})", param="at")
         new = new_id("sess")
         row = await self.row(sid)
-        await self.store.create(new, params=st.params, model=row.model, api=row.api, parent=sid, fork_at=at)
+        await self.store.create(new, params=st.params, model=row.model, api=row.api, parent=sid, fork_at=at,
+                                owner=owner)
         return await self.state(new)
 
     async def trim(self, sid: str, to: int) -> list[Event]:

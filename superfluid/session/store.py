@@ -34,7 +34,7 @@ CREATE TABLE IF NOT EXISTS sessions (
   id TEXT PRIMARY KEY, parent TEXT, fork_at INTEGER, model TEXT, api TEXT,
   created REAL NOT NULL, updated REAL NOT NULL, epoch INTEGER NOT NULL, next_id INTEGER NOT NULL,
   title TEXT, archived INTEGER NOT NULL DEFAULT 0, purged INTEGER NOT NULL DEFAULT 0,
-  generating INTEGER NOT NULL DEFAULT 0);
+  generating INTEGER NOT NULL DEFAULT 0, owner TEXT);
 CREATE INDEX IF NOT EXISTS sessions_created ON sessions (created);
 CREATE TABLE IF NOT EXISTS events (
   session TEXT NOT NULL, id INTEGER NOT NULL, epoch INTEGER NOT NULL, ts REAL NOT NULL,
@@ -59,20 +59,21 @@ class SessionRow:
     archived: bool
     purged: bool
     generating: bool
+    owner: str | None = None  # the name of the API key that made it (None: no keys)
 
     def to_json(self) -> dict:
         return {"id": self.id, "object": "session", "model": self.model, "api": self.api,
                 "created": self.created, "updated": self.updated, "epoch": self.epoch,
                 "events": self.next_id, "title": self.title, "archived": self.archived,
-                "parent": self.parent, "fork_at": self.fork_at}
+                "parent": self.parent, "fork_at": self.fork_at, "owner": self.owner}
 
 
-_ROW = "id, parent, fork_at, model, api, created, updated, epoch, next_id, title, archived, purged, generating"
+_ROW = "id, parent, fork_at, model, api, created, updated, epoch, next_id, title, archived, purged, generating, owner"
 
 
 def _row(r) -> SessionRow:
     return SessionRow(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], bool(r[10]), bool(r[11]),
-                      bool(r[12]))
+                      bool(r[12]), r[13])
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +151,10 @@ class Store:
                 page = conn.execute("PRAGMA page_size").fetchone()[0]
                 conn.execute(f"PRAGMA max_page_count={max(16, self.max_bytes // page)}")
             conn.executescript(SCHEMA)
+            if "owner" not in {r[1] for r in conn.execute("PRAGMA table_info(sessions)")}:
+                # a store written before keys owned their sessions: they have no owner
+                conn.execute("ALTER TABLE sessions ADD COLUMN owner TEXT")
+            conn.execute("CREATE INDEX IF NOT EXISTS sessions_owner ON sessions (owner, created)")
             conn.execute("INSERT OR IGNORE INTO meta VALUES ('format', ?)", (FORMAT,))
         except sqlite3.DatabaseError as e:
             conn.close()
@@ -217,10 +222,10 @@ class Store:
     # the log, whatever order the callers await in.
     def create(self, sid: str, *, params: dict, model: str | None = None, api: str | None = None,
                bodies: Sequence[Body] = (), parent: str | None = None,
-               fork_at: int | None = None) -> asyncio.Future:
+               fork_at: int | None = None, owner: str | None = None) -> asyncio.Future:
         """A new session with a Created event (and `bodies` after it), in one commit:
         resolves to its events."""
-        return self._call(lambda c: self._create(c, sid, params, model, api, bodies, parent, fork_at), True)
+        return self._call(lambda c: self._create(c, sid, params, model, api, bodies, parent, fork_at, owner), True)
 
     def create_many(self, specs: list[dict]) -> asyncio.Future:
         """Several sessions in one commit (a request's choices): dicts of create()'s args."""
@@ -244,10 +249,14 @@ class Store:
         return await self._call(lambda c: self._session(c, sid), False)
 
     async def sessions(self, *, limit: int = 100, before: float | None = None,
-                       archived: bool | None = None) -> list[SessionRow]:
+                       archived: bool | None = None, owner: str | None = None) -> list[SessionRow]:
+        """The newest sessions first; `owner`: only that key's."""
         def q(c):
             sql = f"SELECT {_ROW} FROM sessions WHERE purged=0"
             args: list = []
+            if owner is not None:
+                sql += " AND owner=?"
+                args.append(owner)
             if before is not None:
                 sql += " AND created < ?"
                 args.append(before)
@@ -270,6 +279,14 @@ class Store:
             return r[0] if r else None
         return await self._call(q, False)
 
+    async def response_owner(self, rid: str) -> tuple[bool, str | None]:
+        """(whether the response exists, the owner of its session)."""
+        def q(c):
+            r = c.execute("SELECT s.owner FROM responses r LEFT JOIN sessions s ON s.id = r.session WHERE r.id=?",
+                          (rid,)).fetchone()
+            return (r is not None, r[0] if r else None)
+        return await self._call(q, False)
+
     async def delete_response(self, rid: str) -> bool:
         return await self._call(lambda c: c.execute("DELETE FROM responses WHERE id=?", (rid,)).rowcount > 0, True)
 
@@ -281,7 +298,8 @@ class Store:
             raise SessionNotFound(f"no session {sid}", param="session")
         return _row(r)
 
-    def _create(self, c, sid, params, model=None, api=None, bodies=(), parent=None, fork_at=None) -> list[Event]:
+    def _create(self, c, sid, params, model=None, api=None, bodies=(), parent=None, fork_at=None,
+                owner=None) -> list[Event]:
         first = 0
         if parent is not None:
             p = self._session(c, parent)
@@ -290,8 +308,8 @@ class Store:
             first = fork_at + 1
         now = time.time()
         try:
-            c.execute(f"INSERT INTO sessions ({_ROW}) VALUES (?,?,?,?,?,?,?,?,?,?,0,0,0)",
-                      (sid, parent, fork_at, model, api, now, now, self.epoch, first, None))
+            c.execute(f"INSERT INTO sessions ({_ROW}) VALUES (?,?,?,?,?,?,?,?,?,?,0,0,0,?)",
+                      (sid, parent, fork_at, model, api, now, now, self.epoch, first, None, owner))
         except sqlite3.IntegrityError:
             raise BadRequest(f"session {sid} already exists") from None
         out = [self._append_one(c, Append(sid, Created(parent, fork_at, params)), strict=True)]

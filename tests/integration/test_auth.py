@@ -14,6 +14,8 @@ from .daemon import Daemon, free_port
 POLICY = {"keys": [
     {"name": "bg", "key": "sk-bgbgbgbg", "qos": "background", "max_qos": "agent", "rpm": 3},
     {"name": "one", "key": "sk-oneoneon", "max_concurrent": 1},
+    {"name": "alice", "key": "sk-alicealice"},
+    {"name": "bob", "key": "sk-bobbobbob"},
 ]}
 BODY = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
 
@@ -91,3 +93,34 @@ def test_model_admin_needs_an_admin_key(d):
     assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden"
     r = httpx.post(d.url + "/v1/models/load", json=body, headers={"x-api-key": "sk-admin-key"}, timeout=60)
     assert r.status_code == 200
+
+
+def test_keys_own_their_sessions_and_stored_responses(d):
+    """Every request is a session: another key cannot list, read, resume, fork, pin or purge
+    it, nor read a stored response or chain from it (404, as if it did not exist); the admin
+    key sees all."""
+    alice, bob, admin = ({"authorization": f"Bearer {k}"} for k in ("sk-alicealice", "sk-bobbobbob", "sk-admin-key"))
+    r = post(d, alice)
+    assert r.status_code == 200
+    sid = r.headers["x-superfluid-session"]
+    assert httpx.get(f"{d.url}/v1/sessions/{sid}", headers=alice).json()["owner"] == "alice"
+    for method, path in (("GET", ""), ("GET", "/events"), ("GET", "/resume"), ("POST", "/fork"),
+                         ("POST", "/pin"), ("POST", "/cancel"), ("PATCH", ""), ("DELETE", "")):
+        r = httpx.request(method, f"{d.url}/v1/sessions/{sid}{path}", headers=bob, timeout=30,
+                          json={"title": "mine"} if method == "PATCH" else None)
+        assert r.status_code == 404, (method, path, r.status_code, r.text)
+    listed = lambda h: [s["id"] for s in httpx.get(f"{d.url}/v1/sessions", headers=h).json()["data"]]  # noqa: E731
+    assert sid in listed(alice) and sid not in listed(bob) and sid in listed(admin)
+    assert httpx.get(f"{d.url}/v1/sessions/{sid}/events", headers=admin).status_code == 200
+    assert httpx.get(f"{d.url}/v1/sessions/{sid}/events", headers=alice).status_code == 200
+    # stored responses too
+    resp = httpx.post(f"{d.url}/v1/responses", headers=alice, timeout=60,
+                      json={"model": MODEL, "input": "hi", "max_output_tokens": 2}).json()
+    assert httpx.get(f"{d.url}/v1/responses/{resp['id']}", headers=alice).status_code == 200
+    assert httpx.get(f"{d.url}/v1/responses/{resp['id']}", headers=bob).status_code == 404
+    assert httpx.get(f"{d.url}/v1/responses/{resp['id']}/input_items", headers=bob).status_code == 404
+    chained = httpx.post(f"{d.url}/v1/responses", headers=bob, timeout=60, json={
+        "model": MODEL, "input": "and?", "max_output_tokens": 2, "previous_response_id": resp["id"]})
+    assert chained.status_code == 404
+    assert httpx.delete(f"{d.url}/v1/responses/{resp['id']}", headers=bob).status_code == 404
+    assert httpx.get(f"{d.url}/v1/responses/{resp['id']}", headers=admin).status_code == 200
