@@ -89,6 +89,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--api-key", default=os.environ.get("SUPERFLUID_API_KEY"), help="require this key (Authorization: Bearer or x-api-key) on every route but /health (default: $SUPERFLUID_API_KEY)")
     s.add_argument("--key-policy", metavar="FILE", help="JSON file of named keys with QoS class, best class allowed, requests per minute, max concurrent requests, admin flag")
     s.add_argument("--rate-limit", type=_positive, metavar="RPM", help="requests per minute per client address")
+    s.add_argument("--cors-origins", metavar="LIST", default="", help="browser origins (comma-separated, e.g. https://app.example) allowed besides pages on this machine, which always are")
     s.add_argument("--no-tui", action="store_true", help="plain logs even on a terminal (the live monitor is shown only when stdout is a terminal)")
     s.add_argument("--no-ui", action="store_true", help="do not serve the web app (the chat at / and the engine view at /monitor)")
     s.add_argument("--log-format", choices=("text", "json"), default="text", help="log lines as text (default) or one JSON object per line")
@@ -252,7 +253,8 @@ def _serve(args: argparse.Namespace) -> int:
                       int(args.sessions_max_mb * 1024 * 1024) if args.sessions_max_mb else None,
                       tuple(args.fleet), None, args.fleet_policy, args.fleet_timeout, args.fleet_grace,
                       args.fleet_listen, args.fleet_local, not args.no_mdns, embedding_model=embedding,
-                      ui=not args.no_ui)
+                      ui=not args.no_ui,
+                      cors_origins=tuple(o.strip() for o in args.cors_origins.split(",") if o.strip()))
     if args.fleet_local and not (args.fleet or args.fleet_listen):
         print("superfluid: --fleet-local needs --fleet or --fleet-listen (a head with other nodes)", file=sys.stderr)
         return 2

@@ -80,3 +80,4 @@ class ServeConfig:
     fleet_mdns: bool = True  # advertise --fleet-listen on mDNS (_superfluid-fleet._tcp)
     ui: bool = True  # the web app at / and /monitor
     embedding_model: str | None = None  # the model id embedding requests without a model go to
+    cors_origins: tuple[str, ...] = ()  # browser origins let in besides this machine's own pages

@@ -106,7 +106,8 @@ def parse_qos(request: Request, default: Qos = Qos.AGENT) -> Qos:
 
 def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Qos.AGENT,
                metrics_registry: CollectorRegistry | None = None, policies: list[KeyPolicy] | None = None,
-               loopback_bind: bool = True, ip_rpm: int | None = None, ui: bool = True):
+               loopback_bind: bool = True, ip_rpm: int | None = None, ui: bool = True,
+               cors_origins: tuple[str, ...] = ()):
     """The ASGI app: routes, wrapped in the body limit and the guard (keys, origins, limits)."""
     app = FastAPI(title="superfluid", version=__version__)
     started = int(time.time())
@@ -175,9 +176,12 @@ def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Q
         responses.add_routes(app, models, qos, json_body, rstore)
 
     @app.get("/health")
-    async def health():
+    async def health(request: Request):
         stats = {mid: e.stats() for mid, e in engines.items()}  # the engine contract's one reading
         ready = models.default in stats and all(s.ready for s in stats.values())
+        state = request.scope.get("state", {})
+        if state.get("keys_required") and state.get("key") is None:  # no key: the status only
+            return _json({"status": "ok" if ready else "unavailable"}, 200 if ready else 503)
         out = {"status": "ok" if ready else "unavailable", "models": {mid: health_row(s) for mid, s in stats.items()}}
         if models.sessions is not None:
             out["store"] = models.sessions.store.stats()
@@ -290,7 +294,8 @@ def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Q
         resp.headers.update(session_header(reqs))
         return resp
 
-    guarded = Guard(BodyLimit(app, max_body), policies=policies or [], loopback_bind=loopback_bind, ip_rpm=ip_rpm)
+    guarded = Guard(BodyLimit(app, max_body), policies=policies or [], loopback_bind=loopback_bind, ip_rpm=ip_rpm,
+                    cors_origins=cors_origins)
     if ui:  # the web app at / and /monitor (--no-ui: none)
         return web_ui.install(app, models, guarded, loopback_bind=loopback_bind)
     return guarded

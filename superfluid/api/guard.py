@@ -1,6 +1,9 @@
-"""The HTTP front door, as ASGI middleware: browser-borne requests (a foreign Origin, a
-rebound Host), API keys and their policies, per-key and per-IP rate limits, concurrency.
-`/health` is always open. Denials are OpenAI-style error bodies; 429s carry Retry-After."""
+"""The HTTP front door, as ASGI middleware: browser-borne requests (CORS for loopback pages
+and `--cors-origins`, everything else and `Origin: null` refused; a rebound Host; simple
+content types on a browser's state-changing request), repeated control headers, API keys
+and their policies, per-key and per-IP rate limits, concurrency. `/health` is always open
+(its details need a key when there are keys). Denials are OpenAI-style error bodies; 429s
+carry Retry-After."""
 
 from __future__ import annotations
 
@@ -17,6 +20,14 @@ from .policy import KeyPolicy, find_key
 
 OPEN_PATHS = {"/health"}
 WINDOW_S = 60.0
+MAX_IP_WINDOWS = 4096  # per-client windows kept before the idle ones are pruned
+# a header that says who the caller is or how to treat it must come once: a repeated one would
+# be read one way here and another way by the app
+SINGLE = ("authorization", "x-api-key", "x-superfluid-qos", "origin", "host", "content-type", "last-event-id")
+CHANGES = {"POST", "PUT", "PATCH", "DELETE"}
+SIMPLE_TYPES = ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data")
+ALLOW_HEADERS = "authorization, content-type, x-api-key, x-superfluid-qos, last-event-id"
+EXPOSE_HEADERS = b"x-superfluid-session, retry-after"
 
 
 class _Window:
@@ -38,11 +49,12 @@ class _Window:
 
 class Guard:
     def __init__(self, app, *, policies: list[KeyPolicy], loopback_bind: bool,
-                 ip_rpm: int | None = None, clock=time.monotonic):
+                 ip_rpm: int | None = None, clock=time.monotonic, cors_origins: tuple[str, ...] = ()):
         self.app = app
         self.policies = policies
         self.loopback_bind = loopback_bind
         self.ip_rpm = ip_rpm
+        self.cors_origins = {o.rstrip("/").lower() for o in cors_origins}
         self.clock = clock
         self._key_windows: dict[str, _Window] = {}
         self._ip_windows: dict[str, _Window] = {}
@@ -51,15 +63,37 @@ class Guard:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        names = [k.decode("latin-1").lower() for k, _ in scope.get("headers", [])]
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        twice = sorted({n for n in names if n in SINGLE and names.count(n) > 1})
+        if twice:
+            return await _deny_in(scope, send, 400, f"the header {twice[0]} must be sent once", "duplicate_header")
         denied = self._browser_check(headers)
         if denied:
             return await _deny_in(scope, send, 403, denied, "forbidden")
+        origin = headers.get("origin")
+        if origin is not None:
+            if scope.get("method") == "OPTIONS" and "access-control-request-method" in headers:
+                return await _preflight(send, origin, headers)
+            if scope.get("method") in CHANGES and headers.get("content-type", "").split(";")[0].strip().lower() \
+                    in SIMPLE_TYPES:
+                return await _deny_in(scope, send, 415, "a browser's request that changes something must send "
+                                      "application/json", "unsupported_media_type")
+            send = _with_cors(send, origin)
         if scope.get("path") in OPEN_PATHS:
+            if self.policies:  # the details need a key; the status does not
+                presented = _presented_key(headers)
+                key = find_key(self.policies, presented) if presented else None
+                if key is not None:
+                    scope.setdefault("state", {})["key"] = key
+                scope.setdefault("state", {})["keys_required"] = True
             return await self.app(scope, receive, send)
         now = self.clock()
         ip = (scope.get("client") or ("?", 0))[0]
         if self.ip_rpm:
+            if len(self._ip_windows) > MAX_IP_WINDOWS:
+                self._ip_windows = {k: w for k, w in self._ip_windows.items()
+                                    if w.times and now - w.times[-1] < WINDOW_S}
             wait = self._ip_windows.setdefault(ip, _Window(self.ip_rpm)).admit(now)
             if wait:
                 return await _deny_in(scope, send, 429, f"rate limit: {self.ip_rpm} requests per minute per client",
@@ -93,13 +127,23 @@ class Guard:
 
     def _browser_check(self, headers: dict[str, str]) -> str | None:
         origin = headers.get("origin")
-        if origin and origin != "null":
-            host = urlsplit(origin).hostname or ""
-            if not is_loopback_host(host):
-                return f"cross-origin requests are refused (Origin {origin})"
+        if origin is not None and not self._allowed(origin, headers.get("host", "")):
+            return f"cross-origin requests are refused (Origin {origin}); --cors-origins lets a page in"
         if self.loopback_bind and "host" in headers and not is_loopback_host(headers["host"]):
             return f"Host {headers['host']!r} is not this loopback server (DNS rebinding?)"
         return None
+
+    def _allowed(self, origin: str, host: str) -> bool:
+        """This server's own pages (same origin), a page on this machine (any loopback origin)
+        or one --cors-origins names; never `null` (a sandboxed frame, a file, a redirect)."""
+        if origin.rstrip("/").lower() in self.cors_origins:
+            return True
+        if origin == "null":
+            return False
+        parts = urlsplit(origin)
+        if parts.scheme not in ("http", "https"):
+            return False
+        return is_loopback_host(parts.hostname or "") or (bool(host) and parts.netloc.lower() == host.lower())
 
     @staticmethod
     def _qos_check(policy: KeyPolicy, headers: dict[str, str]) -> str | None:
@@ -117,6 +161,29 @@ class Guard:
         return None
 
 
+def _with_cors(send, origin: str):
+    """Responses to an allowed page say so (the origin reflected, as llama-server does)."""
+    async def wrapped(message) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", []),
+                                               (b"access-control-allow-origin", origin.encode("latin-1")),
+                                               (b"access-control-allow-credentials", b"true"),
+                                               (b"access-control-expose-headers", EXPOSE_HEADERS),
+                                               (b"vary", b"origin")]}
+        await send(message)
+    return wrapped
+
+
+async def _preflight(send, origin: str, headers: dict[str, str]) -> None:
+    out = [(b"access-control-allow-origin", origin.encode("latin-1")),
+           (b"access-control-allow-methods", b"GET, POST, PATCH, DELETE, OPTIONS"),
+           (b"access-control-allow-headers", ALLOW_HEADERS.encode()),
+           (b"access-control-allow-credentials", b"true"), (b"access-control-max-age", b"600"),
+           (b"vary", b"origin"), (b"content-length", b"0")]
+    await send({"type": "http.response.start", "status": 204, "headers": out})
+    await send({"type": "http.response.body", "body": b""})
+
+
 async def _deny_in(scope, send, status: int, message: str, code: str, retry_after: float | None = None) -> None:
     await _deny(send, status, message, code, retry_after, scope)
 
@@ -132,7 +199,8 @@ async def _deny(send, status: int, message: str, code: str, retry_after: float |
                 scope: dict | None = None) -> None:
     if scope is not None:
         scope.setdefault("state", {}).setdefault("access", {})["error"] = code
-    kind = {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error"}[status]
+    kind = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+            415: "invalid_request_error", 429: "rate_limit_error"}[status]
     body = orjson.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}})
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if retry_after is not None:

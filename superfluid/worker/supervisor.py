@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 import subprocess
 import sys
@@ -22,6 +23,16 @@ from .protocol import LINK_W, VERSION, Hello, HelloAck, Msg, Shutdown, WorkerErr
 log = logging.getLogger("superfluid.worker")
 
 WorkerSpec = WorkerSettings  # what the engine builds: the settings the worker gets in HELLO
+
+
+SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH")
+
+
+def worker_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The daemon's environment without its secrets (API keys, the fleet token, cloud
+    credentials): a worker runs model code and needs none of them."""
+    env = os.environ if environ is None else environ
+    return {k: v for k, v in env.items() if not any(w in k.upper() for w in SECRET_WORDS)}
 
 
 class WorkerProcess:
@@ -43,7 +54,7 @@ class WorkerProcess:
     async def start(self) -> ModelInfo:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         cmd = [sys.executable, "-m", "superfluid.worker.main", "--fd", str(child.fileno())]
-        self.proc = subprocess.Popen(cmd, pass_fds=[child.fileno()], stdin=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(cmd, pass_fds=[child.fileno()], stdin=subprocess.DEVNULL, env=worker_env())
         child.close()
         self._link = await Link.over(parent, LINK_W)
         try:

@@ -37,6 +37,9 @@ def test_key_required_but_not_for_health(d):
     assert post(d).status_code == 401
     assert post(d, {"authorization": "Bearer nope-nope-nope"}).json()["error"]["code"] == "invalid_api_key"
     assert httpx.get(d.url + "/health").status_code == 200
+    assert httpx.get(d.url + "/health").json() == {"status": "ok"}  # no key: no paths, pids or models
+    full = httpx.get(d.url + "/health", headers={"x-api-key": "sk-oneoneon"}).json()
+    assert full["status"] == "ok" and MODEL in full["models"]
     assert httpx.get(d.url + "/v1/models").status_code == 401
 
 

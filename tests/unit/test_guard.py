@@ -150,3 +150,72 @@ def test_the_embedding_class_ranks_between_agent_and_background_for_a_key_s_best
     agent = KeyPolicy("ag", "sk-gggggggg", max_qos=Qos.AGENT)
     assert Guard._qos_check(agent, {"x-superfluid-qos": "4"}) is None
     assert Guard._qos_check(agent, {"x-superfluid-qos": "completion"}) is not None
+
+
+def call_raw(guard, method="GET", path="/v1/models", headers=()):
+    """Like call, with a method and a header list (a header may repeat)."""
+    sent = []
+
+    async def receive():
+        return {"type": "http.request", "body": b""}
+
+    async def send(m):
+        sent.append(m)
+
+    hs = [(b"host", b"127.0.0.1:8453")] + [(k.encode(), v.encode()) for k, v in headers]
+    asyncio.run(guard({"type": "http", "method": method, "path": path, "headers": hs, "client": ("127.0.0.1", 1)},
+                      receive, send))
+    return sent[0]["status"], {k.decode(): v.decode() for k, v in sent[0]["headers"]}
+
+
+def test_cors_for_pages_on_this_machine_and_named_origins_only():
+    app = App()
+    g = Guard(app, policies=[], loopback_bind=True, cors_origins=("https://app.example",))
+    status, h = call_raw(g, headers=[("origin", "http://localhost:3000")])
+    assert status == 200 and h["access-control-allow-origin"] == "http://localhost:3000"
+    assert h["vary"] == "origin" and "x-superfluid-session" in h["access-control-expose-headers"]
+    status, h = call_raw(g, "OPTIONS", "/v1/chat/completions", [("origin", "http://127.0.0.1:5173"),
+                                                                 ("access-control-request-method", "POST"),
+                                                                 ("access-control-request-headers", "content-type")])
+    assert status == 204 and h["access-control-allow-origin"] == "http://127.0.0.1:5173"
+    assert "POST" in h["access-control-allow-methods"] and "authorization" in h["access-control-allow-headers"]
+    assert call_raw(g, headers=[("origin", "https://app.example")])[1]["access-control-allow-origin"] == \
+        "https://app.example"
+    calls = app.calls
+    for bad in ("null", "https://evil.example", "file://", "http://localhost.evil.example"):
+        assert call_raw(g, "POST", "/v1/models/load", [("origin", bad)])[0] == 403, bad
+        assert call_raw(g, "OPTIONS", "/v1/models/load", [("origin", bad),
+                                                          ("access-control-request-method", "POST")])[0] == 403
+    assert app.calls == calls  # none of them reached the app
+    assert "access-control-allow-origin" not in call_raw(g)[1]  # no Origin, no CORS headers
+
+
+def test_a_browsers_state_change_must_be_json_and_control_headers_come_once():
+    g = Guard(App(), policies=KEYS, loopback_bind=True)
+    key = ("authorization", "Bearer sk-aaaaaaaa")
+    page = ("origin", "http://localhost:3000")
+    assert call_raw(g, "POST", "/v1/models/unload", [key, page, ("content-type", "text/plain")])[0] == 415
+    assert call_raw(g, "POST", "/v1/chat/completions", [key, page, ("content-type", "application/json")])[0] == 200
+    assert call_raw(g, "POST", "/v1/chat/completions", [key, ("content-type", "text/plain")])[0] == 200  # curl -d
+    status, _ = call_raw(g, "POST", "/v1/chat/completions", [key, ("x-superfluid-qos", "background"),
+                                                             ("x-superfluid-qos", "interactive")])
+    assert status == 400
+    assert call_raw(g, headers=[key, ("authorization", "Bearer sk-llllllll")])[0] == 400
+
+
+def test_idle_client_windows_are_pruned():
+    from superfluid.api import guard as guard_mod
+    now = [0.0]
+    g = Guard(App(), policies=[], loopback_bind=True, ip_rpm=5, clock=lambda: now[0])
+    for i in range(guard_mod.MAX_IP_WINDOWS + 10):
+        call(g, client=f"10.0.{i // 250}.{i % 250}")
+    now[0] = 120.0
+    call(g, client="10.9.9.9")
+    assert len(g._ip_windows) <= 2
+
+
+def test_the_worker_gets_no_secrets():
+    from superfluid.worker.supervisor import worker_env
+    env = worker_env({"PATH": "/bin", "SUPERFLUID_API_KEY": "sk", "SUPERFLUID_FLEET_TOKEN": "t", "HF_TOKEN": "h",
+                      "AWS_SECRET_ACCESS_KEY": "s", "SUPERFLUID_HOME": "/h", "OMP_WAIT_POLICY": "PASSIVE"})
+    assert env == {"PATH": "/bin", "SUPERFLUID_HOME": "/h", "OMP_WAIT_POLICY": "PASSIVE"}
