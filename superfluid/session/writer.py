@@ -97,7 +97,10 @@ class Writer:
                     try:
                         done.append((c, c.fn(conn), None))
                         conn.execute("RELEASE call")
-                    except (SuperfluidError, ValueError, TypeError, OverflowError) as e:  # this call's own fault
+                    except (sqlite3.OperationalError, sqlite3.InternalError):
+                        raise  # the database itself failed (disk full, I/O): undo the whole batch
+                    except Exception as e:  # noqa: BLE001 -- anything else is this call's own fault
+                        # (a body that cannot be encoded, nested past the recursion limit, too big)
                         conn.execute("ROLLBACK TO call")
                         conn.execute("RELEASE call")
                         err = e if isinstance(e, SuperfluidError) else StoreError(

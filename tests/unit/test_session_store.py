@@ -235,3 +235,27 @@ def test_a_subscriber_that_falls_behind_is_cut_loose_not_buffered_forever(tmp_pa
 
     got, still = run(go())
     assert len(got) == 6 and got[-1] is BEHIND and not still
+
+
+def test_one_bad_write_fails_alone_in_its_batch():
+    """A body nested past the recursion limit (deep `tools` in a session's params) used to
+    roll the whole group commit back, failing every other session's tokens in it."""
+    deep: dict = {}
+    cur = deep
+    for _ in range(5000):
+        cur["x"] = {}
+        cur = cur["x"]
+
+    async def go():
+        s = Store(None).open()
+        try:
+            await s.create("ok", params={})
+            futs = [s.create("bad", params={"tools": deep}), s.append([Append("ok", Meta("fine"))])]
+            res = await asyncio.gather(*futs, return_exceptions=True)
+            return res, [e.kind for e in await s.events("ok")]
+        finally:
+            s.close()
+
+    (bad, good), kinds = run(go())
+    assert isinstance(bad, StoreError) and "encode" in bad.message
+    assert not isinstance(good[0], Exception) and kinds == ["created", "meta"]
