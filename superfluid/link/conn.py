@@ -40,6 +40,16 @@ class Protocol:
     table: Table
     keepalive: float | None = None  # seconds between KEEPALIVEs this end sends (None: none)
     silence: float | None = None  # a peer silent this long is gone (None: never)
+    refusal: type | None = None  # the record a responder answers HELLO with instead of HELLO_ACK
+
+
+class Refused(ProtocolError):
+    """The responder answered HELLO with the link's refusal (a worker that cannot load);
+    `reason` is the code the refusal carried (None: none)."""
+
+    def __init__(self, message: str, reason: str | None = None):
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclass
@@ -146,6 +156,8 @@ class Connection:
 
     def check_ack(self, kind: int, ack: Any) -> Any:
         """The initiator's check of the answer to its HELLO."""
+        if self.proto.refusal is not None and isinstance(ack, self.proto.refusal):
+            raise Refused(str(getattr(ack, "message", ack)), getattr(ack, "code", None))
         if kind != HELLO_ACK:
             raise ProtocolError(f"expected HELLO_ACK, got message {kind}")
         if getattr(ack, "version", self.proto.version) != self.proto.version:
@@ -154,4 +166,5 @@ class Connection:
         return ack
 
 
-__all__ = ["HELLO", "HELLO_ACK", "KEEPALIVE", "Connection", "Liveness", "Protocol", "Record", "pack", "unpack"]
+__all__ = ["HELLO", "HELLO_ACK", "KEEPALIVE", "Connection", "Liveness", "Protocol", "Record", "Refused", "pack",
+           "unpack"]

@@ -75,4 +75,5 @@ class Shutdown(Record):
 
 TABLE = Table({Msg.HELLO: Hello, Msg.HELLO_ACK: HelloAck, Msg.STEP: StepPlan, Msg.STEP_RESULT: StepResult,
                Msg.ERROR: WorkerError, Msg.SHUTDOWN: Shutdown})
-LINK_W = Protocol("Link W", VERSION, TABLE)  # no keepalive: a dead peer is an EOF on the socketpair
+# no keepalive: a dead peer is an EOF on the socketpair; a worker that cannot load answers ERROR
+LINK_W = Protocol("Link W", VERSION, TABLE, refusal=WorkerError)

@@ -15,6 +15,7 @@ from array import array
 from typing import Any
 
 from ..errors import ProtocolError, WorkerCrashed
+from ..link.conn import Refused
 from ..plan import StepPlan, StepResult
 from ..runtime.base import ModelInfo
 from ..transport import Link
@@ -58,32 +59,34 @@ class WorkerProcess:
         child.close()
         self._link = await Link.over(parent, LINK_W)
         try:
-            self._link.send(Hello((VERSION,), self.spec))
-            ack: HelloAck = self._link.conn.check_ack(*await asyncio.wait_for(self._recv(), self.spec.load_timeout_s))
+            ack: HelloAck = await self._link.greet(Hello((VERSION,), self.spec), self.spec.load_timeout_s)
         except TimeoutError:
             await self.stop()
             raise WorkerCrashed("the worker did not finish loading the model in time") from None
-        except ProtocolError as e:
+        except (ConnectionError, OSError, ProtocolError) as e:
             await self.stop()
-            raise WorkerCrashed(f"the worker answered HELLO with {e.message}") from None
-        except WorkerCrashed:
-            await self.stop()
-            raise
+            raise self._crashed(e) from None
         self.info = ModelInfo(**ack.info)
         self.kv_entries = None if ack.kv is None else [(k, tuple(array("i", t))) for k, t in ack.kv]
         return self.info
+
+    def _crashed(self, e: Exception) -> WorkerCrashed:
+        """What a failed link to the worker means, as the one error the engine handles."""
+        if isinstance(e, Refused):
+            return WorkerCrashed(f"the worker failed: {e.message}", code=e.reason)
+        if isinstance(e, ProtocolError):
+            return WorkerCrashed(f"the worker sent garbage: {e.message}")
+        if type(e) is ConnectionError:  # EOF (or our own link closed): the worker is gone
+            code = self.proc.poll() if self.proc else None
+            return WorkerCrashed("the worker exited" + (f" (code {code})" if code is not None else ""))
+        return WorkerCrashed(f"lost the worker: {e}")
 
     async def _recv(self) -> tuple[int, Any]:
         assert self._link is not None
         try:
             msg, body = await self._link.recv()
-        except (ConnectionError, OSError) as e:
-            if type(e) is ConnectionError:  # EOF (or our own link closed): the worker is gone
-                code = self.proc.poll() if self.proc else None
-                raise WorkerCrashed("the worker exited" + (f" (code {code})" if code is not None else "")) from None
-            raise WorkerCrashed(f"lost the worker: {e}") from e
-        except ProtocolError as e:
-            raise WorkerCrashed(f"the worker sent garbage: {e.message}") from e
+        except (ConnectionError, OSError, ProtocolError) as e:
+            raise self._crashed(e) from e
         if isinstance(body, WorkerError):
             raise WorkerCrashed(f"the worker failed: {body.message}", code=body.code)
         return msg, body

@@ -146,6 +146,6 @@ def test_a_worker_gets_its_settings_in_hello_and_reports_why_it_cannot_load():
         with pytest.raises(WorkerCrashed) as e:
             await w.start()
         await w.stop()
-        assert not w.alive
+        assert not w.alive and e.value.code == "worker_crashed"  # no code of its own: the default
         return e.value.message
     assert "unknown runtime no-such-runtime" in asyncio.run(start())

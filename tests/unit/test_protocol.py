@@ -79,3 +79,15 @@ def test_garbage_body_is_a_protocol_error(body):
 def test_malformed_hello_is_a_protocol_error(body):
     with pytest.raises(ProtocolError, match="malformed body"):
         Connection(LINK_W).receive_data(Frame(VERSION, int(Msg.HELLO), body=msgpack.packb(body)).encode())
+
+
+def test_a_refusal_answers_hello_as_a_typed_error():
+    from superfluid.link.conn import HELLO_ACK, Refused
+    c = Connection(LINK_W)
+    with pytest.raises(Refused) as e:
+        c.check_ack(int(Msg.ERROR), WorkerError("cannot load", "model_load_error"))
+    assert e.value.message == "cannot load" and e.value.reason == "model_load_error"
+    with pytest.raises(Refused) as e:
+        c.check_ack(int(Msg.ERROR), WorkerError("no such runtime"))
+    assert e.value.reason is None
+    assert c.check_ack(HELLO_ACK, HelloAck(VERSION, {})).version == VERSION
