@@ -5,6 +5,7 @@ refused: the models served take text only."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 
@@ -313,7 +314,7 @@ def add_routes(app: FastAPI, models, qos_for, body_of) -> None:
     async def messages(request: Request):
         body = await body_of(request)
         eng = await models.get(_model(body))
-        cp = chat_prompt(eng, body)
+        cp = await asyncio.to_thread(chat_prompt, eng, body)  # off the event loop
         hint = cache_hint(body, cp)
         req = gen_request(body, cp.prompt, eng.new_seed(), qos_for(request), cp.grammar, cp.channels,
                           hint)
@@ -344,7 +345,7 @@ def add_routes(app: FastAPI, models, qos_for, body_of) -> None:
     async def count_tokens(request: Request):
         body = await body_of(request)
         eng = await models.get(_model(body))
-        return {"input_tokens": len(chat_prompt(eng, body).prompt)}
+        return {"input_tokens": len((await asyncio.to_thread(chat_prompt, eng, body)).prompt)}
 
 
 def _model(body: dict) -> str:

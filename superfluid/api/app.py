@@ -5,6 +5,7 @@ not FastAPI's 422); every SuperfluidError becomes an OpenAI-style error body."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -247,7 +248,7 @@ def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Q
     async def chat(request: Request):
         body = parse(ChatCompletionRequest, await request.body())
         eng = await engine_for(body.model)
-        cp = oa.chat_prompt(eng, body)
+        cp = await asyncio.to_thread(oa.chat_prompt, eng, body)  # rendering and tokenizing: off the event loop
         top = (body.top_logprobs or 0) if body.logprobs else -1
         rid = new_id("chatcmpl")
         reqs = oa.gen_requests(body, cp.prompt, base_id=rid, n_ctx=eng.n_ctx, seed=eng.new_seed(),
@@ -273,7 +274,7 @@ def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Q
     async def completions(request: Request):
         body = parse(CompletionRequest, await request.body())
         eng = await engine_for(body.model)
-        prompt = oa.completion_prompt(eng, body)
+        prompt = await asyncio.to_thread(oa.completion_prompt, eng, body)
         top = body.logprobs if body.logprobs is not None else -1
         rid = new_id("cmpl")
         reqs = oa.gen_requests(body, prompt, base_id=rid, n_ctx=eng.n_ctx, seed=eng.new_seed(),

@@ -6,6 +6,7 @@ refused with a clear error; pull/push/create/delete/copy are 501."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import time
@@ -302,15 +303,17 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
         channels = None
         if chat:
             # tool_choice is a superfluid extension (Ollama has none): "required" or a name forces a call
-            cp = chat_prompt(eng, chat_messages(msgs), tools=body.get("tools"), tool_choice=body.get("tool_choice"),
-                             grammar=g, template_kwargs=kw)
+            cm = chat_messages(msgs)
+            cp = await asyncio.to_thread(  # rendering and tokenizing: off the event loop
+                lambda: chat_prompt(eng, cm, tools=body.get("tools"), tool_choice=body.get("tool_choice"),
+                                    grammar=g, template_kwargs=kw))
             bodies, prompt, channels, g = cp.bodies, cp.prompt, cp.channels, cp.grammar
         elif body.get("raw"):
-            bodies, prompt = None, eng.encode_prompt(str(body["prompt"]))
+            bodies, prompt = None, await asyncio.to_thread(eng.encode_prompt, str(body["prompt"]))
         else:
             turns = ([{"role": "system", "content": str(body["system"])}] if body.get("system") else [])
-            cp = chat_prompt(eng, turns + [{"role": "user", "content": str(body["prompt"])}], grammar=g,
-                             template_kwargs=kw)
+            conv = turns + [{"role": "user", "content": str(body["prompt"])}]
+            cp = await asyncio.to_thread(lambda: chat_prompt(eng, conv, grammar=g, template_kwargs=kw))
             bodies, prompt, channels = cp.bodies, cp.prompt, cp.channels
         sp, num_predict, stops = sampling(body.get("options"), eng.new_seed())
         sp = replace(sp, grammar=g)

@@ -13,9 +13,6 @@ from .prompt import ChatPrompt, response_format_grammar, template_options
 from .prompt import chat_prompt as build_chat_prompt
 from .schema import ChatCompletionRequest, CompletionRequest, Message, Sampling
 
-MAX_STOP_LEN = 256
-
-
 def render_messages(messages: list[Message]) -> list[dict]:
     out: list[dict] = []
     for i, m in enumerate(messages):
@@ -66,9 +63,7 @@ def completion_prompt(engine, body: CompletionRequest) -> list[int]:
 def gen_requests(body: Sampling, prompt: list[int], *, base_id: str, n_ctx: int, seed: int,
                  default_max: int | None, top_logprobs: int, qos: Qos,
                  max_tokens: int | None = None, grammar: str = "", channels=None) -> list[GenRequest]:
-    stops = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
-    if any(len(s) > MAX_STOP_LEN for s in stops):
-        raise BadRequest(f"stop strings are limited to {MAX_STOP_LEN} characters", param="stop")
+    stops = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())  # limits.py checks them
     room = max(1, n_ctx - len(prompt))  # a prompt that fills the window is refused by the engine's check
     mt = max_tokens or body.max_tokens or (min(default_max, room) if default_max else room)
     base_seed = body.seed if body.seed is not None else seed

@@ -8,6 +8,7 @@ import json
 from dataclasses import dataclass
 
 from ..codec import grammar as gr
+from ..limits import check_chat
 from ..codec.channels import ChannelSpec, spec_for
 from ..codec.tools import LLAMA3, MISTRAL, render, tool_list
 from ..errors import BadRequest
@@ -53,6 +54,7 @@ def _tool_grammar(engine, tools: list[dict], name: str | None) -> str:
 
 def chat_prompt(engine, messages: list[dict], *, tools: list | None = None, tool_choice: object = None,
                 grammar: str = "", template_kwargs: dict | None = None) -> ChatPrompt:
+    check_chat(messages, tools)
     tools = tool_list(tools) if tools else []
     mode, name = parse_tool_choice(tool_choice, tools)
     if mode == "required" and not tools:

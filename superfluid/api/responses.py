@@ -7,6 +7,7 @@ GET / DELETE / input_items. The stream's event builder is api/response_events.py
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -236,8 +237,9 @@ def add_routes(app: FastAPI, models, qos_for, body_of, store: ResponseStore) -> 
             msgs = [{"role": "system", "content": str(body["instructions"])}] + msgs
         tools, choice = tools_of(body)
         effort = body.get("reasoning", {}).get("effort") if isinstance(body.get("reasoning"), dict) else None
-        cp = chat_prompt(eng, msgs, tools=tools, tool_choice=choice, grammar=grammar,
-                         template_kwargs=template_options(reasoning_effort=effort))
+        cp = await asyncio.to_thread(  # rendering and tokenizing: off the event loop
+            lambda: chat_prompt(eng, msgs, tools=tools, tool_choice=choice, grammar=grammar,
+                                template_kwargs=template_options(reasoning_effort=effort)))
         room = max(1, eng.n_ctx - len(cp.prompt))  # the engine's check refuses what does not fit
         mt = body.get("max_output_tokens")
         if mt is not None and (isinstance(mt, bool) or not isinstance(mt, int) or mt < 1):

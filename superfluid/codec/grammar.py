@@ -10,6 +10,7 @@ import json
 from llguidance import LLMatcher
 
 from ..errors import BadRequest
+from ..limits import check_schema
 
 # No free whitespace: a small model given "any whitespace here" can spend its whole budget
 # on newlines. Separators stay readable.
@@ -26,6 +27,7 @@ def _checked(grammar: str, param: str) -> str:
 def json_schema(schema: object, param: str = "response_format") -> str:
     if not isinstance(schema, dict):
         raise BadRequest("a JSON schema must be an object", param=param)
+    check_schema(schema, param)
     try:
         g = LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)  # type: ignore[arg-type]
     except (ValueError, TypeError) as e:

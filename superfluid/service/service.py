@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 
 from ..errors import SessionNotFound
+from ..limits import check_generation
 from ..request import Chunk, GenRequest, Qos
 from ..session.events import Body, Message
 from .sessions import Sessions
@@ -22,6 +23,8 @@ class Service:
         """Start a request's generations (one per choice). With a session log each is a
         session, recorded under `owner` (its key's name): `bodies` are the prompt's events
         (one raw prompt message when not given), committed before the engine sees it."""
+        first = reqs[0]
+        check_generation(first.stop, len(reqs), first.sampling.top_logprobs, first.sampling.grammar)
         for r in reqs:
             engine.check(r)
         if self.sessions is not None:
@@ -50,6 +53,7 @@ class Service:
         async with sessions.turn(sid):
             req, bodies = await sessions.next_turn(engine, sid, max_tokens=max_tokens, overrides=overrides,
                                                    stop=stop, qos=qos)
+            check_generation(req.stop, 1, req.sampling.top_logprobs, req.sampling.grammar)
             engine.check(req)
             await sessions.begin(req, bodies, lambda: engine.cancel(req.id))
             try:

@@ -106,3 +106,46 @@ def test_still_serving_after_bad_input(daemon):
     r = post(daemon, "/v1/chat/completions", json={"model": MODEL, "messages": OK_MSGS, "max_tokens": 3})
     assert r.status_code == 200
     assert r.json()["usage"]["completion_tokens"] >= 1
+
+
+def _deep(n: int) -> dict:
+    schema: dict = {"type": "object", "properties": {}}
+    cur = schema
+    for _ in range(n):
+        cur["properties"]["x"] = {"type": "object", "properties": {}}
+        cur = cur["properties"]["x"]
+    return schema
+
+
+LIMITS = [  # (what goes over, the parameter the 400 names)
+    ("messages", [{"role": "user", "content": "hi"}] * 5000, "messages"),
+    ("stop", [f"s{i}" for i in range(17)], "stop"),
+    ("tools", [{"name": "f", "description": "", "parameters": _deep(40)}], "tools"),
+]
+
+
+@pytest.mark.parametrize("what,value,param", LIMITS, ids=[x[0] for x in LIMITS])
+def test_limits_are_typed_400s_naming_the_parameter_on_every_api(daemon, what, value, param):
+    """docs/security.md's limits, the same on OpenAI, Anthropic, Ollama and Responses."""
+    msgs = value if what == "messages" else OK_MSGS
+    fn = {"type": "function", "function": {**value[0]}} if what == "tools" else None
+    bodies = {
+        "/v1/chat/completions": {"model": MODEL, "messages": msgs, "max_tokens": 2,
+                                 **({"stop": value} if what == "stop" else {}), **({"tools": [fn]} if fn else {})},
+        "/v1/messages": {"model": MODEL, "messages": msgs, "max_tokens": 2,
+                         **({"stop_sequences": value} if what == "stop" else {}),
+                         **({"tools": [{"name": "f", "input_schema": value[0]["parameters"]}]} if fn else {})},
+        "/api/chat": {"model": MODEL, "messages": msgs, "stream": False,
+                      **({"options": {"stop": value}} if what == "stop" else {}), **({"tools": [fn]} if fn else {})},
+    }
+    if what != "stop":  # Responses has no stop strings
+        bodies["/v1/responses"] = {"model": MODEL, "input": msgs, "max_output_tokens": 2,
+                                   **({"tools": [{"type": "function", **value[0]}]} if fn else {})}
+    for path, body in bodies.items():
+        r = post(daemon, path, json=body)
+        assert r.status_code == 400, (path, r.status_code, r.text[:200])
+        err = r.json().get("error")
+        message = err["message"] if isinstance(err, dict) else err
+        assert param in r.text and message, (path, r.text[:200])
+    ok = post(daemon, "/v1/chat/completions", json={"model": MODEL, "messages": OK_MSGS, "max_tokens": 2})
+    assert ok.status_code == 200  # nothing else is affected

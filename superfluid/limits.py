@@ -1,0 +1,69 @@
+"""The limits a request must stay within, the same on every API. Each keeps one client's
+request from costing the others: work on the event loop that grows with a list's length or
+a schema's depth, a grammar the worker compiles per lane, output that many lanes produce.
+A request over one gets a typed 400 naming the parameter (docs/security.md lists them)."""
+
+from __future__ import annotations
+
+from .errors import BadRequest
+
+MAX_MESSAGES = 4096  # messages in one conversation
+MAX_TOOLS = 128  # tools offered in one request
+MAX_SCHEMA_DEPTH = 32  # nesting of a tool's parameters or a response format's schema
+MAX_SCHEMA_BYTES = 64 << 10  # the JSON text of all the tools' parameter schemas together
+MAX_STOPS = 16  # stop strings
+MAX_STOP_LEN = 256  # characters in one stop string
+MAX_CHOICES = 16  # n
+MAX_TOP_LOGPROBS = 20  # alternatives per token
+MAX_GRAMMAR_BYTES = 256 << 10  # a compiled grammar (tools, JSON schema, format)
+
+
+def depth(value: object, limit: int) -> int:
+    """How deeply `value` nests (stopping once past `limit`), without recursion."""
+    worst, stack = 0, [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if d > worst:
+            worst = d
+            if worst > limit:
+                return worst
+        if isinstance(v, dict):
+            stack.extend((x, d + 1) for x in v.values())
+        elif isinstance(v, list):
+            stack.extend((x, d + 1) for x in v)
+    return worst
+
+
+def check_schema(schema: object, param: str) -> None:
+    if depth(schema, MAX_SCHEMA_DEPTH) > MAX_SCHEMA_DEPTH:
+        raise BadRequest(f"{param} nests deeper than {MAX_SCHEMA_DEPTH} levels", param=param)
+
+
+def check_chat(messages: list, tools: list | None) -> None:
+    """A chat request's conversation and tools (before anything renders them)."""
+    if len(messages) > MAX_MESSAGES:
+        raise BadRequest(f"a conversation may have at most {MAX_MESSAGES} messages, not {len(messages)}",
+                         param="messages")
+    if not tools:
+        return
+    if len(tools) > MAX_TOOLS:
+        raise BadRequest(f"at most {MAX_TOOLS} tools may be given, not {len(tools)}", param="tools")
+    check_schema(tools, "tools")
+    size = sum(len(repr(t)) for t in tools)
+    if size > MAX_SCHEMA_BYTES:
+        raise BadRequest(f"the tools' definitions are {size} bytes; the limit is {MAX_SCHEMA_BYTES}", param="tools")
+
+
+def check_generation(stops: tuple[str, ...], choices: int, top_logprobs: int, grammar: str) -> None:
+    """What a generation asks of the engine."""
+    if len(stops) > MAX_STOPS:
+        raise BadRequest(f"at most {MAX_STOPS} stop strings, not {len(stops)}", param="stop")
+    if any(len(s) > MAX_STOP_LEN for s in stops):
+        raise BadRequest(f"stop strings are limited to {MAX_STOP_LEN} characters", param="stop")
+    if choices > MAX_CHOICES:
+        raise BadRequest(f"n is at most {MAX_CHOICES}", param="n")
+    if top_logprobs > MAX_TOP_LOGPROBS:
+        raise BadRequest(f"top_logprobs is at most {MAX_TOP_LOGPROBS}", param="top_logprobs")
+    if len(grammar) > MAX_GRAMMAR_BYTES:
+        raise BadRequest(f"the request's grammar (its tools, schema or format) compiles to {len(grammar)} bytes; "
+                         f"the limit is {MAX_GRAMMAR_BYTES}", param="response_format")

@@ -1,0 +1,36 @@
+"""limits.py, pure: nesting is measured without recursion, and each limit names its parameter."""
+
+import pytest
+
+from superfluid.errors import BadRequest
+from superfluid.limits import MAX_SCHEMA_DEPTH, check_chat, check_generation, depth
+
+
+def nested(n: int) -> dict:
+    out: dict = {}
+    cur = out
+    for _ in range(n):
+        cur["x"] = {}
+        cur = cur["x"]
+    return out
+
+
+def test_depth_is_measured_without_recursion_and_stops_early():
+    assert depth({"a": [1, {"b": 2}]}, 10) == 4
+    assert depth(nested(100_000), MAX_SCHEMA_DEPTH) == MAX_SCHEMA_DEPTH + 1  # no RecursionError, no full walk
+
+
+@pytest.mark.parametrize("call,param", [
+    (lambda: check_chat([{}] * 5000, None), "messages"),
+    (lambda: check_chat([], [{"function": nested(50)}]), "tools"),
+    (lambda: check_chat([], [{"function": {"name": str(i)}} for i in range(200)]), "tools"),
+    (lambda: check_generation(("a",) * 17, 1, -1, ""), "stop"),
+    (lambda: check_generation(("a" * 300,), 1, -1, ""), "stop"),
+    (lambda: check_generation((), 17, -1, ""), "n"),
+    (lambda: check_generation((), 1, 21, ""), "top_logprobs"),
+    (lambda: check_generation((), 1, -1, "x" * (300 << 10)), "response_format"),
+])
+def test_each_limit_is_a_400_naming_its_parameter(call, param):
+    with pytest.raises(BadRequest) as e:
+        call()
+    assert e.value.param == param
