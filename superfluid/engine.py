@@ -61,6 +61,8 @@ class Engine(EngineBase):
         self._task: asyncio.Task | None = None
         self._failures = 0
         self._gave_up = False
+        self.loop_errors = 0  # times the loop hit an error it did not expect and went on
+        self._loop_failures = 0  # in a row, without a step completing
         self.steps = 0
         self.embedder = Embedder(self)
 
@@ -70,7 +72,9 @@ class Engine(EngineBase):
 
     @property
     def ready(self) -> bool:
-        return self.worker is not None and self.worker.alive
+        """Serving: the loop runs and the worker is up (/health says so)."""
+        loop_ok = self._task is None or not self._task.done()
+        return loop_ok and self.worker is not None and self.worker.alive
 
     async def start(self) -> None:
         self.worker = self._new_worker(self.spec)
@@ -80,7 +84,7 @@ class Engine(EngineBase):
         self.sched.n_ctx = min(self.sched.n_ctx, self.info.n_ctx)
         self.sched.embeds.window = self.info.embed_window
         self.sched.embeds.chunks = self.info.embed_chunks
-        self._task = asyncio.create_task(self._loop(), name="engine-loop")
+        self._task = asyncio.create_task(self._supervised(), name="engine-loop")
 
     async def close(self, error: SuperfluidError | None = None) -> None:
         """Stop the loop and the worker. Requests still running end with `error` (a typed
@@ -165,6 +169,42 @@ class Engine(EngineBase):
         return local_stats(self)
 
     # -- the loop ------------------------------------------------------------------------
+    async def _supervised(self) -> None:
+        """The loop, restarted after any error it did not expect (a step that cannot be
+        built or sent, a bug): the requests it was running end with a typed error, the
+        worker, whose state may no longer match the scheduler's, is replaced, and the model
+        goes on serving. Three failures in a row, with no step completing, also fail the
+        waiting requests (one of them may be what fails)."""
+        while True:
+            try:
+                await self._loop()
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 -- any error: the loop must go on
+                self.loop_errors += 1
+                self._loop_failures += 1
+                log.exception("engine loop of %s failed (%s); its running requests fail, it goes on",
+                              self.model_id, type(e).__name__)
+                err = WorkerCrashed(f"the engine could not run this request ({type(e).__name__}: {e})",
+                                    code="engine_error")
+                if self.worker is not None:
+                    await self.worker.stop(timeout=1.0)
+                    self.worker = None
+                self._lose_lanes(err)
+                if self._loop_failures >= 3:
+                    self._loop_failures = 0
+                    for job in list(self.sched.waiting):
+                        st = self._streams.get(job.id)
+                        self.sched.finish(job.id, FinishReason.ERROR)
+                        if st is not None:
+                            self._end(st, st.final(FinishReason.ERROR, err))
+                try:
+                    await self._respawn()  # now, not at the next request: /health comes back
+                except Exception:  # noqa: BLE001 -- the loop's next turn tries again
+                    log.exception("respawning the worker of %s failed", self.model_id)
+                self._wake.set()
+
     async def _loop(self) -> None:
         """schedule -> worker.step -> update, with PIPELINE_DEPTH plans in flight: the worker
         finds its next plan waiting when it finishes a step (decodes of tokens it has not
@@ -203,6 +243,7 @@ class Engine(EngineBase):
                 await self._respawn()  # now, not at the next request: /health comes back
                 continue
             self._failures = 0
+            self._loop_failures = 0
             self.steps += 1
             self._adapt_budget(plan, result)
             self._fill(inflight)

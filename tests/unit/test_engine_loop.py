@@ -203,3 +203,28 @@ def test_an_interactive_request_preempts_background_work_which_then_goes_on_unre
     assert "".join(c.text for c in chat) == "Hello world."
     assert [t for c in bg for t in c.tokens] == story + [m.vocab.eos]  # nothing lost, nothing twice
     assert bg[-1].finish == FinishReason.END_OF_TURN
+
+
+def test_an_error_the_loop_did_not_expect_fails_its_requests_and_the_engine_goes_on():
+    """A step that cannot be sent (here: a frame over Link W's cap) used to end the engine loop
+    for good while /health said ok. Now the requests it ran fail with a typed error, the worker
+    is replaced, and the next request is served."""
+    from superfluid.errors import ProtocolError
+    m = FakeModel()
+
+    async def body(eng):
+        real = eng.worker.send_step
+
+        def oversized(plan):
+            raise ProtocolError("a frame over the 16 MiB cap")
+        eng.worker.send_step = oversized
+        first = await asyncio.wait_for(drain(eng.submit(req(m, "r1", "hi"))), 10)  # it used to hang here
+        await until(lambda: eng.ready)
+        assert eng.worker.send_step is not oversized and real is not None  # a new worker
+        second = await drain(eng.submit(req(m, "r2", "hi")))
+        return first, second, eng.loop_errors, eng.ready
+    first, second, errors, ready = run(m, body)
+    assert first[-1].finish == FinishReason.ERROR and isinstance(first[-1].error, WorkerCrashed)
+    assert first[-1].error.code == "engine_error"
+    assert "".join(c.text for c in second) == "Hello world." and second[-1].finish == FinishReason.END_OF_TURN
+    assert errors == 1 and ready
