@@ -165,6 +165,14 @@ class KvIo:
 
 
 @dataclass(frozen=True, slots=True)
+class LaneError:
+    """A lane's own failure (its grammar, its sampler): that request fails, no other."""
+    seq: int
+    message: str
+    code: str = "generation_failed"
+
+
+@dataclass(frozen=True, slots=True)
 class StepResult:
     step: int
     sampled: tuple[Sampled, ...]
@@ -173,18 +181,21 @@ class StepResult:
     failed: tuple[int, ...] = ()  # lanes whose KV is lost (a load that failed): their runs were skipped
     dropped: tuple[int, ...] = ()  # disk entries gone (evicted for space, unwritable, corrupt)
     kvio: KvIo = KvIo()
+    errors: tuple[LaneError, ...] = ()  # lanes that failed on their own: no sample from them
 
     def to_wire(self) -> list:
         return [self.step, [[s.seq, s.token, s.logprob, [list(t) for t in s.top]]
                             for s in self.sampled], self.elapsed_s,
                 [[v.key, v.data, v.error, v.code] for v in self.vectors],
                 list(self.failed), list(self.dropped),
-                [self.kvio.saved, self.kvio.restored, self.kvio.evicted]]
+                [self.kvio.saved, self.kvio.restored, self.kvio.evicted],
+                [[e.seq, e.message, e.code] for e in self.errors]]
 
     @classmethod
     def from_wire(cls, w: list) -> StepResult:
-        step, sampled, elapsed, vectors, failed, dropped, kvio = w
+        step, sampled, elapsed, vectors, failed, dropped, kvio, errors = w
         return cls(step, tuple(Sampled(q, t, lp, tuple((a, b) for a, b in top))
                                for q, t, lp, top in sampled), elapsed,
                    tuple(Vector(k, bytes(d), str(e), str(c)) for k, d, e, c in vectors),
-                   tuple(failed), tuple(dropped), KvIo(*kvio))
+                   tuple(failed), tuple(dropped), KvIo(*kvio),
+                   tuple(LaneError(int(q), str(m), str(c)) for q, m, c in errors))

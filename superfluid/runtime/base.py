@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import EmbeddingUnsupported
-from ..plan import PLACEHOLDER, EmbedItem, KvIo, Run, Sampled, Save, StepPlan, StepResult, Vector
+from ..plan import PLACEHOLDER, EmbedItem, KvIo, LaneError, Run, Sampled, Save, StepPlan, StepResult, Vector
 from .kvstore import KvStore
 from .sampling import LaneSampler
 
@@ -52,6 +52,7 @@ class Runtime(ABC):
         self._last: dict[int, int] = {}  # seq -> its last sampled token (resolves PLACEHOLDER)
         self._lltok: Any = None  # llguidance tokenizer, built on the first constrained lane
         self._broken: set[int] = set()  # lanes whose KV is lost until they are opened again
+        self._faulted: set[int] = set()  # lanes that failed on their own (grammar, sampler) until reopened
         self.kv_store: KvStore | None = None  # the disk tier, attached by the worker
 
     @abstractmethod
@@ -106,7 +107,9 @@ class Runtime(ABC):
     def step(self, plan: StepPlan) -> StepResult:
         t0 = time.perf_counter()
         failed: list[int] = []
+        errors: list[LaneError] = []
         for seq in plan.closes:
+            self._faulted.discard(seq)
             self._samplers.pop(seq, None)
             self._last.pop(seq, None)
             self.close_lane(seq)
@@ -116,12 +119,16 @@ class Runtime(ABC):
                 self.kv_store.pin(key, pinned)
         for o in plan.opens:
             self._broken.discard(o.seq)
+            self._faulted.discard(o.seq)
             self.open_lane(o.seq, o.keep)
             held = self.lane_len(o.seq) if o.keep else None
             if held is not None and held < o.keep:
                 self._break(o.seq, failed)  # the cache entry it was seeded from is not there
-            matcher = self.grammar_matcher(o.sampling.grammar) if o.sampling.grammar else None
-            self._samplers[o.seq] = LaneSampler(o.sampling, o.history, self.eog, matcher)
+            try:
+                matcher = self.grammar_matcher(o.sampling.grammar) if o.sampling.grammar else None
+                self._samplers[o.seq] = LaneSampler(o.sampling, o.history, self.eog, matcher)
+            except Exception as e:  # noqa: BLE001 -- this lane's own fault: it alone fails
+                self._fault(o.seq, e, errors)
         for c in plan.copies:
             held = self.lane_len(c.src)
             if c.src in self._broken or (held is not None and held < c.n):
@@ -139,19 +146,30 @@ class Runtime(ABC):
             for key in plan.drops:  # after the loads: an entry superseded in this plan is still read
                 self.kv_store.drop(key)
         sampled: list[Sampled] = []
-        runs = tuple(self._resolve(r) for r in plan.runs if r.seq not in self._broken)
+        runs = tuple(self._resolve(r) for r in plan.runs if r.seq not in self._broken and r.seq not in self._faulted)
         if runs:
             logits = self.forward(runs)
             for run in runs:
                 if run.sample:
                     pos = run.pos + len(run.tokens)
-                    s = self._samplers[run.seq].sample(run.seq, logits[run.seq], pos)
+                    try:
+                        s = self._samplers[run.seq].sample(run.seq, logits[run.seq], pos)
+                    except Exception as e:  # noqa: BLE001 -- its grammar or sampler failed: it alone
+                        self._fault(run.seq, e, errors)
+                        continue
                     self._last[run.seq] = s.token
                     sampled.append(s)
         vectors = self._embed(plan.embeds) if plan.embeds else ()
         dropped, evicted = self.kv_store.take_dropped() if self.kv_store is not None else ([], 0)
         return StepResult(plan.step, tuple(sampled), time.perf_counter() - t0, vectors, tuple(failed),
-                          tuple(dropped), KvIo(saved, restored, evicted))
+                          tuple(dropped), KvIo(saved, restored, evicted), tuple(errors))
+
+    def _fault(self, seq: int, e: Exception, errors: list[LaneError]) -> None:
+        """A lane's own failure: skip its runs until it is opened again; its request fails."""
+        self._faulted.add(seq)
+        self._samplers.pop(seq, None)
+        msg = getattr(e, "message", None) or f"{type(e).__name__}: {e}"
+        errors.append(LaneError(seq, msg[:500], getattr(e, "code", None) or "generation_failed"))
 
     def _break(self, seq: int, failed: list[int]) -> None:
         """The lane's KV is lost: empty it, skip its runs until it is opened again, and tell

@@ -76,6 +76,7 @@ class TokenEvent:
     top: tuple[tuple[int, float], ...]
     finish: FinishReason | None
     cached: int = 0
+    error: tuple[str, str] | None = None  # (code, message): its lane failed on its own (token is -1)
 
 
 @dataclass

@@ -346,6 +346,19 @@ class Scheduler(KvTiers):
                 self.jobs.pop(job.id, None)
                 job.status = JobStatus.FINISHED
             events.append(TokenEvent(job.id, s.token, s.logprob, s.top, reason, job.cached or 0))
+        for e in result.errors:  # a lane that failed on its own: its job ends, no other
+            owner = owners.get(e.seq)
+            job = owner[0] if owner is not None else self.running.get(e.seq)
+            if job is None or (owner is not None and job.incarnation != owner[1]) or job.seq is None or \
+                    job.status not in (JobStatus.PREFILLING, JobStatus.DECODING):
+                continue
+            job.finish = FinishReason.ERROR
+            seq = job.seq
+            self._release(job)
+            self.slots[seq].kv = []  # what its lane holds is not known: no cache entry
+            self.jobs.pop(job.id, None)
+            job.status = JobStatus.FINISHED
+            events.append(TokenEvent(job.id, -1, None, (), FinishReason.ERROR, job.cached or 0, (e.code, e.message)))
         return events
 
     def _finish_reason(self, job: Job, token: int) -> FinishReason | None:

@@ -228,3 +228,25 @@ def test_an_error_the_loop_did_not_expect_fails_its_requests_and_the_engine_goes
     assert first[-1].error.code == "engine_error"
     assert "".join(c.text for c in second) == "Hello world." and second[-1].finish == FinishReason.END_OF_TURN
     assert errors == 1 and ready
+
+
+def test_a_lanes_own_failure_fails_that_request_only():
+    """A grammar that cannot be built (here: too deep to compile) used to end the step, and the
+    worker with it, for every lane. Now that lane's request fails with a typed error and the
+    other lane gives the same output as it does alone; the worker never restarts."""
+    m = FakeModel()
+
+    async def body(eng):
+        def matcher(grammar):
+            raise RecursionError("maximum recursion depth exceeded while compiling the grammar")
+        m.runtime.grammar_matcher = matcher
+        bad = req(m, "bad", "hi", sampling=SamplingParams(temperature=0, grammar="start: x"))
+        res = await asyncio.gather(drain(eng.submit(bad)), drain(eng.submit(req(m, "good", "hi"))))
+        alone = await drain(eng.submit(req(m, "again", "hi")))
+        return res, alone, eng.respawns, len(m.runtimes)
+    (bad, good), alone, respawns, runtimes = run(m, body)
+    assert bad[-1].finish == FinishReason.ERROR and bad[-1].error.code == "generation_failed"
+    assert "recursion" in bad[-1].error.message
+    assert "".join(c.text for c in good) == "Hello world." == "".join(c.text for c in alone)
+    assert good[-1].finish == FinishReason.END_OF_TURN
+    assert respawns == 0 and runtimes == 1  # the worker never died
