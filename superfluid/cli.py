@@ -56,6 +56,7 @@ def _class_lanes(s: str) -> tuple[tuple[int, int], ...]:
 def _engine_flags(s: argparse.ArgumentParser) -> None:
     """The flags of a model's engine (serve and node serve)."""
     s.add_argument("--max-batch", type=_positive, default=8, help="lanes: sequences decoded together (default 8)")
+    s.add_argument("--max-queue", type=_positive, default=512, help="generations a model keeps waiting for a lane; more get 503 queue_full with Retry-After (default 512)")
     s.add_argument("--max-context", type=_positive, help="tokens per lane (default: the model's trained window, capped to fit memory)")
     s.add_argument("--threads", type=_positive, default=default_threads(), help="llama.cpp threads (default: cores - 1)")
     s.add_argument("--runtime", choices=("llamacpp", "transformers"), help="the inference runtime: llama.cpp on a GGUF, or transformers (PyTorch; needs superfluid[hf]) on a Hugging Face folder or a GGUF converted once to one under the home (default: llamacpp for a GGUF, transformers for a folder)")
@@ -192,7 +193,7 @@ def _engine_config(args: argparse.Namespace, src) -> EngineConfig | int:
             print(f"superfluid: cannot read --chat-template-file {args.chat_template_file}: {e.strerror}",
                   file=sys.stderr)
             return 2
-    return EngineConfig(model_path=src.path, model_id=src.id, max_batch=args.max_batch,
+    return EngineConfig(model_path=src.path, model_id=src.id, max_batch=args.max_batch, max_queue=args.max_queue,
                         max_context=args.max_context, threads=args.threads, step_tokens=step_tokens,
                         kv_slots=args.kv_slots, class_lanes=args.class_lanes,
                         aging_steps=args.aging_steps, step_target_s=args.step_ms / 1000, chat_template=template,

@@ -156,6 +156,10 @@ class Engine(EngineBase):
         return self.sched.pin_session(session, tokens) if tokens is not None else int(self.sched.unpin_session(session))
 
     @property
+    def queued(self) -> int:
+        return len(self.sched.waiting)
+
+    @property
     def idle(self) -> bool:
         return not self._streams and not self.sched.has_work and not self.embedder.running
 

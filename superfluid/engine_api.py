@@ -153,6 +153,10 @@ class EngineAPI(Protocol):
 
     def running(self, request_id: str) -> bool: ...
 
+    @property
+    def queued(self) -> int:
+        """Generations waiting here for a lane (--max-queue bounds it)."""
+
     def encode_prompt(self, text: str) -> list[int]: ...
 
     def new_seed(self) -> int: ...

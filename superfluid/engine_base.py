@@ -64,6 +64,11 @@ class EngineBase:
     def _fail(self, st: _Stream, err: SuperfluidError) -> None:
         raise NotImplementedError
 
+    @property
+    def queued(self) -> int:
+        """Generations waiting here for a lane (a fleet head queues nothing: nodes do)."""
+        return 0
+
     # -- shared ------------------------------------------------------------------------------
     def encode_prompt(self, text: str) -> list[int]:
         return self.tokenizer.encode_prompt(text)

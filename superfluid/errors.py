@@ -90,6 +90,13 @@ class SessionBusy(SuperfluidError):
     code = "session_busy"
 
 
+class QueueFull(SuperfluidError):
+    """The model's queue is full (--max-queue): retry after a moment."""
+    status = 503
+    code = "queue_full"
+    retry_after = 2.0
+
+
 class TooManyPins(SuperfluidError):
     """Only --kv-slots minus --max-batch slots may be pinned: every lane must find a slot."""
     status = 409

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 
 import orjson
@@ -129,10 +130,15 @@ def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Q
     async def _on_error(request: Request, e: SuperfluidError):
         request.scope.setdefault("state", {}).setdefault("access", {})["error"] = e.code or e.type
         if request.url.path.startswith("/api/"):
-            return ollama.error_response(e.status, e.message)
-        if request.url.path.startswith("/v1/messages"):
-            return anthropic.error_response(e)
-        return _error(e)
+            resp = ollama.error_response(e.status, e.message)
+        elif request.url.path.startswith("/v1/messages"):
+            resp = anthropic.error_response(e)
+        else:
+            resp = _error(e)
+        retry = getattr(e, "retry_after", None)
+        if retry is not None:
+            resp.headers["retry-after"] = str(max(1, math.ceil(retry)))
+        return resp
 
     @app.exception_handler(ClientGone)
     async def _on_gone(request: Request, e: ClientGone):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 
-from ..errors import SessionNotFound
+from ..errors import QueueFull, SessionNotFound
 from ..limits import check_generation
 from ..request import Chunk, GenRequest, Qos
 from ..session.events import Body, Message
@@ -25,6 +25,7 @@ class Service:
         (one raw prompt message when not given), committed before the engine sees it."""
         first = reqs[0]
         check_generation(first.stop, len(reqs), first.sampling.top_logprobs, first.sampling.grammar)
+        _room(engine, len(reqs))
         for r in reqs:
             engine.check(r)
         if self.sessions is not None:
@@ -54,6 +55,7 @@ class Service:
             req, bodies = await sessions.next_turn(engine, sid, max_tokens=max_tokens, overrides=overrides,
                                                    stop=stop, qos=qos)
             check_generation(req.stop, 1, req.sampling.top_logprobs, req.sampling.grammar)
+            _room(engine, 1)
             engine.check(req)
             await sessions.begin(req, bodies, lambda: engine.cancel(req.id))
             try:
@@ -85,3 +87,11 @@ class Service:
         if self.sessions is None:
             raise SessionNotFound("this daemon keeps no session log (--no-sessions)", param="session")
         return self.sessions
+
+
+def _room(engine, n: int) -> None:
+    """A model's queue is bounded (--max-queue): past it, a typed 503 with Retry-After."""
+    limit = engine.cfg.max_queue
+    if engine.queued + n > limit:
+        raise QueueFull(f"the model {engine.model_id} has {engine.queued} generations waiting (the limit is "
+                        f"{limit}); retry shortly", param="model")

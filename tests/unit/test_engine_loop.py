@@ -250,3 +250,26 @@ def test_a_lanes_own_failure_fails_that_request_only():
     assert "".join(c.text for c in good) == "Hello world." == "".join(c.text for c in alone)
     assert good[-1].finish == FinishReason.END_OF_TURN
     assert respawns == 0 and runtimes == 1  # the worker never died
+
+
+def test_a_full_queue_is_a_typed_503_with_retry_after():
+    """--max-queue bounds the generations waiting for a lane; past it the service refuses
+    before anything is committed or queued."""
+    import pytest
+
+    from superfluid.errors import QueueFull
+    from superfluid.service import Service
+    m = FakeModel(lambda p: m.vocab.script(" Once upon a time"))
+
+    async def body(eng):
+        svc = Service(None)
+        first = await svc.submit(eng, [req(m, "a", "x", max_tokens=200)], api="completions")
+        await until(lambda: eng.sched.running)
+        second = await svc.submit(eng, [req(m, "b", "y")], api="completions")
+        with pytest.raises(QueueFull) as e:
+            await svc.submit(eng, [req(m, "c", "z")], api="completions")
+        assert eng.queued == 1 and e.value.status == 503 and e.value.retry_after >= 1
+        for s in first + second:
+            await drain(s)
+        return eng.queued
+    assert run(m, body, max_batch=1, max_queue=1) == 0
