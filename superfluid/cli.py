@@ -90,6 +90,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--api-key", default=os.environ.get("SUPERFLUID_API_KEY"), help="require this key (Authorization: Bearer or x-api-key) on every route but /health (default: $SUPERFLUID_API_KEY)")
     s.add_argument("--key-policy", metavar="FILE", help="JSON file of named keys with QoS class, best class allowed, requests per minute, max concurrent requests, admin flag")
     s.add_argument("--rate-limit", type=_positive, metavar="RPM", help="requests per minute per client address")
+    s.add_argument("--allow-model-paths", action="store_true", help="let an admin key load any model file by its path (POST /v1/models/load); without it only --model and --model-dir models load")
     s.add_argument("--cors-origins", metavar="LIST", default="", help="browser origins (comma-separated, e.g. https://app.example) allowed besides pages on this machine, which always are")
     s.add_argument("--no-tui", action="store_true", help="plain logs even on a terminal (the live monitor is shown only when stdout is a terminal)")
     s.add_argument("--no-ui", action="store_true", help="do not serve the web app (the chat at / and the engine view at /monitor)")
@@ -255,7 +256,8 @@ def _serve(args: argparse.Namespace) -> int:
                       tuple(args.fleet), None, args.fleet_policy, args.fleet_timeout, args.fleet_grace,
                       args.fleet_listen, args.fleet_local, not args.no_mdns, embedding_model=embedding,
                       ui=not args.no_ui,
-                      cors_origins=tuple(o.strip() for o in args.cors_origins.split(",") if o.strip()))
+                      cors_origins=tuple(o.strip() for o in args.cors_origins.split(",") if o.strip()),
+                      allow_model_paths=args.allow_model_paths)
     if args.fleet_local and not (args.fleet or args.fleet_listen):
         print("superfluid: --fleet-local needs --fleet or --fleet-listen (a head with other nodes)", file=sys.stderr)
         return 2

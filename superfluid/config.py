@@ -82,3 +82,4 @@ class ServeConfig:
     ui: bool = True  # the web app at / and /monitor
     embedding_model: str | None = None  # the model id embedding requests without a model go to
     cors_origins: tuple[str, ...] = ()  # browser origins let in besides this machine's own pages
+    allow_model_paths: bool = False  # an admin key may load a model file by its path

@@ -166,7 +166,7 @@ async def serve(cfg: ServeConfig, sock: socket.socket, store: Store) -> None:
     app = create_app(models, max_body=cfg.max_body_bytes, default_qos=cfg.default_qos,
                      metrics_registry=metrics.registry, policies=list(cfg.policies),
                      loopback_bind=is_loopback_host(host), ip_rpm=cfg.ip_rpm, ui=cfg.ui,
-                     cors_origins=cfg.cors_origins)
+                     cors_origins=cfg.cors_origins, allow_model_paths=cfg.allow_model_paths)
     app = AccessLog(app, cfg.log_format, on_record=metrics.observe_request,
                     skip=frozenset({"/health", "/metrics", "/v1/monitor"}))  # polled each second, like /metrics
     server = _Server(uvicorn.Config(app, log_level="warning", access_log=False,

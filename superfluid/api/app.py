@@ -28,7 +28,7 @@ from . import sessions as sessions_api
 from . import ui as web_ui
 from . import openai as oa
 from .guard import Guard
-from .policy import KeyPolicy, owner_of
+from .policy import KeyPolicy, key_of, owner_of
 from .schema import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, ModelRequest, TokenizeRequest,
                      json_object, parse)
 from .streams import (ClientGone, chat_events, collect, completion_events, raise_first_error, record,
@@ -109,7 +109,7 @@ def parse_qos(request: Request, default: Qos = Qos.AGENT) -> Qos:
 def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Qos.AGENT,
                metrics_registry: CollectorRegistry | None = None, policies: list[KeyPolicy] | None = None,
                loopback_bind: bool = True, ip_rpm: int | None = None, ui: bool = True,
-               cors_origins: tuple[str, ...] = ()):
+               cors_origins: tuple[str, ...] = (), allow_model_paths: bool = False):
     """The ASGI app: routes, wrapped in the body limit and the guard (keys, origins, limits)."""
     app = FastAPI(title="superfluid", version=__version__)
     started = int(time.time())
@@ -210,6 +210,10 @@ def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Q
     async def load_model(request: Request):
         require_admin(request)
         body = parse(ModelRequest, await request.body())
+        key = key_of(request)
+        if not any(body.model.lower() == m.lower() for m in models.sources) and not (
+                allow_model_paths and key is not None and key.admin):
+            models.resolve_id(body.model)  # a path: the same answer as for an unknown id (nothing of the disk)
         eng = await models.load(body.model)
         return _json(model_card(eng.model_id))
 

@@ -24,7 +24,8 @@ BODY = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content"
 def d(tmp_path_factory):
     p = tmp_path_factory.mktemp("policy") / "keys.json"
     p.write_text(json.dumps(POLICY))
-    daemon = Daemon("--api-key", "sk-admin-key", "--key-policy", str(p), max_batch=2, max_context=512)
+    daemon = Daemon("--api-key", "sk-admin-key", "--key-policy", str(p), "--allow-model-paths",
+                    max_batch=2, max_context=512)
     yield daemon
     daemon.stop()
 
@@ -96,6 +97,26 @@ def test_model_admin_needs_an_admin_key(d):
     assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden"
     r = httpx.post(d.url + "/v1/models/load", json=body, headers={"x-api-key": "sk-admin-key"}, timeout=60)
     assert r.status_code == 200
+
+
+def test_an_admin_loads_a_model_by_path_with_allow_model_paths(d, tmp_path):
+    import os
+
+    from superfluid.runtime.registry import embedded_model
+    admin, other = {"x-api-key": "sk-admin-key"}, {"x-api-key": "sk-alicealice"}
+    path = tmp_path / "gamma.gguf"
+    os.symlink(embedded_model().path, path)
+    assert httpx.post(d.url + "/v1/models/load", json={"model": str(path)}, headers=other).status_code == 403
+    r = httpx.post(d.url + "/v1/models/load", json={"model": str(path)}, headers=admin, timeout=120)
+    assert r.status_code == 200 and r.json()["id"] == "gamma" and r.json()["meta"]["loaded"]
+    assert post(d, admin, {**BODY, "model": "gamma"}).status_code == 200
+    r = httpx.delete(d.url + "/v1/models/gamma", headers=admin, timeout=60)
+    assert r.status_code == 200 and r.json()["deleted"]
+    assert post(d, admin, {**BODY, "model": "gamma"}).status_code == 404
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"not a model")
+    r = httpx.post(d.url + "/v1/models/load", json={"model": str(bad)}, headers=admin)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "model_load_error"
 
 
 def test_keys_own_their_sessions_and_stored_responses(d):
