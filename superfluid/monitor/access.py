@@ -62,6 +62,10 @@ class AccessLog:
             await self.app(scope, receive, send_)
         finally:
             rec["total_s"] = round(time.monotonic() - t0, 4)
+            # what metrics label by: the matched route's template, never a raw path a client
+            # makes up (each new one would be a new series, kept forever)
+            route = getattr(scope.get("route"), "path", None)
+            rec["route"] = route or (scope.get("path") if rec.get("status", 500) < 400 else "unmatched")
             log.info(line(derive(rec), self.fmt))
             if self.on_record is not None:
                 self.on_record(rec)

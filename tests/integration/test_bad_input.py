@@ -149,3 +149,15 @@ def test_limits_are_typed_400s_naming_the_parameter_on_every_api(daemon, what, v
         assert param in r.text and message, (path, r.text[:200])
     ok = post(daemon, "/v1/chat/completions", json={"model": MODEL, "messages": OK_MSGS, "max_tokens": 2})
     assert ok.status_code == 200  # nothing else is affected
+
+
+def test_metrics_label_requests_by_route_never_by_a_made_up_path(daemon):
+    """Unknown paths used to become new label values (memory that grows with each one)."""
+    for i in range(5):
+        httpx.get(f"{daemon.url}/no/such/path/{i}", timeout=10)
+        httpx.get(f"{daemon.url}/v1/sessions/sess-nope{i}", timeout=10)
+    text = httpx.get(daemon.url + "/metrics", timeout=10).text
+    lines = [ln for ln in text.splitlines() if ln.startswith("superfluid_requests_total{")]
+    assert not any("/no/such/path" in ln or "sess-nope" in ln for ln in lines)
+    assert any('path="unmatched"' in ln for ln in lines)
+    assert any('path="/v1/sessions/{sid}"' in ln for ln in lines)
