@@ -74,3 +74,30 @@ def test_flush_returns_held_text_once():
     assert m.feed("abcEN") == ("abc", None)
     assert m.flush() == "EN"
     assert m.flush() == ""
+
+
+def _reference(text: str, stops: tuple[str, ...]) -> tuple[str, str | None]:
+    """The text up to the first stop string to complete (the longest, on the same character)."""
+    for end in range(1, len(text) + 1):
+        done = [s for s in stops if s and text[:end].endswith(s)]
+        if done:
+            hit = max(done, key=len)
+            return text[:end - len(hit)], hit
+    return text, None
+
+
+def test_the_automaton_agrees_with_a_plain_scan_on_random_streams():
+    import random
+    rng = random.Random(7)
+    for _ in range(2000):
+        stops = tuple("".join(rng.choice("abc") for _ in range(rng.randint(1, 4))) for _ in range(rng.randint(1, 5)))
+        text = "".join(rng.choice("abcd") for _ in range(rng.randint(0, 30)))
+        cuts = sorted(rng.sample(range(len(text) + 1), min(len(text) + 1, rng.randint(0, 6))))
+        deltas = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+        assert feed_all(StopMatcher(stops), deltas) == _reference(text, stops), (stops, deltas)
+
+
+def test_many_stop_strings_cost_one_step_per_character():
+    m = StopMatcher(tuple(f"stop-{i:04d}-" + "x" * 200 for i in range(16)))
+    assert m.feed("stop-0003-" + "x" * 199) == ("", None)  # all of it may still be a stop string
+    assert m.feed("y")[0] == "stop-0003-" + "x" * 199 + "y"
