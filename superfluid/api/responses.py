@@ -256,7 +256,8 @@ def add_routes(app: FastAPI, models, qos_for, body_of, store: ResponseStore) -> 
                 "tool_choice": body.get("tool_choice") or "auto", "parallel_tool_calls": False,
                 "text": {"format": text_opts.get("format") or {"type": "text"}}, "metadata": {}}
         streams = await models.service.submit(eng, [req], cp.bodies, api="responses", owner=owner_of(request),
-                                              params={"response_id": rid, "base": base, "input_items": new_items})
+                                              params={"response_id": rid, "base": base, "input_items": new_items,
+                                                      "store": base["store"]})
 
         async def finished(text: str, reasoning: str, calls: list, c) -> dict:
             return await finish(store, base, record, req.session, text, reasoning, calls, c)

@@ -37,6 +37,7 @@ class Sessions(Cache, Commits, Watchers, Verbs):
         self._busy: dict[str, Gen] = {}  # by session id
         self._locks: dict[str, list] = {}  # session -> [lock, users]
         self._subs: dict[str, set[asyncio.Queue]] = {}
+        self._erasing: set[asyncio.Task] = set()
 
     async def open_requests(self, model: str, reqs: list[GenRequest], bodies: list[Body], *, api: str,
                             params: dict, cancel: Callable[[GenRequest], Callable[[], bool]],
@@ -58,7 +59,7 @@ class Sessions(Cache, Commits, Watchers, Verbs):
         created = await self.store.create_many(specs)
         for r, spec, evs in zip(reqs, specs, created, strict=True):
             r.session = spec["sid"]
-            self.started(r, cancel(r), evs[-1].id + 1)
+            self.started(r, cancel(r), evs[-1].id + 1).ephemeral = params.get("store") is False
 
     def started(self, req: GenRequest, cancel: Callable[[], bool], next_id: int) -> Gen:
         assert req.session is not None
@@ -78,3 +79,8 @@ class Sessions(Cache, Commits, Watchers, Verbs):
         if gen.timer is not None:
             gen.timer.cancel()
         gen.ended.set()
+        if gen.ephemeral:  # store: false: nothing of the conversation stays in the log
+            self._states.pop(gen.sid, None)
+            task = asyncio.get_running_loop().create_task(self.store.erase(gen.sid))
+            self._erasing.add(task)
+            task.add_done_callback(self._erasing.discard)

@@ -27,6 +27,7 @@ class Gen:
     timer: asyncio.TimerHandle | None = None
     failed: bool = False
     dropped: bool = False  # cancelled because nobody was reading it any more
+    ephemeral: bool = False  # store: false: its session's content is erased once it ends
     ended: asyncio.Event = field(default_factory=asyncio.Event)
 
 

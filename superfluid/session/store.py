@@ -151,8 +151,7 @@ class Store:
                 page = conn.execute("PRAGMA page_size").fetchone()[0]
                 conn.execute(f"PRAGMA max_page_count={max(16, self.max_bytes // page)}")
             conn.executescript(SCHEMA)
-            if "owner" not in {r[1] for r in conn.execute("PRAGMA table_info(sessions)")}:
-                # a store written before keys owned their sessions: they have no owner
+            if "owner" not in {r[1] for r in conn.execute("PRAGMA table_info(sessions)")}:  # from before owners
                 conn.execute("ALTER TABLE sessions ADD COLUMN owner TEXT")
             conn.execute("CREATE INDEX IF NOT EXISTS sessions_owner ON sessions (owner, created)")
             conn.execute("INSERT OR IGNORE INTO meta VALUES ('format', ?)", (FORMAT,))
@@ -281,11 +280,18 @@ class Store:
 
     async def response_owner(self, rid: str) -> tuple[bool, str | None]:
         """(whether the response exists, the owner of its session)."""
+        r = await self._call(lambda c: c.execute("SELECT s.owner FROM responses r LEFT JOIN sessions s "
+                                                 "ON s.id = r.session WHERE r.id=?", (rid,)).fetchone(), False)
+        return (r is not None, r[0] if r else None)
+
+    async def erase(self, sid: str) -> None:
+        """Remove a session's content for good (events, stored responses); its row stays, purged
+        and marked erased (next_id -1), so the id is never reused and reads find nothing."""
         def q(c):
-            r = c.execute("SELECT s.owner FROM responses r LEFT JOIN sessions s ON s.id = r.session WHERE r.id=?",
-                          (rid,)).fetchone()
-            return (r is not None, r[0] if r else None)
-        return await self._call(q, False)
+            c.execute("DELETE FROM events WHERE session=?", (sid,))
+            c.execute("DELETE FROM responses WHERE session=?", (sid,))
+            c.execute("UPDATE sessions SET purged=1, title=NULL, generating=0, next_id=-1 WHERE id=?", (sid,))
+        await self._call(q, True)
 
     async def delete_response(self, rid: str) -> bool:
         return await self._call(lambda c: c.execute("DELETE FROM responses WHERE id=?", (rid,)).rowcount > 0, True)
@@ -357,6 +363,8 @@ class Store:
 
     def _events(self, c, sid: str, after: int, upto: int | None, limit: int | None) -> list[Event]:
         row = self._session(c, sid)
+        if row.next_id < 0:
+            raise SessionNotFound(f"no session {sid}", param="session")  # erased (store: false)
         out: list[Event] = []
         if row.parent is not None and row.fork_at is not None and after < row.fork_at:
             out = self._events(c, row.parent, after, row.fork_at if upto is None else min(upto, row.fork_at), limit)

@@ -66,3 +66,31 @@ def test_stored_responses_survive_a_restart():
         assert nxt.status in ("completed", "incomplete")
     finally:
         d2.stop()
+
+
+def test_store_false_leaves_no_conversation_in_the_log(daemon):
+    """store: false: once the generation ends, the session's events are gone from the store
+    file itself (not just hidden), and its id reads as not found."""
+    import sqlite3
+    import time
+    from pathlib import Path
+
+    secret = "my passphrase is swordfish"
+    with httpx.stream("POST", daemon.url + "/v1/responses", timeout=60, json={
+            "model": MODEL, "input": secret, "max_output_tokens": 4, "store": False, "stream": True}) as r:
+        sid = r.headers["x-superfluid-session"]
+        assert r.read()
+    db = Path(daemon.home) / "sessions" / "sessions.db"
+    deadline = time.monotonic() + 10
+    while True:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            left = con.execute("SELECT count(*) FROM events WHERE session=?", (sid,)).fetchone()[0]
+        finally:
+            con.close()
+        if left == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert left == 0
+    assert httpx.get(f"{daemon.url}/v1/sessions/{sid}/events", timeout=10).status_code == 404
+    assert sid not in [s["id"] for s in httpx.get(daemon.url + "/v1/sessions", timeout=10).json()["data"]]
