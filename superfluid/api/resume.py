@@ -93,10 +93,11 @@ async def _next(q: asyncio.Queue):
 async def rest_of_generation(sessions, sid: str, after: int,
                              resume: Callable[[], Awaitable[object]] | None = None) -> AsyncIterator[bytes]:
     """The generation's events after event `after`, live while it runs, in the format of the
-    API that started it. A generation a restart cut off is continued by `resume` (which
-    starts generating on the session again and returns its watcher, or None when it cannot),
-    so the stream still ends with the whole generation; without it, it ends with the API's
-    error event (code generation_interrupted)."""
+    API that started it. A generation cut by a restart or by its client going away (finish
+    "dropped") is continued by `resume` (which starts generating on the session again and
+    returns its watcher, or None when it cannot), so the stream still ends with the whole
+    generation; a restart's cut that cannot go on ends with the API's error event (code
+    generation_interrupted)."""
     q = sessions.subscribe(sid)
     watching = [sessions.watch(sid)]  # a live generation: this stream now counts as its watcher
     try:
@@ -111,7 +112,7 @@ async def rest_of_generation(sessions, sid: str, after: int,
         # prompt of a completion (which has no template, so no opener)
         opener = max((e.event_id for e in st.entries if e.kind in ("generation_prompt", "message", "tool_result")),
                      default=-1)
-        backlog = [ev for ev in await sessions.store.events(sid, after=opener)]
+        backlog = list(await sessions.store.events(sid, after=opener))
         params = st.params
         rid = str(params.get("response_id") or sid)
         prompt_tokens = int(params.get("prompt_tokens") or 0)
