@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..errors import ModelLoadError
 from .sentence_config import is_sentence_folder
@@ -125,3 +127,29 @@ def fit_context(*, requested: int | None, n_ctx_train: int, lanes: int,
     cap = free // 2 // max(1, lanes * kv_bytes_per_token)
     ctx = min(n_ctx_train or 4096, cap)
     return max(min(256, n_ctx_train or 256), ctx // 256 * 256)
+
+
+TORCH_RUNTIMES = {"transformers": (".transformers", "TransformersRuntime"),
+                  "sentence": (".sentence", "SentenceRuntime")}
+
+
+def load_runtime(s: Any):
+    """The runtime a worker's settings name (worker.protocol.WorkerSettings): the one place
+    runtimes are chosen by name."""
+    if s.runtime == "llamacpp":
+        from .llamacpp import LlamaCppRuntime
+        return LlamaCppRuntime(s.model, lanes=s.lanes, n_ctx=s.ctx,
+                               threads=s.threads, batch_tokens=s.batch_tokens, pooling=s.pooling or None)
+    if s.runtime in TORCH_RUNTIMES:  # transformers; sentence: embeddings or a cross-encoder
+        module, name = TORCH_RUNTIMES[s.runtime]
+        try:
+            cls = getattr(importlib.import_module(module, __package__), name)
+        except ImportError as e:
+            raise RuntimeError(f"the {s.runtime} runtime needs torch and transformers: "
+                               f"pip install 'superfluid[hf]' ({e})") from None
+        return cls(s.model, lanes=s.lanes, n_ctx=s.ctx, threads=s.threads, batch_tokens=s.batch_tokens)
+    if s.runtime == "pipeline":  # a model split by layers over stage nodes
+        from .pipeline import PipelineRuntime
+        return PipelineRuntime(s.model, list(s.stages), s.stage_psk, lanes=s.lanes, n_ctx=s.ctx, split=s.split,
+                               spares=list(s.spares))
+    raise RuntimeError(f"unknown runtime {s.runtime}")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import ctypes
-import importlib
 import signal
 import socket
 import sys
@@ -19,6 +18,7 @@ from array import array
 from typing import Any
 
 from ..errors import ProtocolError
+from ..runtime.registry import load_runtime
 from ..transport import Link
 from .protocol import LINK_W, VERSION, HelloAck, Msg, WorkerError, WorkerSettings
 
@@ -29,30 +29,6 @@ def _die_with_parent() -> None:
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:
         pass
-
-
-TORCH_RUNTIMES = {"transformers": ("..runtime.transformers", "TransformersRuntime"),
-                  "sentence": ("..runtime.sentence", "SentenceRuntime")}
-
-
-def _load(s: WorkerSettings):
-    if s.runtime == "llamacpp":
-        from ..runtime.llamacpp import LlamaCppRuntime
-        return LlamaCppRuntime(s.model, lanes=s.lanes, n_ctx=s.ctx,
-                               threads=s.threads, batch_tokens=s.batch_tokens, pooling=s.pooling or None)
-    if s.runtime in TORCH_RUNTIMES:  # transformers; sentence: embeddings or a cross-encoder
-        module, name = TORCH_RUNTIMES[s.runtime]
-        try:
-            cls = getattr(importlib.import_module(module, __package__), name)
-        except ImportError as e:
-            raise RuntimeError(f"the {s.runtime} runtime needs torch and transformers: "
-                               f"pip install 'superfluid[hf]' ({e})") from None
-        return cls(s.model, lanes=s.lanes, n_ctx=s.ctx, threads=s.threads, batch_tokens=s.batch_tokens)
-    if s.runtime == "pipeline":  # a model split by layers over stage nodes
-        from ..runtime.pipeline import PipelineRuntime
-        return PipelineRuntime(s.model, list(s.stages), s.stage_psk, lanes=s.lanes, n_ctx=s.ctx, split=s.split,
-                               spares=list(s.spares))
-    raise RuntimeError(f"unknown runtime {s.runtime}")
 
 
 def _attach_kv_store(runtime, s: WorkerSettings) -> tuple | None:
@@ -85,7 +61,7 @@ async def serve(sock: socket.socket) -> int:
             await link.drain()
             return 2
         try:
-            runtime = _load(hello.settings)
+            runtime = load_runtime(hello.settings)
         except Exception as e:
             link.send(_error(e))
             await link.drain()
