@@ -167,3 +167,33 @@ class Link:
             self.closed = True
             with contextlib.suppress(Exception):
                 self.writer.close()
+
+
+class Doorman:
+    """Who may be mid-handshake on a listening socket: at most `per_addr` connections from one
+    address and `total` in all, each for at most `deadline` seconds. A new connection past a
+    limit closes the oldest one waiting (from its address, else of all): idle sockets cannot
+    hold the door shut, since a real peer finishes its handshake in milliseconds."""
+
+    def __init__(self, total: int = 64, per_addr: int = 16, deadline: float = HANDSHAKE_TIMEOUT):
+        self.total, self.per_addr, self.deadline = total, per_addr, deadline
+        self._waiting: dict[asyncio.StreamWriter, str] = {}  # in arrival order
+
+    @contextlib.contextmanager
+    def entry(self, writer: asyncio.StreamWriter):
+        peer = writer.get_extra_info("peername")
+        host = str(peer[0]) if isinstance(peer, tuple) else str(peer)
+        mine = [w for w, h in self._waiting.items() if h == host]
+        if len(mine) >= self.per_addr:
+            self._evict(mine[0])
+        if len(self._waiting) >= self.total:
+            self._evict(next(iter(self._waiting)))
+        self._waiting[writer] = host
+        try:
+            yield
+        finally:
+            self._waiting.pop(writer, None)
+
+    def _evict(self, writer: asyncio.StreamWriter) -> None:
+        self._waiting.pop(writer, None)
+        writer.close()  # its handshake ends with a ConnectionError

@@ -20,13 +20,12 @@ from ..errors import ProtocolError, SuperfluidError
 from ..link import messages as m
 from ..link.node_state import NodeState, RetryBuffer, expired
 from ..request import Chunk, FinishReason, GenRequest, Qos, SamplingParams
-from ..transport import Link
+from ..transport import Doorman, Link
 from .prefixes import NodeSummary
 from .stats import node_status
 
 log = logging.getLogger("superfluid.node")
 
-MAX_HANDSHAKES = 8  # connections mid-handshake at once; more are refused at once
 STATUS_EVERY = 2.0
 STATUS_POLL = 0.25  # how soon a change in its status is reported
 
@@ -55,7 +54,7 @@ class NodeServer:
         self._owner: dict[str, _Head] = {}  # gen -> the head its events go to
         self._pumps: dict[str, asyncio.Task] = {}  # gen -> task feeding its retry buffer
         self._requests: dict[str, str] = {}  # gen -> engine request id
-        self._handshaking = 0
+        self._door = Doorman()  # connections mid-handshake (heads dialling in)
         self._tasks: list[asyncio.Task] = []
         self._prefixes = NodeSummary()
 
@@ -75,14 +74,12 @@ class NodeServer:
 
     # -- connections ---------------------------------------------------------------------
     async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self._handshaking >= MAX_HANDSHAKES:
-            writer.close()
-            return
-        self._handshaking += 1
-        try:
-            got = await self._handshake(reader, writer)
-        finally:
-            self._handshaking -= 1
+        with self._door.entry(writer):  # idle sockets cannot lock the real head out
+            try:
+                got = await asyncio.wait_for(self._handshake(reader, writer), self._door.deadline)
+            except TimeoutError:
+                writer.close()
+                got = None
         if got is not None:
             await self._session(*got)
 

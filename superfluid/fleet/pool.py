@@ -22,7 +22,7 @@ from ..errors import SuperfluidError, WorkerUnavailable
 from ..link import messages as m
 from ..link.head_state import Counter
 from ..link.noise import AuthFailed
-from ..transport import Link
+from ..transport import Doorman, Link
 from .prefixes import from_wire
 
 log = logging.getLogger("superfluid.fleet")
@@ -90,6 +90,7 @@ class NodePool:
         self._local_node: Any = None
         self._local_server: asyncio.Server | None = None
         self._server: asyncio.Server | None = None
+        self._door = Doorman()  # nodes mid-handshake on --fleet-listen
         self._advert: Any = None
         self._bg: list[asyncio.Task] = []
         self._started: asyncio.Task | None = None
@@ -209,13 +210,17 @@ class NodePool:
             backoff = 0.1
             await self._session(n, link, ack)
 
+    async def _join_handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        link = await Link.accept(reader, writer, self.proto, self.psk, initiator=True)
+        return link, await self._greet(link)
+
     async def _on_join(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """A node that joins (`superfluid node join`): the head still initiates the secure
         channel; a node that joins again under the same name gets its generations back."""
         peer = writer.get_extra_info("peername")
         try:
-            link = await Link.accept(reader, writer, self.proto, self.psk, initiator=True)
-            ack = await self._greet(link)
+            with self._door.entry(writer):  # idle sockets cannot lock real nodes out
+                link, ack = await asyncio.wait_for(self._join_handshake(reader, writer), self._door.deadline)
         except AuthFailed as e:
             log.error("a node at %s refused the fleet token: %s", peer, e.message)
             writer.close()
