@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
-import logging
 import os
 import shutil
 import sys
+from dataclasses import replace
 
 from . import __version__
 from .config import DEFAULT_HOST, DEFAULT_PORT, EngineConfig, ServeConfig, default_threads, home
+from .monitor.logs import setup_logging
 from .net import is_loopback_host
 from .api.policy import KeyPolicy, PolicyError, load_policies
 from .errors import ModelLoadError, SuperfluidError
@@ -345,16 +345,6 @@ def _node(args: argparse.Namespace) -> int:
     return node_serve(ec, host, port, args.auth_file, args.lease, name=args.name, stage=args.stage)
 
 
-class _JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        msg = record.getMessage()
-        if record.name == "superfluid.access":
-            return msg  # already one JSON object
-        import json
-        return json.dumps({"ts": round(record.created, 3), "level": record.levelname.lower(),
-                           "logger": record.name, "msg": msg})
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     agent_args: list[str] = []
@@ -364,10 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.command == "launch":
         args.args = list(args.args) + agent_args
-    handler = logging.StreamHandler()
-    json_logs = getattr(args, "log_format", "text") == "json"
-    handler.setFormatter(_JsonFormatter() if json_logs else logging.Formatter("superfluid: %(message)s"))
-    logging.basicConfig(level=logging.INFO, handlers=[handler])
+    setup_logging(json_lines=getattr(args, "log_format", "text") == "json")
     if args.command == "serve":
         return _serve(args)
     if args.command == "top":

@@ -18,6 +18,9 @@ FIELDS = ("method", "path", "status", "model", "qos", "prompt_tokens", "cached_t
           "completion_tokens", "ttft_s", "prefill_tps", "decode_tps", "total_s", "finish", "error")
 
 
+MAX_PATH = 256  # a client's path is logged up to this many characters
+
+
 def line(rec: dict, fmt: str) -> str:
     if fmt == "json":
         return orjson.dumps({k: rec[k] for k in FIELDS if rec.get(k) is not None}).decode()
@@ -51,7 +54,9 @@ class AccessLog:
             return await self.app(scope, receive, send)
         t0 = time.monotonic()
         rec = scope.setdefault("state", {}).setdefault("access", {})
-        rec.update(method=scope.get("method"), path=scope.get("path"), status=500)
+        path = scope.get("path") or ""
+        rec.update(method=scope.get("method"), path=path if len(path) <= MAX_PATH else path[:MAX_PATH] + "…",
+                   status=500)
 
         async def send_(m):
             if m["type"] == "http.response.start":

@@ -161,3 +161,20 @@ def test_metrics_label_requests_by_route_never_by_a_made_up_path(daemon):
     assert not any("/no/such/path" in ln or "sess-nope" in ln for ln in lines)
     assert any('path="unmatched"' in ln for ln in lines)
     assert any('path="/v1/sessions/{sid}"' in ln for ln in lines)
+
+
+def test_a_stdout_nobody_reads_never_freezes_the_daemon():
+    """Log lines used to be written on the event loop: with stdout a pipe nobody reads (as
+    here), about 64 KiB of access lines (a few requests with long paths) froze the daemon,
+    even /health. Now a thread writes them (and paths are logged up to 256 characters)."""
+    from .daemon import Daemon
+    d = Daemon(max_batch=1, max_context=256)  # its stdout: a pipe this test never reads
+    try:
+        with httpx.Client(base_url=d.url, timeout=10) as c:
+            for i in range(250):  # ~75 KB of access lines, more than the pipe holds
+                c.get(f"/{'a' * 4000}{i}")
+            assert c.get("/health").status_code == 200
+            r = c.post("/v1/chat/completions", json={"model": MODEL, "messages": OK_MSGS, "max_tokens": 2})
+            assert r.status_code == 200
+    finally:
+        d.stop()
