@@ -105,19 +105,21 @@ def test_the_heads_metrics_health_and_top_show_the_nodes_lanes_while_they_genera
     stop = threading.Event()
 
     def one():
-        with httpx.stream("POST", head.url + "/v1/chat/completions", timeout=60,
-                          json={"model": MODEL, "messages": STORY, "max_tokens": 400, "ignore_eos": True,
-                                "stream": True}) as r:
-            for _ in r.iter_lines():
-                if stop.is_set():
-                    return
+        while not stop.is_set():  # a stream that ends early (a node still settling after the last test) goes again
+            with httpx.stream("POST", head.url + "/v1/chat/completions", timeout=60,
+                              json={"model": MODEL, "messages": STORY, "max_tokens": 400, "ignore_eos": True,
+                                    "stream": True}) as r:
+                for _ in r.iter_lines():
+                    if stop.is_set():
+                        return
+            time.sleep(0.1)
 
     threads = [threading.Thread(target=one) for _ in range(2)]  # load-aware placement: one on each node
     for t in threads:
         t.start()
     try:
         want = {f"127.0.0.1:{proxy.port}", f"127.0.0.1:{b.port}"}
-        deadline, lanes = time.monotonic() + 30, {}
+        deadline, lanes = time.monotonic() + 60, {}
         while time.monotonic() < deadline:
             lanes = node_lanes(head)
             if set(lanes) == want and all(v >= 1 for v in lanes.values()):
