@@ -190,6 +190,9 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
             if not go_on or left < 1 or sessions.busy(sid):
                 return None
             eng = await models.get(st.params.get("model"))
+            left = min(left, eng.n_ctx - len(st.tokens))  # a caller's ?budget= never asks past the window
+            if left < 1:
+                return None
             req, _ = await models.service.generate(eng, sid, max_tokens=left, overrides={}, stop=None, qos=qos)
             eng.keep_running(req.id)  # nobody reads its chunks: the resumed stream reads the log
             return sessions.watch(sid)

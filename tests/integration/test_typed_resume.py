@@ -168,3 +168,27 @@ def test_a_dropped_stream_is_cut_at_once_and_a_resume_continues_it_exactly(daemo
     assert final[-1]["choices"][0]["finish_reason"] == whole["choices"][0]["finish_reason"]
     assert final[-1]["usage"]["completion_tokens"] == whole["usage"]["completion_tokens"]
     assert final[-1]["usage"]["prompt_tokens"] == whole["usage"]["prompt_tokens"]
+
+
+def test_a_native_resume_with_a_huge_budget_stays_within_the_window(daemon):
+    """?budget= comes from the caller: a huge one continues the cut turn only up to the
+    model's window (a finish, not an error mid-stream)."""
+    s = httpx.post(daemon.url + "/v1/sessions", json={"temperature": 0}).json()["id"]
+    httpx.post(f"{daemon.url}/v1/sessions/{s}/messages", json={"role": "user", "content": "Count to a thousand."})
+    last = None
+    with httpx.stream("POST", f"{daemon.url}/v1/sessions/{s}/generate", json={"stream": True, "max_tokens": 20},
+                      timeout=60) as r:
+        for eid, _ in iter_sse(r.iter_lines()):
+            last = eid or last
+            if last:
+                break
+    for _ in range(200):
+        if not httpx.get(f"{daemon.url}/v1/sessions/{s}").json()["busy"]:
+            break
+        time.sleep(0.05)
+    with httpx.stream("GET", f"{daemon.url}/v1/sessions/{s}/resume?budget=1000000000",
+                      headers={"Last-Event-ID": last}, timeout=300) as r:
+        assert r.status_code == 200
+        out = [d for _, d in iter_sse(r.iter_lines())]
+    assert out[-1] == "[DONE]"
+    assert [d["finish"] for d in out if isinstance(d, dict) and d.get("finish")] in (["length"], ["end_of_turn"])
