@@ -415,5 +415,9 @@ def test_malformed_messages_drop_the_link_not_the_node(fleet):
                        (msg.WATERMARK_ACK, {"gen": "g"}), (msg.RECONCILE, {"gens": {"g": "nope"}}),
                        (msg.SESSION_REVOKE, {}), (999, {})]:
         assert asyncio.run(poke(kind, body))
+    deadline = time.monotonic() + 10  # the node's log lines are written by a thread: wait for them
+    while not ("malformed body" in b.log() and "unknown required message type 999" in b.log()) \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert "malformed body" in b.log() and "unknown required message type 999" in b.log()
     assert oc(head).chat.completions.create(model=MODEL, messages=STORY, max_tokens=4).choices[0].message.content

@@ -12,6 +12,7 @@ import concurrent.futures
 import json
 import re
 import signal
+import time
 
 import anthropic
 import httpx
@@ -213,6 +214,9 @@ def test_a_spare_takes_the_place_of_a_lost_stage_and_the_stream_goes_on(stages):
                     stages[2].proc.send_signal(signal.SIGKILL)  # the last stage dies mid-stream
         assert errors == []
         assert text == expected(q, 40)  # re-prefilled on the spare: the uninterrupted greedy text
+        deadline = time.monotonic() + 10  # log lines are written by a thread: wait for it
+        while "holding layers [15, 30)" not in spare.log() and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert "holding layers [15, 30)" in spare.log()
     finally:
         d.stop()
