@@ -128,35 +128,123 @@ def prelude(engine, messages: list[dict], **template_kwargs) -> tuple[list, list
 
 
 _MARK = re.compile("\x00(\\d+)\x00")
+# Each message's span is what rendering the conversation up to it adds: one rendering per
+# message. Up to EXACT messages that is cheap; past them the spans come from one rendering of
+# the whole conversation, split where the next message's opening markup (learned from the
+# exact ones) begins, so the cost grows linearly with the messages.
+EXACT = 128
+EXTRA_RENDERS = 64  # exact renderings spent on openings not seen among the first EXACT
+SLOW_MAX = 512  # templates that re-render earlier turns: one full rendering per message
 
 
 def _prelude_light(engine, messages: list[dict], kw: dict) -> tuple[list, list[int]] | None:
-    """The same spans, rendering each prefix with short markers for the contents (an agent's
-    100-message history would otherwise be rendered 100 times in full). Valid only when the
-    template puts contents in verbatim, which one full rendering checks; None otherwise."""
-    contents: list[str] = [m.get("content") for m in messages]  # type: ignore[misc]
-    if not messages or not all(isinstance(c, str) and "\x00" not in c for c in contents):
-        return None
-    light = [{**m, "content": f"\x00{i}\x00"} for i, m in enumerate(messages)]
-    real = lambda text: _MARK.sub(lambda mm: contents[int(mm.group(1))], text)  # noqa: E731
-    render = engine.template.render
+    """The same spans, rendering with short markers for the contents (an agent's 100-message
+    history would otherwise be rendered 100 times in full). Valid only when the template puts
+    contents in verbatim, which one full rendering checks; None otherwise."""
+    contents: list[str | None] = [m.get("content") for m in messages]
+    if not messages or not all(c is None or (isinstance(c, str) and "\x00" not in c) for c in contents):
+        return _slow(messages, "unless every content is text")
+    light = [m if c is None else {**m, "content": f"\x00{i}\x00"}
+             for i, (m, c) in enumerate(zip(messages, contents, strict=True))]
+    real = lambda text: _MARK.sub(lambda mm: contents[int(mm.group(1))] or "", text)  # noqa: E731
+    render = lambda msgs, gen: engine.template.render(msgs, add_generation_prompt=gen, **kw)  # noqa: E731
+    whole = render(light, True)
+    if real(whole) != render(messages, True):
+        return _slow(messages, "as it changes the contents")
+    cuts = _cuts(light, contents, whole, render) if len(light) > EXACT else _exact_cuts(light, whole, render)
+    if cuts is None:
+        return _slow(messages, "as it renders earlier turns anew")
+    pieces = [whole[a:b] for a, b in zip([0] + cuts, cuts + [len(whole)], strict=True)]
+    spans = []
     tok = engine.tokenizer
-    pieces: list[str] = []
-    starts: list[int | None] = []  # where a piece's own content starts in it (markers are exact)
-    prev = ""
-    for k in range(len(light) + 1):
-        full = render(light[:k + 1] if k < len(light) else light, add_generation_prompt=k == len(light), **kw)
-        if not full.startswith(prev):
-            return None
-        piece = full[len(prev):]
-        mark = piece.find(f"\x00{k}\x00")
-        starts.append(len(real(piece[:mark])) if mark >= 0 else None)
-        pieces.append(real(piece))
-        prev = full
-    if "".join(pieces) != render(messages, add_generation_prompt=True, **kw):
-        return None
-    spans = [tuple(encode_turn(tok, p, contents[k] if k < len(contents) else None, k == 0, starts[k]))
-             for k, p in enumerate(pieces)]
-    bodies: list = [Message(str(m.get("role")), contents[i], spans[i]) for i, m in enumerate(messages)]
+    for k, piece in enumerate(pieces):
+        content = contents[k] if k < len(contents) else None
+        mark = piece.find(f"\x00{k}\x00") if content is not None else -1
+        start = len(real(piece[:mark])) if mark >= 0 else None
+        spans.append(tuple(encode_turn(tok, real(piece), content, k == 0, start)))
+    bodies: list = [Message(str(m.get("role")), contents[i] or "", spans[i]) for i, m in enumerate(messages)]
     bodies.append(GenerationPrompt(spans[-1]))
     return bodies, [t for sp in spans for t in sp]
+
+
+def _slow(messages: list[dict], why: str) -> None:
+    """The one-message-at-a-time path renders the whole conversation once per message."""
+    if len(messages) > SLOW_MAX:
+        raise BadRequest(f"with this model's chat template, {why}, a conversation may have at most "
+                         f"{SLOW_MAX} messages, not {len(messages)}", param="messages")
+
+
+def _exact_cuts(light: list[dict], whole: str, render) -> list[int] | None:
+    """Where each message's rendering ends in `whole`: the length of the conversation up to
+    it, rendered (None if a longer conversation renders an earlier turn differently)."""
+    cuts: list[int] = []
+    for k in range(len(light)):
+        upto = render(light[:k + 1], False)
+        if not whole.startswith(upto) or (cuts and len(upto) < cuts[-1]):
+            return None
+        cuts.append(len(upto))
+    return cuts
+
+
+def _cuts(light: list[dict], contents: list, whole: str, render) -> list[int] | None:
+    """The same cuts for a long conversation: exact for the first EXACT messages and the
+    last; between, each message's opening markup (the text after the previous cut, before
+    its content) is one already seen for its role, or learned with an exact rendering while
+    EXTRA_RENDERS last; past that, the cut is where its content starts. Before a message
+    with no content (a call only) the cut follows the message's own closing markup instead."""
+    n = len(light)
+    marks: list[int | None] = []
+    at = 0
+    for k in range(n):
+        if contents[k] is None:
+            marks.append(None)
+            continue
+        at = whole.find(f"\x00{k}\x00", at)
+        if at < 0:
+            return None  # a content the template leaves out
+        marks.append(at)
+        at += len(f"\x00{k}\x00")
+    head = _exact_cuts(light[:EXACT], whole, render)
+    if head is None:
+        return None
+    openings: dict[str, set[str]] = {}  # by role: the markup between a cut and the content
+    closings: dict[str, set[str]] = {}  # by role: the markup between the content and the cut
+
+    def learn(k: int, cut: int) -> None:
+        nxt = marks[k + 1] if k + 1 < n else None
+        if nxt is not None and cut <= nxt:
+            openings.setdefault(str(light[k + 1].get("role")), set()).add(whole[cut:nxt])
+        mk = marks[k]
+        if mk is not None and mk < cut:
+            closings.setdefault(str(light[k].get("role")), set()).add(whole[mk + len(f"\x00{k}\x00"):cut])
+
+    for k, cut in enumerate(head):
+        learn(k, cut)
+    cuts, spare = list(head), EXTRA_RENDERS
+    for k in range(EXACT, n - 1):
+        mk, nxt = marks[k], marks[k + 1]
+        lo = cuts[-1] if mk is None else mk + len(f"\x00{k}\x00")
+        if nxt is not None:
+            gap = whole[lo:nxt]
+            seen = [o for o in openings.get(str(light[k + 1].get("role")), ()) if gap.endswith(o)]
+            if seen:
+                cuts.append(nxt - len(max(seen, key=len)))
+                continue
+        elif mk is not None:  # the next message has no content to find: this one's closing
+            seen = [c for c in closings.get(str(light[k].get("role")), ()) if whole.startswith(c, lo)]
+            if seen:
+                cuts.append(lo + len(max(seen, key=len)))
+                continue
+        if spare > 0:
+            spare -= 1
+            upto = render(light[:k + 1], False)
+            if whole.startswith(upto) and lo <= len(upto) <= (len(whole) if nxt is None else nxt):
+                cuts.append(len(upto))
+                learn(k, len(upto))
+                continue
+        cuts.append(lo if nxt is None else nxt)
+    last = render(light, False)
+    if not whole.startswith(last) or len(last) < cuts[-1]:
+        return None
+    cuts.append(len(last))
+    return cuts

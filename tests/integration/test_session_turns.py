@@ -93,3 +93,35 @@ def test_chat_markers_a_user_types_stay_text_with_both_tokenizers():
         assert raw.count(start) == 1
         prompts.append(prompt)
     assert prompts[0] == prompts[1]
+
+
+CALLS_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.content %}{{ m.content }}{% endif %}"
+                  "{% if m.tool_calls %}<tool_call>{{ m.tool_calls[0].name }}</tool_call>{% endif %}<|im_end|>\n"
+                  "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+@pytest.mark.parametrize("own", [True, False], ids=["model-template", "calls-without-content"])
+def test_a_long_conversation_costs_linear_rendering_and_gets_the_exact_spans(engine, monkeypatch, own):
+    """4,096 messages once cost a minute of CPU (every prefix rendered); past the first
+    EXACT messages the spans now come from one rendering, split by the learned markup, and
+    equal what rendering every prefix gives."""
+    from superfluid.session import turns
+    template = engine.template if own else ChatTemplate(CALLS_TEMPLATE)
+    roles = ["user", "assistant", "user", "assistant", "tool"]
+    msgs = [{"role": "system", "content": "Be brief."}] + [
+        {"role": roles[i % 5], "content": f"m{i} <b>x</b>"} for i in range(1, 600)]
+    if not own:  # assistant turns that only call a tool have no content
+        msgs = [{**m, "content": None, "tool_calls": [{"name": f"f{i}"}]} if i % 3 == 0 and m["role"] == "assistant"
+                else m for i, m in enumerate(msgs)]
+    rendered = []
+
+    class Counting:
+        def render(self, messages, **kw):
+            rendered.append(len(messages))
+            return template.render(messages, **kw)
+    bodies, prompt = prelude(SimpleNamespace(tokenizer=engine.tokenizer, template=Counting()), msgs)
+    assert sum(rendered) <= turns.EXACT ** 2 + 4 * len(msgs)  # every prefix: 180,000 message renderings
+    monkeypatch.setattr(turns, "EXACT", 10 ** 6)
+    exact, exact_prompt = prelude(SimpleNamespace(tokenizer=engine.tokenizer, template=template), msgs)
+    assert prompt == exact_prompt == engine.tokenizer.encode_prompt(template.render(msgs, add_generation_prompt=True))
+    assert [b.span for b in bodies] == [b.span for b in exact]
