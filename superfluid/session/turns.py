@@ -167,11 +167,12 @@ def _prelude_light(engine, messages: list[dict], kw: dict) -> tuple[list, list[i
     return bodies, [t for sp in spans for t in sp]
 
 
-def _slow(messages: list[dict], why: str) -> None:
+def _slow(messages: list[dict], why: str) -> tuple[list, list[int]] | None:
     """The one-message-at-a-time path renders the whole conversation once per message."""
     if len(messages) > SLOW_MAX:
         raise BadRequest(f"with this model's chat template, {why}, a conversation may have at most "
                          f"{SLOW_MAX} messages, not {len(messages)}", param="messages")
+    return None  # the caller takes the slow path
 
 
 def _exact_cuts(light: list[dict], whole: str, render) -> list[int] | None:
