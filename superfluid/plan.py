@@ -63,6 +63,13 @@ def kv_key(tokens: Sequence[int]) -> int:
     return int.from_bytes(digest, "little") >> 1  # 63 bits: a msgpack int on every link
 
 
+# Where SamplingParams.to_wire puts the grammar: a plan sends each grammar's text once and
+# its lanes the text's index (eight choices of one request share one schema)
+GRAMMAR_AT = 10
+# The grammars a step may carry, in characters (a frame holds 16 MiB): lanes past it open
+# in a later step
+STEP_GRAMMAR_CHARS = 2 << 20
+
 # A restored token costs about this fraction of a prefilled one (a 1,500-token entry of the
 # embedded model: 37 ms to load against 17 s to prefill): the step budget counts it so
 RESTORE_COST = 64
@@ -112,8 +119,15 @@ class StepPlan:
                 + sum(ld.n for ld in self.loads) // RESTORE_COST)
 
     def to_wire(self) -> list:
+        grammars: dict[str, int] = {}  # each grammar's text once per plan; lanes name its index
+        opens = []
+        for o in self.opens:
+            sampling = o.sampling.to_wire()
+            if o.sampling.grammar:
+                sampling[GRAMMAR_AT] = grammars.setdefault(o.sampling.grammar, len(grammars))
+            opens.append([o.seq, sampling, list(o.history), o.keep])
         return [self.step,
-                [[o.seq, o.sampling.to_wire(), list(o.history), o.keep] for o in self.opens],
+                opens,
                 [[r.seq, r.pos, list(r.tokens), r.sample] for r in self.runs],
                 list(self.closes),
                 [[c.src, c.dst, c.n] for c in self.copies],
@@ -121,13 +135,19 @@ class StepPlan:
                 [[v.seq, v.key, list(v.tokens)] for v in self.saves],
                 [[ld.seq, ld.key, ld.n] for ld in self.loads],
                 list(self.drops),
-                [[k, p] for k, p in self.pins]]
+                [[k, p] for k, p in self.pins],
+                list(grammars)]
 
     @classmethod
     def from_wire(cls, w: list) -> StepPlan:
-        step, opens, runs, closes, copies, embeds, saves, loads, drops, pins = w
+        step, opens, runs, closes, copies, embeds, saves, loads, drops, pins, grammars = w
+
+        def sampling(p: list) -> SamplingParams:
+            if p[GRAMMAR_AT] != "":
+                p = [*p[:GRAMMAR_AT], str(grammars[p[GRAMMAR_AT]]), *p[GRAMMAR_AT + 1:]]
+            return SamplingParams.from_wire(p)
         return cls(step,
-                   tuple(LaneOpen(s, SamplingParams.from_wire(p), tuple(h), k) for s, p, h, k in opens),
+                   tuple(LaneOpen(s, sampling(p), tuple(h), k) for s, p, h, k in opens),
                    tuple(Run(s, p, tuple(t), bool(x)) for s, p, t, x in runs),
                    tuple(closes),
                    tuple(Copy(a, b, n) for a, b, n in copies),

@@ -25,7 +25,7 @@ recomputes them, and greedy or seeded sampling (keyed by position) draws the sam
 
 from __future__ import annotations
 
-from ..plan import RESTORE_COST, Copy, EmbedItem, LaneOpen, Load, Run, Save, StepPlan, StepResult
+from ..plan import RESTORE_COST, STEP_GRAMMAR_CHARS, Copy, EmbedItem, LaneOpen, Load, Run, Save, StepPlan, StepResult
 from ..request import FinishReason, Qos
 from .embeds import EmbedEvent, EmbedJob, EmbedQueue
 from .jobs import Counters, Job, JobStatus, TokenEvent
@@ -155,8 +155,12 @@ class Scheduler(KvTiers):
         for seq, tokens in self._to_save.items():  # turns that ended, long prompts prefilled: to disk
             self._save(seq, tokens, step, saves, drops)
         self._to_save.clear()
+        grammars: set[str] = set()  # the grammars this plan's opens carry (each sent once)
         for job in self.waiting.ordered(step):
             full = len(self.running) >= self.max_lanes
+            g = job.sampling.grammar
+            if opens and g and g not in grammars and sum(map(len, grammars)) + len(g) > STEP_GRAMMAR_CHARS:
+                continue  # its grammar would make the step too big to send: it opens next step
             if full and job.qos.rank > Qos.COMPLETION:
                 continue  # only interactive and completion jobs preempt
             if not self._admissible(job):
@@ -167,6 +171,8 @@ class Scheduler(KvTiers):
             if full and not self._preempt_for(job, step, pinned):
                 continue
             self._admit(job, step, opens, copies, pinned, restore, loads, saves, drops)
+            if g:
+                grammars.add(g)
         closes = tuple(self._to_close)
         self._to_close.clear()
         embeds: list[EmbedItem] = []

@@ -392,3 +392,32 @@ def test_update_refuses_a_result_for_another_step():
     p1, p2 = s.schedule(), s.schedule()
     with pytest.raises(ValueError):
         s.update(p1, result(p2))
+
+
+def test_big_grammars_spread_over_steps_so_no_step_is_over_the_frame_cap():
+    """Sixteen lanes, each with its own grammar at the request limit: a step carries at most
+    STEP_GRAMMAR_CHARS of them and the rest open in the next steps; lanes sharing one grammar
+    (the choices of one request) carry it once. Every plan encodes under the frame cap."""
+    import msgpack
+
+    from superfluid.limits import MAX_GRAMMAR_BYTES
+    from superfluid.link.frame import MAX_FRAME
+    from superfluid.plan import STEP_GRAMMAR_CHARS
+    s = sched(lanes=24, n_ctx=256, step_tokens=512)
+    for i in range(16):
+        s.add(job(f"g{i}", grammar=f"start: \"{i}\" | " + "x" * (MAX_GRAMMAR_BYTES - 20)))
+    shared = "start: " + "y" * (MAX_GRAMMAR_BYTES - 10)
+    for i in range(8):
+        s.add(job(f"n{i}", grammar=shared))
+    opened: list[str] = []
+    for _ in range(12):
+        plan = s.schedule()
+        opened += [s.running[o.seq].id for o in plan.opens]
+        s.update(plan, result(plan))
+        wire = msgpack.packb(plan.to_wire())
+        assert len(wire) < MAX_FRAME
+        carried = len({o.sampling.grammar for o in plan.opens}) * MAX_GRAMMAR_BYTES
+        assert carried <= STEP_GRAMMAR_CHARS + MAX_GRAMMAR_BYTES
+        back = StepPlan.from_wire(msgpack.unpackb(wire))
+        assert back == plan
+    assert sorted(opened) == sorted([f"g{i}" for i in range(16)] + [f"n{i}" for i in range(8)])
