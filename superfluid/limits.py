@@ -16,6 +16,9 @@ MAX_STOP_LEN = 256  # characters in one stop string
 MAX_CHOICES = 16  # n
 MAX_TOP_LOGPROBS = 20  # alternatives per token
 MAX_GRAMMAR_BYTES = 256 << 10  # a compiled grammar (tools, JSON schema, format)
+MAX_METADATA_KEYS = 16  # a stored response's metadata (OpenAI's limits)
+MAX_METADATA_KEY_LEN = 64
+MAX_METADATA_VALUE_LEN = 512
 
 
 def depth(value: object, limit: int) -> int:
@@ -67,3 +70,20 @@ def check_generation(stops: tuple[str, ...], choices: int, top_logprobs: int, gr
     if len(grammar) > MAX_GRAMMAR_BYTES:
         raise BadRequest(f"the request's grammar (its tools, schema or format) compiles to {len(grammar)} bytes; "
                          f"the limit is {MAX_GRAMMAR_BYTES}", param="response_format")
+
+
+def check_metadata(value: object, param: str = "metadata") -> dict[str, str]:
+    """Metadata a client attaches to what it stores: string keys and values, bounded."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise BadRequest(f"{param} must be an object of strings", param=param)
+    if len(value) > MAX_METADATA_KEYS:
+        raise BadRequest(f"{param} may have at most {MAX_METADATA_KEYS} keys, not {len(value)}", param=param)
+    for k, v in value.items():
+        if len(k) > MAX_METADATA_KEY_LEN:
+            raise BadRequest(f"{param} keys are at most {MAX_METADATA_KEY_LEN} characters", param=param)
+        if not isinstance(v, str) or len(v) > MAX_METADATA_VALUE_LEN:
+            raise BadRequest(f"{param} values are strings of at most {MAX_METADATA_VALUE_LEN} characters",
+                             param=f"{param}.{k}")
+    return dict(value)

@@ -3,7 +3,9 @@ function_call, function_call_output), `instructions`, `previous_response_id` cha
 function `tools` and `tool_choice`, `text.format` (text / json_object / json_schema),
 `store` (stored responses live in the session store, beside the request's session, and
 survive a restart), streaming with the documented event sequence and `sequence_number`s,
-GET / DELETE / input_items. The stream's event builder is api/response_events.py."""
+`metadata`, `seed`, `background` (api/response_background.py: poll, cancel, stream from a
+sequence number), GET / DELETE / input_items (paged). The stream's event builder is
+api/response_events.py."""
 
 from __future__ import annotations
 
@@ -18,10 +20,12 @@ from fastapi import FastAPI, Request
 
 from ..errors import BadRequest, SuperfluidError
 from ..ids import new_id
+from ..limits import check_metadata
 from ..request import FinishReason, GenRequest, SamplingParams
 from . import resume
 from .policy import may_see, owner_of
 from .prompt import chat_prompt, response_format_grammar, template_options
+from .response_background import Background, starting_after
 from .response_events import events, output_items
 from .schema import number_in
 from .streams import collect, raise_first_error, sse
@@ -188,20 +192,28 @@ async def record_of(store: ResponseStore, previous: str | None, new_items: list[
     return {"conversation": history + new_items, "input_items": new_items}
 
 
-async def finish(store: ResponseStore, base: dict, record: dict, session: str | None, text: str, reasoning: str,
-                 calls: list, c) -> dict:
-    """The finished response (stored unless the request said store: false)."""
+def _status(finish) -> str:
+    if finish == FinishReason.LENGTH:
+        return "incomplete"
+    return "cancelled" if finish in (FinishReason.CANCELLED, FinishReason.DROPPED) else "completed"
+
+
+async def finish(store: ResponseStore | None, base: dict, record: dict, session: str | None, text: str,
+                 reasoning: str, calls: list, c) -> dict:
+    """The finished response, stored unless the request said store: false (or `store` is
+    None: a background response's replay, whose task stores it)."""
     rid = base["id"]
-    cut = c.finish == FinishReason.LENGTH
-    resp = {**base, "status": "incomplete" if cut else "completed",
+    status = _status(c.finish)
+    cut = status == "incomplete"
+    resp = {**base, "status": status,
             "incomplete_details": {"reason": "max_output_tokens"} if cut else None, "error": None,
             "output": output_items(rid, text, reasoning, calls),
             "usage": {"input_tokens": c.prompt_tokens,
                       "input_tokens_details": {"cached_tokens": c.cached_tokens},
                       "output_tokens": c.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
                       "total_tokens": c.prompt_tokens + c.completion_tokens}}
-    if base["store"]:
-        await store.put({**record, "response": resp}, session)
+    if base["store"] and store is not None:
+        await store.put({**record, "session": session, "response": resp}, session)
     return resp
 
 
@@ -210,6 +222,8 @@ def _replay(store: ResponseStore):
         base = p["base"]
 
         async def finished(text: str, reasoning: str, calls: list, c) -> dict:
+            if base.get("background"):  # its task stores it
+                return await finish(None, base, {}, sid, text, reasoning, calls, c)
             record = await record_of(store, base.get("previous_response_id"), list(p.get("input_items") or []))
             return await finish(store, base, record, sid, text, reasoning, calls, c)
         return events(base, chunks, finished, sid)
@@ -218,20 +232,34 @@ def _replay(store: ResponseStore):
 
 def add_routes(app: FastAPI, models, qos_for, body_of, store: ResponseStore) -> None:
     resume.register("responses", _replay(store))
+    bg = Background(models.sessions, store)
 
     @app.post("/v1/responses")
     async def create(request: Request):
         body = await body_of(request)
-        if not isinstance(body.get("model"), str):
+        previous = body.get("previous_response_id")
+        if previous:
+            await store.visible(str(previous), request)
+        model = body.get("model")
+        if model is None and previous:  # a continued conversation stays with its model
+            model = (await store.get(str(previous)))["response"]["model"]
+        if not isinstance(model, str):
             raise BadRequest("missing required parameter: 'model'", param="model")
+        background, stored = body.get("background", False), body.get("store", True) is not False
+        if not isinstance(background, bool) and background is not None:
+            raise BadRequest("background must be a boolean", param="background")
+        if background and not stored:
+            raise BadRequest("a background response must be stored: background needs store: true", param="background")
+        metadata = check_metadata(body.get("metadata"))
+        seed = body.get("seed")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise BadRequest("seed must be an integer", param="seed")
         text_opts = body.get("text") if isinstance(body.get("text"), dict) else {}
         grammar = response_format_grammar(text_opts.get("format"), "text.format")
         new_items = input_items(body.get("input"))
-        if body.get("previous_response_id"):
-            await store.visible(str(body["previous_response_id"]), request)
-        record = await record_of(store, body.get("previous_response_id"), new_items)
+        record = await record_of(store, previous, new_items)
         conversation = record["conversation"]
-        eng = await models.get(body["model"])
+        eng = await models.get(model)
         msgs = turns(conversation)
         if body.get("instructions"):
             msgs = [{"role": "system", "content": str(body["instructions"])}] + msgs
@@ -245,16 +273,17 @@ def add_routes(app: FastAPI, models, qos_for, body_of, store: ResponseStore) -> 
         if mt is not None and (isinstance(mt, bool) or not isinstance(mt, int) or mt < 1):
             raise BadRequest("max_output_tokens must be a positive integer", param="max_output_tokens")
         sp = SamplingParams(temperature=number_in(body, "temperature", 0, 2, 1.0, allow_null=True),
-                            top_p=number_in(body, "top_p", 0.001, 1, 1.0, allow_null=True), seed=eng.new_seed(),
+                            top_p=number_in(body, "top_p", 0.001, 1, 1.0, allow_null=True),
+                            seed=eng.new_seed() if seed is None else seed % (1 << 63),
                             grammar=cp.grammar)
         rid = "resp_" + new_id("r").split("-", 1)[1]
         req = GenRequest(rid, cp.prompt, sp, mt or room, (), qos_for(request), channels=cp.channels)
         base = {"id": rid, "object": "response", "created_at": int(time.time()), "model": eng.model_id,
                 "instructions": body.get("instructions"), "previous_response_id": body.get("previous_response_id"),
                 "max_output_tokens": mt, "temperature": sp.temperature, "top_p": sp.top_p,
-                "store": body.get("store", True) is not False, "tools": body.get("tools") or [],
+                "store": stored, "background": bool(background), "tools": body.get("tools") or [],
                 "tool_choice": body.get("tool_choice") or "auto", "parallel_tool_calls": False,
-                "text": {"format": text_opts.get("format") or {"type": "text"}}, "metadata": {}}
+                "text": {"format": text_opts.get("format") or {"type": "text"}}, "metadata": metadata}
         streams = await models.service.submit(eng, [req], cp.bodies, api="responses", owner=owner_of(request),
                                               params={"response_id": rid, "base": base, "input_items": new_items,
                                                       "store": base["store"]})
@@ -262,6 +291,12 @@ def add_routes(app: FastAPI, models, qos_for, body_of, store: ResponseStore) -> 
         async def finished(text: str, reasoning: str, calls: list, c) -> dict:
             return await finish(store, base, record, req.session, text, reasoning, calls, c)
 
+        if background:  # not tied to this connection: a task reads it; the stream reads the log
+            pending = {**base, "output": [], "usage": None, "error": None, "incomplete_details": None}
+            queued = await bg.start({**record, "session": req.session, "response": pending}, streams[0], finished)
+            if body.get("stream"):
+                return sse(await bg.stream(rid, -1), lambda: None, [req])
+            return queued
         if body.get("stream"):
             return sse(events(base, streams[0], finished, req.session), models.service.on_close(eng, [req]), [req])
         choices = await collect(request, streams)
@@ -272,11 +307,21 @@ def add_routes(app: FastAPI, models, qos_for, body_of, store: ResponseStore) -> 
     @app.get("/v1/responses/{rid}")
     async def retrieve(rid: str, request: Request):
         await store.visible(rid, request)
-        return (await store.get(rid))["response"]
+        if request.query_params.get("stream", "false").lower() == "true":
+            after = starting_after(request.query_params.get("starting_after"))
+            return sse(await bg.stream(rid, after), lambda: None, [])
+        return (await bg.current(rid))["response"]
+
+    @app.post("/v1/responses/{rid}/cancel")
+    async def cancel(rid: str, request: Request):
+        await store.visible(rid, request)
+        return await bg.cancel(rid)
 
     @app.delete("/v1/responses/{rid}")
     async def delete(rid: str, request: Request):
         await store.visible(rid, request)
+        if rid in bg.tasks:  # a running background response stops first, or its task would store it again
+            await bg.cancel(rid)
         await store.delete(rid)
         return {"id": rid, "object": "response.deleted", "deleted": True}
 
@@ -285,5 +330,29 @@ def add_routes(app: FastAPI, models, qos_for, body_of, store: ResponseStore) -> 
         await store.visible(rid, request)
         its = [{**it, "id": f"msg_{rid[5:]}_{i}", "status": "completed"}
                for i, it in enumerate((await store.get(rid))["input_items"])]
-        return {"object": "list", "data": its, "first_id": its[0]["id"] if its else None,
-                "last_id": its[-1]["id"] if its else None, "has_more": False}
+        return page(its, request.query_params)
+
+
+def page(items: list[dict], q) -> dict:
+    """A page of a list, as OpenAI pages them: `order` (desc, the default, or asc), `after`
+    (an item id: the page starts past it), `limit` (1 to 100, default 20)."""
+    order = q.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise BadRequest("order must be asc or desc", param="order")
+    try:
+        limit = int(q.get("limit", 20))
+    except ValueError:
+        raise BadRequest("limit must be an integer", param="limit") from None
+    if not 1 <= limit <= 100:
+        raise BadRequest("limit must be between 1 and 100", param="limit")
+    if order == "desc":
+        items = items[::-1]
+    after = q.get("after")
+    if after is not None:
+        at = next((i for i, it in enumerate(items) if it["id"] == after), None)
+        if at is None:
+            raise BadRequest(f"no input item {after!r} in this response", param="after")
+        items = items[at + 1:]
+    data = items[:limit]
+    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None, "has_more": len(items) > limit}
