@@ -111,7 +111,7 @@ class Engine(EngineBase):
     def submit(self, req: GenRequest) -> AsyncIterator[Chunk]:
         """Queue a generation that check() accepted."""
         self.last_used = time.monotonic()
-        out = OutputProcessor(TextStream(self.tokenizer.pieces, self.tokenizer.eog, req.stop), req.channels)
+        out = OutputProcessor(TextStream(self.codec.pieces, self.tokenizer.eog, req.stop), req.channels)
         out.replay(req.history)  # a continued turn (a restart, a failover) picks up where it was
         st = _Stream(req, out)
         self._streams[req.id] = st

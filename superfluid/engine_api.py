@@ -18,7 +18,7 @@ from .request import Chunk, GenRequest, Qos
 if TYPE_CHECKING:
     from .codec.template import ChatTemplate
     from .codec.tokenizer import Tokenizer
-    from .codec.tools import ToolFormat
+    from .codec.dialects import Dialect
     from .config import EngineConfig
     from .runtime.base import ModelInfo
 
@@ -117,7 +117,7 @@ class EngineAPI(Protocol):
     cfg: EngineConfig
     tokenizer: Tokenizer
     template: ChatTemplate
-    tool_format: ToolFormat  # how this model's template writes tool calls
+    tool_format: Dialect  # how this model's template writes tool calls
     reasoning: tuple[str, str] | None  # its reasoning markers, if it reasons
     info: ModelInfo | None
     last_used: float  # monotonic time of its last request (the idle reaper reads it)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from ..codec import grammar as gr
 from ..limits import check_chat
 from ..codec.channels import ChannelSpec, spec_for
-from ..codec.tools import LLAMA3, MISTRAL, render, tool_list
+from ..codec.tools import tool_list
 from ..errors import BadRequest
 from ..session.turns import context_text, prelude
 
@@ -38,20 +38,6 @@ def parse_tool_choice(choice: object, tools: list[dict]) -> tuple[str, str | Non
                      "\"function\": {\"name\": ...}}", param="tool_choice")
 
 
-def _tool_grammar(engine, tools: list[dict], name: str | None) -> str:
-    fmt = engine.tool_format
-    if fmt is LLAMA3:
-        schema = gr.call_schema(tools, name)
-        opts = schema.get("anyOf", [schema])
-        for o in opts:
-            o["properties"]["parameters"] = o["properties"].pop("arguments")
-            o["required"] = ["name", "parameters"]
-        return gr.json_schema(opts[0] if len(opts) == 1 else {"anyOf": opts}, "tool_choice")
-    if fmt is MISTRAL:
-        return gr.tool_call(tools, name, "[TOOL_CALLS][", "]")
-    return gr.tool_call(tools, name, fmt.open + "\n", "\n" + fmt.close)
-
-
 def chat_prompt(engine, messages: list[dict], *, tools: list | None = None, tool_choice: object = None,
                 grammar: str = "", template_kwargs: dict | None = None) -> ChatPrompt:
     check_chat(messages, tools)
@@ -61,13 +47,15 @@ def chat_prompt(engine, messages: list[dict], *, tools: list | None = None, tool
         raise BadRequest("tool_choice requires tools", param="tool_choice")
     use_tools = tools if mode != "none" else []
     fmt = engine.tool_format
-    msgs, extra = render(messages, use_tools, fmt)
+    msgs, extra = fmt.render(messages, use_tools)
     kwargs = {**(template_kwargs or {}), **extra}
     bodies, prompt = prelude(engine, msgs, **kwargs)
     if mode == "required":
-        grammar = _tool_grammar(engine, use_tools, name)
+        grammar = fmt.grammar(use_tools, name)  # one call in the model's dialect
     opener = context_text(engine.tokenizer, list(bodies[-1].span)) if bodies else ""
-    return ChatPrompt(bodies, prompt, spec_for(fmt if use_tools else None, engine.reasoning, opener), grammar)
+    # a structured dialect (Harmony, Functionary, Granite) reads every reply, tools or not
+    return ChatPrompt(bodies, prompt, spec_for(fmt if use_tools or fmt.structured else None, engine.reasoning, opener),
+                      grammar)
 
 
 def response_format_grammar(fmt: object, param: str = "response_format") -> str:

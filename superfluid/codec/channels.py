@@ -1,14 +1,13 @@
 """Generated text split into channels as it streams: reasoning (`<think>...</think>` and
-other markers a template defines), tool calls (codec/tools.py) and the content the user
-sees. Every API maps the channels onto its own shapes."""
+other markers a template defines), tool calls (the model's dialect, codec/dialects/) and the
+content the user sees. Every API maps the channels onto its own shapes."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from ..request import CallDelta
-from . import tools as tool_formats
-from .tools import ToolFormat, ToolStream, _partial_suffix
+from .dialects import BY_NAME, Dialect, Parts
+from .tools import partial_suffix
 
 THINK = ("<think>", "</think>")
 
@@ -18,12 +17,12 @@ class ChannelSpec:
     """How a request's output is split: tool-call format (None: no tools), reasoning
     markers (None: none), and whether the reply starts inside the reasoning (the template's
     opener already wrote the open marker)."""
-    tools: ToolFormat | None = None
+    tools: Dialect | None = None
     reasoning: tuple[str, str] | None = None
     start_in_reasoning: bool = False
 
 
-def spec_for(tools: ToolFormat | None, reasoning: tuple[str, str] | None, opener: str) -> ChannelSpec:
+def spec_for(tools: Dialect | None, reasoning: tuple[str, str] | None, opener: str) -> ChannelSpec:
     """How a reply is split: calls in the tool format (None: no tools), reasoning between the
     template's markers, and whether the reply starts inside the reasoning because the
     assistant-turn opener (its text) already opened it."""
@@ -34,8 +33,7 @@ def spec_from_wire(w: dict | None) -> ChannelSpec | None:
     """A ChannelSpec from its JSON form (a session's params, a fleet GENERATE_REQ)."""
     if not w:
         return None
-    fmt = {f.name: f for f in (tool_formats.HERMES, tool_formats.GENERIC, tool_formats.MISTRAL,
-                               tool_formats.LLAMA3)}.get(w.get("tools") or "")
+    fmt = BY_NAME.get(w.get("tools") or "")
     r = w.get("reasoning")
     return ChannelSpec(fmt, tuple(r) if r else None, bool(w.get("start_in")))  # type: ignore[arg-type]
 
@@ -51,17 +49,10 @@ def reasoning_markers(template_source: str) -> tuple[str, str] | None:
     return THINK if THINK[0] in template_source or THINK[1] in template_source else None
 
 
-@dataclass
-class Parts:
-    content: str = ""
-    reasoning: str = ""
-    calls: list[CallDelta] = field(default_factory=list)
-
-
 class Channels:
     def __init__(self, spec: ChannelSpec):
         self.spec = spec
-        self._tools = ToolStream(spec.tools) if spec.tools is not None else None
+        self._tools = spec.tools.parser() if spec.tools is not None else None
         self._in_reasoning = spec.start_in_reasoning and spec.reasoning is not None
         self._held = ""
         self._strip = False  # newlines right after the close marker are layout, not content
@@ -73,12 +64,12 @@ class Channels:
     @property
     def hidden(self) -> bool:
         """The output is inside reasoning or a tool call now (not content)."""
-        return self._in_reasoning or (self._tools is not None and self._tools._inside)
+        return self._in_reasoning or (self._tools is not None and self._tools.inside)
 
     @property
     def holding(self) -> bool:
         """Text is held back because it may be the start of a marker."""
-        return bool(self._held) or (self._tools is not None and not self._tools._inside and bool(self._tools._buf))
+        return bool(self._held) or (self._tools is not None and self._tools.holding)
 
     @property
     def n_calls(self) -> int:
@@ -113,7 +104,7 @@ class Channels:
             marker = cls if self._in_reasoning else opn
             i = buf.find(marker)
             if i < 0:
-                keep = _partial_suffix(buf, marker)
+                keep = partial_suffix(buf, marker)
                 piece, self._held = buf[:len(buf) - keep], buf[len(buf) - keep:]
                 if self._in_reasoning:
                     parts.reasoning += piece
@@ -135,10 +126,7 @@ class Channels:
         if self._tools is None:
             parts.content += text
             return
-        c, calls = self._tools.feed(text) if text else ("", [])
-        parts.content += c
-        parts.calls += calls
+        if text:
+            parts.add(self._tools.feed(text))
         if final:
-            c, calls = self._tools.finish()
-            parts.content += c
-            parts.calls += calls
+            parts.add(self._tools.finish())

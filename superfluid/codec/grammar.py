@@ -55,10 +55,23 @@ def call_schema(tools: list[dict], name: str | None = None) -> dict:
     return options[0] if len(options) == 1 else {"anyOf": options}
 
 
+def json_rule(schema: dict) -> str:
+    """A lark rule body: one JSON value that matches schema, laid out as JSON_OPTIONS says."""
+    return (f"%json {{\"x-guidance\": {json.dumps(JSON_OPTIONS)}, "
+            f"\"allOf\": [{json.dumps(schema, separators=(',', ':'), ensure_ascii=False)}]}}")
+
+
+def lit(text: str) -> str:
+    """A lark string literal."""
+    return json.dumps(text, ensure_ascii=False)
+
+
+def lark(text: str, param: str = "tool_choice") -> str:
+    """A grammar from lark rules (the dialects' call grammars), checked before anything runs."""
+    return _checked(LLMatcher.grammar_from_lark("%llguidance {}\n" + text), param)
+
+
 def tool_call(tools: list[dict], name: str | None, open_tag: str, close_tag: str) -> str:
-    """Exactly one call wrapped in the template's markers (Hermes: <tool_call>...</tool_call>)."""
-    schema = json.dumps(call_schema(tools, name), separators=(",", ":"))
-    opts = json.dumps(JSON_OPTIONS)
-    lark = (f"%llguidance {{}}\nstart: {json.dumps(open_tag)} call {json.dumps(close_tag)}\n"
-            f"call: %json {{\"x-guidance\": {opts}, \"allOf\": [{schema}]}}\n")
-    return _checked(LLMatcher.grammar_from_lark(lark), "tool_choice")
+    """Exactly one JSON call {"name", "arguments"} wrapped in markers (Hermes: <tool_call>...</tool_call>)."""
+    return lark(f"start: {lit(open_tag)} call {lit(close_tag)}\n"
+                f"call: {json_rule(call_schema(tools, name))}\n")

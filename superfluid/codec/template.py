@@ -44,5 +44,7 @@ class ChatTemplate:
                                   bos_token=self._bos, eos_token=self._eos, **extra)
         except BadRequest:
             raise
-        except jinja2.TemplateError as e:
-            raise BadRequest(f"chat template failed: {e}") from e
+        except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
+            # a template that trips over a message it did not expect (content null where it
+            # concatenates strings, a missing key) is the request's shape, not a server fault
+            raise BadRequest(f"chat template failed: {type(e).__name__}: {e}") from e

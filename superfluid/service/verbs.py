@@ -148,7 +148,8 @@ def _channels(engine, st, opener: tuple[int, ...] | None) -> ChannelSpec | None:
         e = next((e for e in reversed(st.entries) if e.kind == "generation_prompt"), None)
         opener = tuple(st.tokens[e.start:e.start + e.n]) if e is not None else ()
     text = context_text(engine.tokenizer, list(opener))
-    return spec_for(engine.tool_format if st.params.get("tools") else None, engine.reasoning, text)
+    fmt = engine.tool_format
+    return spec_for(fmt if st.params.get("tools") or fmt.structured else None, engine.reasoning, text)
 
 
 def sampling_dict(sp: SamplingParams) -> dict:

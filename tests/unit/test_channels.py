@@ -6,7 +6,9 @@ import pytest
 
 from superfluid.codec.channels import THINK, Channels, ChannelSpec
 from superfluid.request import Calls
-from superfluid.codec.tools import GENERIC, HERMES, LLAMA3, MISTRAL, ToolStream, detect, render, tool_list
+from superfluid.codec.dialects import GENERIC, HERMES, LLAMA3, MISTRAL, detect
+from superfluid.codec.dialects.hermes import ToolStream
+from superfluid.codec.tools import tool_list
 
 
 def run(fmt, text, step=1, reasoning=None, start_in=False):
@@ -89,16 +91,16 @@ def test_rendering_for_a_template_without_tools():
             {"role": "assistant", "content": None,
              "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}]},
             {"role": "tool", "tool_call_id": "c1", "content": "42"}]
-    out, extra = render(msgs, tools, GENERIC)
+    out, extra = GENERIC.render(msgs, tools)
     assert extra == {}
     assert out[0]["role"] == "system" and "<tools>" in out[0]["content"] and '"name": "f"' in out[0]["content"]
     assert out[2] == {"role": "assistant", "content": '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'}
     assert out[3] == {"role": "user", "content": "<tool_response>\n42\n</tool_response>"}
-    out, extra = render(msgs, tools, HERMES)
+    out, extra = HERMES.render(msgs, tools)
     assert extra == {"tools": tools} and out[1]["tool_calls"][0]["function"]["arguments"] == {"a": 1}
 
 
 def test_tool_stream_counts():
-    s = ToolStream(HERMES)
+    s = ToolStream()
     s.feed('<tool_call>{"name": "f", "arguments": {}}</tool_call>')
     assert s.calls == 1

@@ -12,7 +12,7 @@ from superfluid.api import anthropic, ollama, responses, streams  # noqa: F401 -
 from superfluid.codec.channels import THINK, ChannelSpec
 from superfluid.codec.detok import TextStream
 from superfluid.codec.output import OutputProcessor
-from superfluid.codec.tools import GENERIC
+from superfluid.codec.dialects import GENERIC
 from superfluid.request import CallDelta, Calls, Chunk, FinishReason, TokenLogprob
 
 SID = "sess-test"
