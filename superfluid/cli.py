@@ -54,6 +54,13 @@ def _class_lanes(s: str) -> tuple[tuple[int, int], ...]:
 
 
 def _engine_flags(s: argparse.ArgumentParser) -> None:
+def _tool_dialect(s: str) -> str:
+    from .codec.dialects import names
+    if s not in names():
+        raise argparse.ArgumentTypeError(f"unknown dialect '{s}': use one of {', '.join(names())}")
+    return s
+
+
     """The flags of a model's engine (serve and node serve)."""
     s.add_argument("--max-batch", type=_positive, default=8, help="lanes: sequences decoded together (default 8)")
     s.add_argument("--max-queue", type=_positive, default=512, help="generations a model keeps waiting for a lane; more get 503 queue_full with Retry-After (default 512)")
@@ -65,6 +72,7 @@ def _engine_flags(s: argparse.ArgumentParser) -> None:
     s.add_argument("--kv-slots", type=_positive, help="KV sequences in the worker (default 2 x --max-batch); slots beyond the lanes keep finished and preempted prefixes warm")
     s.add_argument("--class-lanes", type=_class_lanes, default=(), metavar="CLASS=N,...", help="most lanes a class may hold, e.g. background=2,agent=6")
     s.add_argument("--aging-steps", type=_positive, default=256, help="a waiting job rises one class every N steps (default 256)")
+    s.add_argument("--tool-dialect", type=_tool_dialect, metavar="NAME", help="how the model writes tool calls: hermes, qwen3_coder, llama3, mistral, deepseek, deepseek_v3_1, harmony, granite, gemma, functionary or generic (default: detected from the chat template; docs/tools.md)")
     s.add_argument("--step-ms", type=_positive, default=250, help="prefill chunks are sized so a step takes about this long (default 250)")
     s.add_argument("--pooling", choices=("mean", "cls", "last"), help="embeddings from a GGUF: how token states become one vector (default: what the GGUF declares, else mean)")
     s.add_argument("--matryoshka", action="store_true", help="the model was trained for shortened embeddings: requests may ask for fewer dimensions")
@@ -202,6 +210,7 @@ def _engine_config(args: argparse.Namespace, src) -> EngineConfig | int:
                         matryoshka=args.matryoshka, **_kv_disk(args))
 
 
+                        tool_dialect=args.tool_dialect,
 def _kv_disk(args: argparse.Namespace) -> dict:
     """The disk tier's directory and cap (none with --kv-disk off)."""
     if getattr(args, "kv_disk", "off") == "off":

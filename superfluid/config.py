@@ -37,6 +37,7 @@ class EngineConfig:
     aging_steps: int = 256  # a waiting job rises one QoS class every this many steps
     step_target_s: float = 0.25  # prefill chunks are sized so a step takes about this long
     chat_template: str | None = None  # a jinja chat template used instead of the models' own
+    tool_dialect: str | None = None  # the tool-call dialect (codec/dialects/) instead of the detected one
     runtime: str = "llamacpp"  # the worker's runtime: llamacpp, transformers, or pipeline (over stages)
     stages: tuple = ()  # pipeline: the stage nodes (host, port), in layer order
     stage_spares: tuple = ()  # pipeline: stage nodes that take the place of a lost one

@@ -34,7 +34,7 @@ class EngineBase:
     def __init__(self, cfg: EngineConfig, tokenizer: Tokenizer, log: SessionLog | None = None):
         self.cfg = cfg
         self.model_id = cfg.model_id
-        self.codec = Codec.of(tokenizer, cfg.chat_template)
+        self.codec = Codec.of(tokenizer, cfg.chat_template, cfg.tool_dialect)
         self.tokenizer = tokenizer
         self.template = self.codec.template
         self.tool_format = self.codec.tool_format
