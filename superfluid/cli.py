@@ -53,7 +53,6 @@ def _class_lanes(s: str) -> tuple[tuple[int, int], ...]:
     return tuple(out)
 
 
-def _engine_flags(s: argparse.ArgumentParser) -> None:
 def _tool_dialect(s: str) -> str:
     from .codec.dialects import names
     if s not in names():
@@ -61,6 +60,7 @@ def _tool_dialect(s: str) -> str:
     return s
 
 
+def _engine_flags(s: argparse.ArgumentParser) -> None:
     """The flags of a model's engine (serve and node serve)."""
     s.add_argument("--max-batch", type=_positive, default=8, help="lanes: sequences decoded together (default 8)")
     s.add_argument("--max-queue", type=_positive, default=512, help="generations a model keeps waiting for a lane; more get 503 queue_full with Retry-After (default 512)")
@@ -69,10 +69,10 @@ def _tool_dialect(s: str) -> str:
     s.add_argument("--runtime", choices=("llamacpp", "transformers"), help="the inference runtime: llama.cpp on a GGUF, or transformers (PyTorch; needs superfluid[hf]) on a Hugging Face folder or a GGUF converted once to one under the home (default: llamacpp for a GGUF, transformers for a folder)")
     s.add_argument("--step-tokens", type=_positive, default=256, help="token budget of one step: decodes plus prefill chunks (default 256)")
     s.add_argument("--chat-template-file", metavar="FILE", help="a jinja chat template to use instead of the model's own (tool and reasoning markers are read from it)")
+    s.add_argument("--tool-dialect", type=_tool_dialect, metavar="NAME", help="how the model writes tool calls: hermes, qwen3_coder, llama3, mistral, deepseek, deepseek_v3_1, harmony, granite, gemma, functionary or generic (default: detected from the chat template; docs/tools.md)")
     s.add_argument("--kv-slots", type=_positive, help="KV sequences in the worker (default 2 x --max-batch); slots beyond the lanes keep finished and preempted prefixes warm")
     s.add_argument("--class-lanes", type=_class_lanes, default=(), metavar="CLASS=N,...", help="most lanes a class may hold, e.g. background=2,agent=6")
     s.add_argument("--aging-steps", type=_positive, default=256, help="a waiting job rises one class every N steps (default 256)")
-    s.add_argument("--tool-dialect", type=_tool_dialect, metavar="NAME", help="how the model writes tool calls: hermes, qwen3_coder, llama3, mistral, deepseek, deepseek_v3_1, harmony, granite, gemma, functionary or generic (default: detected from the chat template; docs/tools.md)")
     s.add_argument("--step-ms", type=_positive, default=250, help="prefill chunks are sized so a step takes about this long (default 250)")
     s.add_argument("--pooling", choices=("mean", "cls", "last"), help="embeddings from a GGUF: how token states become one vector (default: what the GGUF declares, else mean)")
     s.add_argument("--matryoshka", action="store_true", help="the model was trained for shortened embeddings: requests may ask for fewer dimensions")
@@ -206,11 +206,11 @@ def _engine_config(args: argparse.Namespace, src) -> EngineConfig | int:
                         max_context=args.max_context, threads=args.threads, step_tokens=step_tokens,
                         kv_slots=args.kv_slots, class_lanes=args.class_lanes,
                         aging_steps=args.aging_steps, step_target_s=args.step_ms / 1000, chat_template=template,
+                        tool_dialect=args.tool_dialect,
                         runtime=args.runtime or default_runtime(src.path), pooling=args.pooling,
                         matryoshka=args.matryoshka, **_kv_disk(args))
 
 
-                        tool_dialect=args.tool_dialect,
 def _kv_disk(args: argparse.Namespace) -> dict:
     """The disk tier's directory and cap (none with --kv-disk off)."""
     if getattr(args, "kv_disk", "off") == "off":
