@@ -234,3 +234,40 @@ def test_plain_text_with_a_harmony_or_functionary_template_is_content():
         ch = Channels(ChannelSpec(BY_NAME[name]))
         p = ch.feed("Hello there, friend.")
         assert p.content + ch.finish().content == "Hello there, friend.", name
+
+
+class _Vocab:
+    """Bytes, then two control tokens that detokenize to nothing (as llama.cpp's do)."""
+    SPECIAL = {"[TOOL_CALLS]": 256, "</s>": 257}
+
+    def __init__(self, template: str):
+        self.pieces = [bytes([b]) for b in range(256)] + [b"", b""]
+        self.chat_template, self.bos, self.eos = template, -1, 257
+
+    def token_text(self, t: int) -> bytes:
+        return self.pieces[t] or next(k for k, v in self.SPECIAL.items() if v == t).encode()
+
+    def encode(self, text: str, *, add_special: bool = False, parse_special: bool = False) -> list[int]:
+        if parse_special and text in self.SPECIAL:
+            return [self.SPECIAL[text]]
+        return list(text.encode())
+
+
+def test_the_codec_names_the_dialects_control_tokens_in_replies():
+    from superfluid.codec.model import Codec
+    codec = Codec.of(_Vocab(template("mistralai-Mistral-Nemo-Instruct-2407")))  # type: ignore[arg-type]
+    assert codec.tool_format.name == "mistral"
+    assert codec.pieces[256] == b"[TOOL_CALLS]" and codec.pieces[257] == b""  # only the dialect's markers
+    assert codec.pieces[:256] == [bytes([b]) for b in range(256)]
+    plain = Codec.of(_Vocab(CHATML))  # type: ignore[arg-type]
+    assert plain.tool_format.name == "generic" and plain.pieces[256] == b""
+
+
+def test_a_named_dialect_overrides_the_detected_one():
+    from superfluid.codec.model import Codec
+    codec = Codec.of(_Vocab(template("Qwen-Qwen3-0.6B")), tool_dialect="qwen3_coder")  # type: ignore[arg-type]
+    assert codec.tool_format.name == "qwen3_coder" and codec.reasoning == THINK
+    harmony = Codec.of(_Vocab(template("openai-gpt-oss-120b")))  # type: ignore[arg-type]
+    assert harmony.tool_format.name == "harmony" and harmony.reasoning is None  # its reader splits the analysis
+    with pytest.raises(BadRequest):
+        Codec.of(_Vocab(CHATML), tool_dialect="klingon")  # type: ignore[arg-type]
