@@ -13,6 +13,7 @@ from .config import DEFAULT_HOST, DEFAULT_PORT, EngineConfig, ServeConfig, defau
 from .monitor.logs import setup_logging
 from .net import is_loopback_host
 from .api.policy import KeyPolicy, PolicyError, load_policies
+from .llama_flags import add_flags as add_llama_flags, apply_flags as apply_llama_flags
 from .errors import ModelLoadError, SuperfluidError
 from .request import Qos
 
@@ -120,6 +121,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--fleet-local", action="store_true", help="this head also serves its default model as one of the fleet's nodes")
     s.add_argument("--no-mdns", action="store_true", help="do not advertise --fleet-listen on mDNS (_superfluid-fleet._tcp)")
     s.add_argument("--drain-timeout", type=float, default=300.0, help="on SIGUSR1 (superfluid stop --drain): seconds running requests get to finish (default 300)")
+    add_llama_flags(s)
     fl = sub.add_parser("fleet", help="fleet tools")
     fl_sub = fl.add_subparsers(dest="fleet_command", required=True)
     fl_sub.add_parser("token", help="create <home>/fleet/token (mode 0600) unless it exists, and print it")
@@ -229,6 +231,10 @@ def _serve(args: argparse.Namespace) -> int:
     from .daemon import listen_socket, open_store, run
     from .runtime.registry import resolve
 
+    problem = apply_llama_flags(args)
+    if problem:
+        print(f"superfluid: {problem}", file=sys.stderr)
+        return 2
     try:
         paths = ([args.model] if args.model else []) + args.models
         sources = [resolve(p) for p in paths] if paths else [resolve(None)]
@@ -266,7 +272,8 @@ def _serve(args: argparse.Namespace) -> int:
                       args.fleet_listen, args.fleet_local, not args.no_mdns, embedding_model=embedding,
                       ui=not args.no_ui,
                       cors_origins=tuple(o.strip() for o in args.cors_origins.split(",") if o.strip()),
-                      allow_model_paths=args.allow_model_paths)
+                      allow_model_paths=args.allow_model_paths, aliases=tuple(args.aliases),
+                      strict_models=args.strict_models)
     if args.fleet_local and not (args.fleet or args.fleet_listen):
         print("superfluid: --fleet-local needs --fleet or --fleet-listen (a head with other nodes)", file=sys.stderr)
         return 2

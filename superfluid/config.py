@@ -84,3 +84,5 @@ class ServeConfig:
     embedding_model: str | None = None  # the model id embedding requests without a model go to
     cors_origins: tuple[str, ...] = ()  # browser origins let in besides this machine's own pages
     allow_model_paths: bool = False  # an admin key may load a model file by its path
+    aliases: tuple = ()  # --alias: (name, model id or None for the default model)
+    strict_models: bool = False  # a model name we do not serve is a 404 even when one model is served

@@ -149,6 +149,9 @@ async def serve(cfg: ServeConfig, sock: socket.socket, store: Store) -> None:
         models.add(src)
     if cfg.model_dir:
         models.add_dir(cfg.model_dir)
+    models.strict = cfg.strict_models
+    for name, target in cfg.aliases:
+        models.alias(name, target)
     try:
         for src in cfg.models:  # the default and every --model: loaded now; --model-dir ones on demand
             await models.load(src.id)

@@ -45,6 +45,8 @@ class Models:
         self.embedding: str | None = None  # where embedding requests that name no model go
         self.announce = False  # log loads once the server is up (the banner covers the first ones)
         self.keep_alive: dict[str, float] = {}  # idle seconds a client asked a loaded model to stay (inf: forever)
+        self.aliases: dict[str, str] = {}  # --alias: a name (lower case) -> the id it stands for
+        self.strict = False  # --strict-models: a name we do not serve is a 404 even with one model
         self._lock = asyncio.Lock()
 
     def add(self, src: ModelSource) -> str:
@@ -62,18 +64,38 @@ class Models:
             raise ModelLoadError(f"--model-dir {directory} is not a directory")
         return [self.add(resolve(str(p))) for p in sorted(d.glob("*.gguf"))]
 
-    def resolve_id(self, model: str | None) -> str:
+    def alias(self, name: str, target: str | None = None) -> None:
+        """--alias: `name` stands for the model `target` (None: the default model)."""
+        try:
+            mid = self.resolve_id(target)
+        except ModelNotFound:
+            raise ModelLoadError(f"--alias {name}={target}: no model served is named {target}") from None
+        if any(name.lower() == m.lower() for m in self.sources) and name.lower() != mid.lower():
+            raise ModelLoadError(f"--alias {name}: a served model already has that name")
+        self.aliases[name.lower()] = mid
+
+    def resolve_id(self, model: str | None, *, fallback: bool = False) -> str:
+        """The id of the model a name stands for: None is the default model, then ids and
+        --alias names (any case). With `fallback` (a generation or embedding request), a name we
+        do not serve is answered by the one model served, as llama-server does (clients
+        hard-code names such as gpt-3.5-turbo), unless --strict-models."""
         if model is None:
             assert self.default is not None
             return self.default
         for mid in self.sources:
             if model == mid or model.lower() == mid.lower():
                 return mid
+        target = self.aliases.get(model.lower())
+        if target is not None and target in self.sources:
+            return target
+        if fallback and not self.strict and len(self.sources) == 1 and self.default is not None:
+            return self.default
         raise ModelNotFound(f"The model '{model}' does not exist; this server has: {', '.join(self.sources)}",
                             param="model")
 
     async def get(self, model: str | None) -> EngineAPI:
-        mid = self.resolve_id(model)
+        """The engine that answers a request naming `model` (loaded on demand)."""
+        mid = self.resolve_id(model, fallback=True)
         eng = self.engines.get(mid)
         if eng is None:
             return await self.load(mid)

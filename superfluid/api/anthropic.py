@@ -348,8 +348,8 @@ def add_routes(app: FastAPI, models, qos_for, body_of) -> None:
         return {"input_tokens": len((await asyncio.to_thread(chat_prompt, eng, body)).prompt)}
 
 
-def _model(body: dict) -> str:
+def _model(body: dict) -> str | None:
     m = body.get("model")
-    if not isinstance(m, str):
-        raise BadRequest("model: a string is required", param="model")
-    return m
+    if m is not None and not isinstance(m, str):
+        raise BadRequest("model must be a string", param="model")
+    return m  # None: the default model

@@ -276,14 +276,14 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
 
     async def _generate(request: Request, body: dict, *, chat: bool):
         t0 = time.monotonic()
-        if not isinstance(body.get("model"), str):
-            raise BadRequest("missing required parameter: 'model'", param="model")
+        if body.get("model") is not None and not isinstance(body.get("model"), str):  # None: the default model
+            raise BadRequest("model must be a string", param="model")
         ka = keep_alive.parse(body.get("keep_alive"))
         key = "message" if chat else "response"
         empty = {"role": "assistant", "content": ""} if chat else ""
         msgs = body.get("messages") or []
         if (chat and not msgs) or (not chat and not body.get("prompt")):
-            mid = models.resolve_id(body["model"])
+            mid = models.resolve_id(body.get("model"))
             if ka == 0 and mid != models.default:  # Ollama's way to unload a model
                 if not keep_alive.may_change(request):
                     raise Forbidden("only an admin key may unload a model")
@@ -295,7 +295,7 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
             eng = await models.get(mid)  # loads it (the default model stays loaded whatever keep_alive says)
             keep_alive.apply(request, models, eng.model_id, ka)
             return {"model": eng.model_id, "created_at": _now(), key: empty, "done": True, "done_reason": "load"}
-        eng = await models.get(body["model"])
+        eng = await models.get(body.get("model"))
         refuse_unsupported(body)
         g = format_grammar(body.get("format"))
         think = body.get("think")

@@ -243,8 +243,8 @@ def add_routes(app: FastAPI, models, qos_for, body_of, store: ResponseStore) -> 
         model = body.get("model")
         if model is None and previous:  # a continued conversation stays with its model
             model = (await store.get(str(previous)))["response"]["model"]
-        if not isinstance(model, str):
-            raise BadRequest("missing required parameter: 'model'", param="model")
+        if model is not None and not isinstance(model, str):  # None: the default model
+            raise BadRequest("model must be a string", param="model")
         background, stored = body.get("background", False), body.get("store", True) is not False
         if not isinstance(background, bool) and background is not None:
             raise BadRequest("background must be a boolean", param="background")

@@ -51,7 +51,7 @@ Stop = Union[str, Annotated[list[str], Field(max_length=16)], None]
 
 
 class Sampling(_Body):
-    model: str
+    model: str | None = None  # None: the default model (as llama-server and vLLM allow)
     stream: bool = False
     max_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0, le=2)
@@ -91,6 +91,7 @@ class TokenizeRequest(_Body):
     model: str | None = None
     content: str
     add_special: bool = False
+    parse_special: bool = True  # llama-server's: special tokens' text becomes those tokens
     with_pieces: bool = False
 
 

@@ -11,7 +11,7 @@ SECRET = "The password is swordfish-42"
 
 
 def test_access_log_lines():
-    d = Daemon("--log-format", "json", max_batch=2, max_context=512)
+    d = Daemon("--log-format", "json", "--strict-models", max_batch=2, max_context=512)
     try:
         body = {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": SECRET}]}
         assert httpx.post(d.url + "/v1/chat/completions", json=body, timeout=60).status_code == 200

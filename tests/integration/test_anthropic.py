@@ -54,8 +54,9 @@ def test_count_tokens(ac):
 
 
 def test_errors_have_the_anthropic_shape(daemon, ac):
-    with pytest.raises(anthropic.NotFoundError):
-        ac.messages.create(model="claude-nope", max_tokens=5, messages=[{"role": "user", "content": "x"}])
+    r = httpx.post(daemon.url + "/v1/messages", json={"model": 5, "max_tokens": 5,
+                                                      "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
     r = httpx.post(daemon.url + "/v1/messages", json={"model": MODEL, "messages": [{"role": "user", "content": "x"}]})
     assert r.status_code == 400
     assert r.json()["type"] == "error" and r.json()["error"]["type"] == "invalid_request_error"

@@ -24,7 +24,7 @@ BODY = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content"
 def d(tmp_path_factory):
     p = tmp_path_factory.mktemp("policy") / "keys.json"
     p.write_text(json.dumps(POLICY))
-    daemon = Daemon("--api-key", "sk-admin-key", "--key-policy", str(p), "--allow-model-paths",
+    daemon = Daemon("--api-key", "sk-admin-key", "--key-policy", str(p), "--allow-model-paths", "--strict-models",
                     max_batch=2, max_context=512)
     yield daemon
     daemon.stop()

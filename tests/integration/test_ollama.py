@@ -57,7 +57,7 @@ def test_preload_and_errors(daemon, oc):
     r = httpx.post(daemon.url + "/api/generate", json={"model": MODEL}).json()
     assert r["done"] and r["done_reason"] == "load"
     with pytest.raises(ollama.ResponseError) as e:
-        oc.chat(model="nope", messages=[{"role": "user", "content": "x"}])
+        oc.show("nope")
     assert e.value.status_code == 404
     with pytest.raises(ollama.ResponseError) as e:
         oc.chat(model=MODEL, messages=[{"role": "user", "content": "x", "images": ["aGk="]}])

@@ -1,0 +1,65 @@
+"""llama-server's common command-line flags, accepted by `superfluid serve` as aliases of its
+own, so `llama-server -m M.gguf -c 4096 -np 4` becomes `superfluid serve -m M.gguf -c 4096
+-np 4` (docs/migrating.md has the whole mapping). Model names: `--alias` and
+`--strict-models`."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def _count(s: str) -> int:
+    """llama-server's counts: a positive number, or 0 / -1 for its default ("auto")."""
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got '{s}'") from None
+    if v < -1:
+        raise argparse.ArgumentTypeError("must be at least -1 (-1 and 0: the default)")
+    return v
+
+
+def _aliases(s: str) -> list[tuple[str, str | None]]:
+    """NAME=ID (NAME stands for the model ID) or NAME (for the default model, as llama-server's
+    -a); comma-separated."""
+    out: list[tuple[str, str | None]] = []
+    for part in filter(None, (p.strip() for p in s.split(","))):
+        name, sep, target = part.partition("=")
+        name, target = name.strip(), target.strip()
+        if not name or (sep and not target):
+            raise argparse.ArgumentTypeError(f"expected NAME or NAME=MODEL_ID, got '{part}'")
+        out.append((name, target or None))
+    if not out:
+        raise argparse.ArgumentTypeError("expected NAME or NAME=MODEL_ID")
+    return out
+
+
+def add_flags(s: argparse.ArgumentParser) -> None:
+    g = s.add_argument_group("llama-server compatibility (docs/migrating.md)")
+    g.add_argument("-m", dest="llama_model", metavar="PATH", help="the model to serve (the positional MODEL)")
+    g.add_argument("-c", "--ctx-size", dest="llama_ctx", type=_count, metavar="N",
+                   help="--max-context: tokens per lane (0: the model's window)")
+    g.add_argument("-np", "--parallel", dest="llama_parallel", type=_count, metavar="N",
+                   help="--max-batch: lanes decoded together (-1: the default)")
+    g.add_argument("-t", dest="llama_threads", type=_count, metavar="N", help="--threads (-1: the default)")
+    g.add_argument("--jinja", action="store_true", help="accepted: the model's own jinja chat template is always used")
+    g.add_argument("-a", "--alias", dest="aliases", type=_aliases, action="append", default=[], metavar="NAME[=ID]",
+                   help="NAME stands for the model ID (default: the default model); repeatable or comma-separated")
+    g.add_argument("--strict-models", action="store_true",
+                   help="a model name this server does not serve is a 404 even when it serves one model "
+                        "(default: that model answers, as llama-server does)")
+
+def apply_flags(args: argparse.Namespace) -> str | None:
+    """Fold the aliases into the flags they stand for; an error line for a contradiction."""
+    if args.llama_model:
+        if args.model and args.model != args.llama_model:
+            return "give the model once: as MODEL or as -m"
+        args.model = args.llama_model
+    if args.llama_ctx and args.llama_ctx > 0:
+        args.max_context = args.llama_ctx
+    if args.llama_parallel and args.llama_parallel > 0:
+        args.max_batch = args.llama_parallel
+    if args.llama_threads and args.llama_threads > 0:
+        args.threads = args.llama_threads
+    args.aliases = [a for group in args.aliases for a in group]
+    return None
