@@ -130,3 +130,10 @@ class EmbeddingUnsupported(BadRequest):
     """The model cannot do what was asked: embed (a model without the runtime support), score
     pairs (not a cross-encoder), or generate (an embedding-only model)."""
     code = "model_not_supported"
+
+
+class NotSupported(SuperfluidError):
+    """A route or option this server knows but does not offer (llama-server's POST /props)."""
+    status = 501
+    type = "not_supported_error"
+    code = "not_supported"

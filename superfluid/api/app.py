@@ -23,7 +23,7 @@ from ..errors import BadRequest, Forbidden, PayloadTooLarge, SuperfluidError
 from ..engine_records import health_row
 from ..ids import new_id
 from ..request import Qos
-from . import anthropic, embeddings, ollama, responses
+from . import anthropic, embeddings, llama, ollama, responses
 from . import sessions as sessions_api
 from . import ui as web_ui
 from . import openai as oa
@@ -133,6 +133,8 @@ def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Q
             resp = ollama.error_response(e.status, e.message)
         elif request.url.path.startswith("/v1/messages"):
             resp = anthropic.error_response(e)
+        elif llama.native(request.url.path):
+            resp = llama.error_response(e)
         else:
             resp = _error(e)
         retry = getattr(e, "retry_after", None)
@@ -175,6 +177,7 @@ def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Q
 
     anthropic.add_routes(app, models, qos, json_body)
     embeddings.add_routes(app, models, qos)
+    llama.add_routes(app, models, qos)
     if models.sessions is not None:
         sessions_api.add_routes(app, models, qos)
     if models.sessions is not None:
@@ -239,10 +242,11 @@ def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Q
         body = parse(TokenizeRequest, await request.body())
         eng = await engine_for(body.model)
         tok = eng.tokenizer
-        ids = tok.encode_prompt(body.content) if body.add_special else tok.encode(body.content, parse_special=True)
+        ids = (tok.encode_prompt(body.content) if body.add_special
+               else tok.encode(body.content, parse_special=body.parse_special))
         out: dict = {"tokens": ids, "count": len(ids), "max_context": eng.n_ctx}
-        if body.with_pieces:
-            out["pieces"] = [tok.token_text(t).decode("utf-8", "replace") for t in ids]
+        if body.with_pieces:  # llama-server's shape: [{id, piece}], a piece that is not UTF-8 as its bytes
+            out["tokens"] = [{"id": t, "piece": llama.piece(tok.token_text(t))} for t in ids]
         return _json(out)
 
     @app.post("/detokenize")
@@ -305,6 +309,7 @@ def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Q
         resp.headers.update(session_header(reqs))
         return resp
 
+    llama.add_unprefixed(app)  # /chat/completions, /completions, /models, as llama-server serves them
     guarded = Guard(BodyLimit(app, max_body), policies=policies or [], loopback_bind=loopback_bind, ip_rpm=ip_rpm,
                     cors_origins=cors_origins)
     if ui:  # the web app at / and /monitor (--no-ui: none)

@@ -178,8 +178,8 @@ def test_completions(client):
 def test_tokenize_roundtrip(daemon):
     r = httpx.post(daemon.url + "/tokenize", json={"content": "Hello world", "with_pieces": True}).json()
     assert r["count"] == len(r["tokens"]) >= 2
-    assert "".join(r["pieces"]) == "Hello world"
-    d = httpx.post(daemon.url + "/detokenize", json={"tokens": r["tokens"]}).json()
+    assert "".join(t["piece"] for t in r["tokens"]) == "Hello world"  # llama-server's [{id, piece}]
+    d = httpx.post(daemon.url + "/detokenize", json={"tokens": [t["id"] for t in r["tokens"]]}).json()
     assert d["content"] == "Hello world"
 
 

@@ -1,0 +1,275 @@
+"""llama-server's own API, so its clients (editors, front-ends, llama.cpp's server tests) keep
+working: POST /completion (whole or SSE), /apply-template, GET /props, /slots (read-only: the
+lanes as slots), its error shape on these routes, and the OpenAI routes without /v1.
+/tokenize and /detokenize are in app.py; /v1/messages/count_tokens in anthropic.py.
+Generation goes through the same service and streams as /v1/completions."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import AsyncIterator
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+from .. import __version__
+from ..errors import BadRequest, NotSupported, QueueFull, SuperfluidError
+from ..ids import new_id
+from ..request import Chunk, FinishReason, GenRequest, TokenLogprob
+from . import openai as oa
+from . import resume
+from .llama_params import DEFAULTS, Options, budget, options, prompt_tokens
+from .policy import owner_of
+from ..session.turns import context_text
+from .schema import ChatCompletionRequest, json_object, parse
+from .sse import cursor, event, tagged
+from .streams import collect, raise_first_error, record, session_header, sse
+
+NATIVE = frozenset({"/completion", "/tokenize", "/detokenize", "/apply-template", "/props", "/slots"})
+UNPREFIXED = ("/v1/chat/completions", "/v1/completions", "/v1/models")  # /embeddings: embeddings.py
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+               404: "not_found_error", 501: "not_supported_error", 503: "unavailable_error"}
+
+
+def _json(obj, status: int = 200) -> Response:
+    return Response(orjson.dumps(obj), status_code=status, media_type="application/json")
+
+
+def native(path: str) -> bool:
+    """A route whose errors take llama-server's shape."""
+    return path in NATIVE or path.startswith("/slots/")
+
+
+def error_body(e: SuperfluidError) -> dict:
+    """llama-server's error: {"error": {"code": HTTP status, "message", "type"}}, plus the
+    parameter at fault."""
+    kind = "exceed_context_size_error" if e.code == "context_length_exceeded" else ERROR_TYPES.get(
+        e.status, "server_error")
+    err: dict = {"code": e.status, "message": e.message, "type": kind}
+    if e.param:
+        err["param"] = e.param
+    return {"error": err}
+
+
+def error_response(e: SuperfluidError) -> Response:
+    return _json(error_body(e), e.status)
+
+
+def stop_type(c: Chunk) -> str:
+    return {FinishReason.END_OF_TURN: "eos", FinishReason.GRAMMAR: "eos", FinishReason.LENGTH: "limit",
+            FinishReason.STOP_SEQUENCE: "word"}.get(c.finish, "none") if c.finish is not None else "none"
+
+
+def timings(c: Chunk, wall_s: float) -> dict:
+    """llama-server's timings from the final chunk: the prompt's time is to the first token."""
+    prompt_n, predicted_n = max(0, c.prompt_tokens - c.cached_tokens), c.completion_tokens
+    prompt_ms = 1e3 * (c.ttft_s if c.ttft_s is not None else wall_s)
+    predicted_ms = max(0.0, 1e3 * wall_s - prompt_ms)
+    return {"cache_n": c.cached_tokens, "prompt_n": prompt_n, "prompt_ms": prompt_ms,
+            "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
+            "prompt_per_second": 1e3 * prompt_n / prompt_ms if prompt_ms > 0 else 0.0,
+            "predicted_n": predicted_n, "predicted_ms": predicted_ms,
+            "predicted_per_token_ms": predicted_ms / predicted_n if predicted_n else 0.0,
+            "predicted_per_second": 1e3 * predicted_n / predicted_ms if predicted_ms > 0 else 0.0}
+
+
+def settings(opts: Options | None, n_ctx: int, model: str, seed: int | None = None) -> dict:
+    """generation_settings (and /props' defaults when `opts` is None)."""
+    sp = opts.sampling if opts else None
+    n_predict = opts.n_predict if opts else -1
+    return {"n_ctx": n_ctx, "n_predict": n_predict, "model": model,
+            "seed": seed if seed is not None else 0xFFFFFFFF,
+            "temperature": sp.temperature if sp else DEFAULTS["temperature"],
+            "top_k": sp.top_k if sp else DEFAULTS["top_k"], "top_p": sp.top_p if sp else DEFAULTS["top_p"],
+            "min_p": sp.min_p if sp else DEFAULTS["min_p"],
+            "repeat_penalty": sp.repeat_penalty if sp else DEFAULTS["repeat_penalty"],
+            "presence_penalty": sp.presence_penalty if sp else 0.0,
+            "frequency_penalty": sp.frequency_penalty if sp else 0.0,
+            "stop": list(opts.stop) if opts else [], "max_tokens": n_predict,
+            "ignore_eos": sp.ignore_eos if sp else False, "stream": opts.stream if opts else True,
+            "n_probs": opts.n_probs if opts else 0, "grammar": sp.grammar if sp else "",
+            "samplers": [s for s in (opts.samplers if opts else ("top_k", "top_p", "min_p", "temperature"))
+                         if s in ("top_k", "top_p", "min_p", "temperature")]}
+
+
+def piece(b: bytes) -> str | list[int]:
+    """A token's text as llama-server's /tokenize gives it: a string, or its bytes when they
+    are not UTF-8 on their own."""
+    try:
+        return b.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(b)
+
+
+def probs(lps: list[TokenLogprob]) -> list[dict]:
+    def one(tok: int, text: bytes, lp: float) -> dict:
+        return {"id": tok, "token": text.decode("utf-8", "replace"), "bytes": list(text), "logprob": lp}
+    return [{**one(p.token, p.text, p.logprob), "top_logprobs": [one(*t) for t in p.top]} for p in lps]
+
+
+def _fields(out: dict, fields: tuple[str, ...]) -> dict:
+    """response_fields: only these, "a/b" lifted out of "a" under the name "b"."""
+    if not fields:
+        return out
+    picked: dict = {}
+    for f in fields:
+        head, _, rest = f.partition("/")
+        v = out.get(head)
+        if rest:
+            if isinstance(v, dict) and rest in v:
+                picked[rest] = v[rest]
+        elif head in out:
+            picked[head] = v
+    return picked
+
+
+def final_body(c: Chunk, text: str, tokens: list[int], lps: list[TokenLogprob], *, opts: Options, model: str,
+               n_ctx: int, seed: int, prompt: str, wall_s: float) -> dict:
+    out = {"index": 0, "content": text, "tokens": tokens if opts.return_tokens else [], "id_slot": -1,
+           "stop": True, "model": model, "tokens_predicted": c.completion_tokens,
+           "tokens_evaluated": c.prompt_tokens, "generation_settings": settings(opts, n_ctx, model, seed),
+           "prompt": prompt, "has_new_line": "\n" in text,
+           "truncated": c.finish == FinishReason.LENGTH and c.prompt_tokens + c.completion_tokens >= n_ctx,
+           "stop_type": stop_type(c), "stopping_word": c.stop_sequence or "",
+           "stopped_eos": stop_type(c) == "eos", "stopped_word": stop_type(c) == "word",
+           "stopped_limit": stop_type(c) == "limit", "tokens_cached": c.cached_tokens,
+           "timings": timings(c, wall_s)}
+    if opts.n_probs:
+        out["completion_probabilities"] = probs(lps)
+    return _fields(out, opts.response_fields)
+
+
+async def completion_events(chunks: AsyncIterator[Chunk], session: str | None, final) -> AsyncIterator[bytes]:
+    """/completion's SSE: `data: {content, tokens, stop: false}` per piece, then the final
+    body (`final(last chunk)`, content empty) or an error; no [DONE], as llama-server."""
+    n = 0
+    async for c in chunks:
+        out: list[bytes] = []
+        n += len(c.tokens)
+        if c.text or c.tokens:
+            piece: dict = {"index": 0, "content": c.text, "tokens": c.tokens, "stop": False, "id_slot": -1,
+                           "tokens_predicted": n, "tokens_evaluated": c.prompt_tokens}
+            if c.logprobs:
+                piece["completion_probabilities"] = probs(c.logprobs)
+            out.append(event(piece))
+        if c.finish is not None:
+            out.append(event(error_body(c.error) if c.error is not None else final(c)))
+        for o in tagged(out, cursor(session, c.event_id)):
+            yield o
+        if c.finish is not None:
+            return
+
+
+def _replay(sid: str, p: dict, chunks: AsyncIterator[Chunk]) -> AsyncIterator[bytes]:
+    """A resumed /completion stream (Last-Event-ID): the rest, in the same shape."""
+    def final(c: Chunk) -> dict:
+        return {"index": 0, "content": "", "tokens": [], "stop": True, "model": str(p.get("model") or ""),
+                "tokens_predicted": c.completion_tokens, "tokens_evaluated": c.prompt_tokens,
+                "stop_type": stop_type(c), "stopping_word": c.stop_sequence or ""}
+    return completion_events(chunks, sid, final)
+
+
+resume.register("llama.completion", _replay)
+
+
+def add_routes(app: FastAPI, models, qos_for) -> None:
+    @app.post("/completion")
+    async def completion(request: Request):
+        body = json_object(await request.body())
+        model = body.get("model")
+        if model is not None and not isinstance(model, str):
+            raise BadRequest("model must be a string", param="model")
+        opts = options(body)
+        eng = await models.get(model)
+        prompt = await asyncio.to_thread(prompt_tokens, eng, body.get("prompt", ""))
+        if not prompt:
+            raise BadRequest("the prompt is empty", param="prompt")
+        seed = opts.seed if opts.seed is not None else eng.new_seed()
+        text = context_text(eng.tokenizer, prompt)
+        n_predict = budget(opts.n_predict, len(prompt), eng.n_ctx)
+        if n_predict == 0:  # llama-server: the prompt is only evaluated; nothing to generate here
+            c = Chunk("", finish=FinishReason.LENGTH, prompt_tokens=len(prompt))
+            return _json(final_body(c, "", [], [], opts=opts, model=eng.model_id, n_ctx=eng.n_ctx, seed=seed,
+                                    prompt=text, wall_s=0.0))
+        rid = new_id("cmpl")
+        req = GenRequest(f"{rid}-0", prompt, dataclasses.replace(opts.sampling, seed=seed), n_predict, opts.stop,
+                         qos_for(request))
+        t0 = time.monotonic()
+        streams = await models.service.submit(eng, [req], api="llama.completion", params={
+            "response_id": rid, "model": eng.model_id}, owner=owner_of(request))
+        rec = request.scope.setdefault("state", {}).setdefault("access", {})
+        rec.update(model=eng.model_id, qos=req.qos.name.lower())
+
+        def final(c: Chunk, content: str = "", tokens: list[int] | None = None, lps=()) -> dict:
+            record(rec, [c])
+            return final_body(c, content, tokens or [], list(lps), opts=opts, model=eng.model_id, n_ctx=eng.n_ctx,
+                              seed=seed, prompt=text, wall_s=time.monotonic() - t0)
+
+        if opts.stream:
+            return sse(completion_events(streams[0], req.session, final), models.service.on_close(eng, [req]), [req])
+        toks: list[int] = []
+
+        async def tap(it: AsyncIterator[Chunk]) -> AsyncIterator[Chunk]:
+            async for c in it:
+                toks.extend(c.tokens)
+                yield c
+
+        choices = await collect(request, [tap(streams[0])])
+        raise_first_error(choices)
+        ch = choices[0]
+        assert ch.last is not None
+        resp = _json(final(ch.last, "".join(ch.text), toks, ch.logprobs))
+        resp.headers.update(session_header([req]))
+        return resp
+
+    @app.post("/apply-template")
+    async def apply_template(request: Request):
+        body = parse(ChatCompletionRequest, await request.body())
+        eng = await models.get(body.model)
+        cp = await asyncio.to_thread(oa.chat_prompt, eng, body)
+        return _json({"prompt": context_text(eng.tokenizer, cp.prompt)})
+
+    @app.get("/props")
+    async def props(request: Request):
+        eng = await models.get(request.query_params.get("model"))
+        src = models.sources[eng.model_id]
+        return _json({"default_generation_settings": {**slot(eng, 0, False), "prompt": ""},
+                      "total_slots": eng.cfg.max_batch, "model_path": src.path, "model_alias": eng.model_id,
+                      "chat_template": eng.tokenizer.chat_template or "", "chat_template_caps": {},
+                      "modalities": {"vision": False, "audio": False},
+                      "build_info": f"superfluid {__version__}", "is_sleeping": False})
+
+    @app.post("/props")
+    async def set_props():
+        raise NotSupported("this server does not change its properties at run time (llama-server's --props)")
+
+    @app.get("/slots")
+    async def slots(request: Request):
+        eng = await models.get(request.query_params.get("model"))
+        busy = len(eng.stats().lanes)
+        if request.query_params.get("fail_on_no_slot") in ("1", "true") and busy >= eng.cfg.max_batch:
+            raise QueueFull("no slot available")
+        return _json([slot(eng, i, i < busy) for i in range(eng.cfg.max_batch)])
+
+    @app.post("/slots/{id_slot}")
+    async def slot_action(id_slot: str):
+        raise NotSupported("slots cannot be saved, restored or erased here: the prefix cache keeps "
+                           "prompts warm by itself")
+
+
+def slot(eng, i: int, processing: bool) -> dict:
+    return {"id": i, "id_task": -1, "n_ctx": eng.n_ctx, "speculative": False, "is_processing": processing,
+            "params": settings(None, eng.n_ctx, eng.model_id),
+            "next_token": {"has_next_token": processing, "has_new_line": False, "n_remain": -1,
+                           "n_decoded": 0, "stopping_word": ""}}
+
+
+def add_unprefixed(app: FastAPI) -> None:
+    """The OpenAI routes without /v1, as llama-server serves them (call after they exist)."""
+    for route in list(app.routes):
+        path = getattr(route, "path", "")
+        if path in UNPREFIXED:
+            app.add_api_route(path[3:], route.endpoint, methods=list(route.methods))  # type: ignore[attr-defined]

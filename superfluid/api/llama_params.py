@@ -1,0 +1,160 @@
+"""llama-server's /completion body → the canonical request: its option names and defaults
+(temperature 0.8, top_k 40, top_p 0.95, min_p 0.05, n_predict -1), checked field by field
+(a 400 names the field). Options for samplers we do not have (mirostat, DRY, XTC, typical_p,
+dynamic temperature) and for its slot and cache machinery are accepted and ignored;
+docs/migrating.md lists them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..codec import grammar as gr
+from ..errors import BadRequest, ContextLengthExceeded
+from ..limits import MAX_STOPS, MAX_TOP_LOGPROBS
+from ..request import SamplingParams
+from .prompt import response_format_grammar
+from .schema import number_in
+
+RANDOM_SEEDS = (-1, 0xFFFFFFFF)  # llama-server's "pick a random seed" (LLAMA_DEFAULT_SEED)
+SAMPLER_CHARS = {"k": "top_k", "p": "top_p", "m": "min_p", "t": "temperature", "y": "typ_p", "d": "dry",
+                 "x": "xtc", "e": "penalties", "s": "top_n_sigma"}
+DEFAULT_SAMPLERS = ("penalties", "dry", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")
+MAX_SAMPLERS = 32
+MAX_RESPONSE_FIELDS = 64
+DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "repeat_penalty": 1.0,
+            "presence_penalty": 0.0, "frequency_penalty": 0.0}
+
+
+@dataclass
+class Options:
+    n_predict: int  # -1: until the window is full
+    stream: bool
+    stop: tuple[str, ...]
+    sampling: SamplingParams  # seed 0 when `seed` is None
+    seed: int | None  # None: a random one
+    samplers: tuple[str, ...]
+    n_probs: int
+    return_tokens: bool
+    response_fields: tuple[str, ...]
+
+
+def flag(body: dict, key: str, default: bool = False) -> bool:
+    v = body.get(key, default)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise BadRequest(f"{key} must be true or false", param=key)
+    return v
+
+
+def integer(body: dict, key: str, lo: int, hi: int, default: int) -> int:
+    v = body.get(key, default)
+    if v is None:
+        return default
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise BadRequest(f"{key} must be an integer in [{lo}, {hi}]", param=key)
+    return v
+
+
+def _strings(body: dict, key: str, most: int, longest: int = 256) -> tuple[str, ...]:
+    v = body.get(key)
+    if v is None:
+        return ()
+    items = [v] if isinstance(v, str) else v
+    if not isinstance(items, list) or len(items) > most or not all(isinstance(s, str) for s in items):
+        raise BadRequest(f"{key} must be a string or a list of at most {most} strings", param=key)
+    if any(len(s) > longest for s in items):
+        raise BadRequest(f"{key}: each entry is at most {longest} characters", param=key)
+    return tuple(items)
+
+
+def _samplers(body: dict) -> tuple[str, ...]:
+    v = body.get("samplers")
+    if isinstance(v, str):  # llama-server also takes them as letters ("kpmt")
+        if len(v) > MAX_SAMPLERS or any(ch not in SAMPLER_CHARS for ch in v):
+            raise BadRequest(f"samplers as letters: at most {MAX_SAMPLERS} of {''.join(SAMPLER_CHARS)}",
+                             param="samplers")
+        return tuple(SAMPLER_CHARS[ch] for ch in v)
+    return _strings(body, "samplers", MAX_SAMPLERS, 32) if v is not None else DEFAULT_SAMPLERS
+
+
+def options(body: dict) -> Options:
+    n_predict = integer(body, "n_predict", -1, 1 << 30, integer(body, "max_tokens", -1, 1 << 30, -1))
+    samplers = _samplers(body)
+    temperature = max(0.0, number_in(body, "temperature", -1e6, 100.0, DEFAULTS["temperature"], allow_null=True))
+    top_k = max(0, integer(body, "top_k", -1 << 31, 1 << 31, 40))
+    top_p = number_in(body, "top_p", 0.0, 1.0, DEFAULTS["top_p"], allow_null=True)
+    min_p = number_in(body, "min_p", 0.0, 1.0, DEFAULTS["min_p"], allow_null=True)
+    # a sampler left out of `samplers` is not used (llama-server's rule); their order is ours
+    top_k = top_k if "top_k" in samplers else 0
+    top_p = top_p if "top_p" in samplers else 1.0
+    min_p = min_p if "min_p" in samplers else 0.0
+    if top_p <= 0.0:  # nothing but the likeliest token survives
+        temperature, top_p = 0.0, 1.0
+    repeat = number_in(body, "repeat_penalty", 0.0, 100.0, DEFAULTS["repeat_penalty"], allow_null=True) or 1.0
+    seed = integer(body, "seed", -1, (1 << 64) - 1, -1)
+    n_probs = integer(body, "n_probs", 0, MAX_TOP_LOGPROBS, 0)
+    if integer(body, "n_cmpl", 1, 16, 1) > 1:
+        raise BadRequest("one completion per request: n_cmpl must be 1", param="n_cmpl")
+    bias = body.get("logit_bias")
+    if bias not in (None, [], {}):
+        raise BadRequest("logit_bias is not supported", param="logit_bias")
+    sp = SamplingParams(
+        temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, seed=0,
+        presence_penalty=number_in(body, "presence_penalty", -100.0, 100.0, 0.0, allow_null=True),
+        frequency_penalty=number_in(body, "frequency_penalty", -100.0, 100.0, 0.0, allow_null=True),
+        repeat_penalty=repeat, top_logprobs=n_probs if n_probs > 0 else -1,
+        ignore_eos=flag(body, "ignore_eos"), grammar=_grammar(body))
+    return Options(n_predict=n_predict, stream=flag(body, "stream"), stop=_strings(body, "stop", MAX_STOPS),
+                   sampling=sp, seed=None if seed in RANDOM_SEEDS else seed % (1 << 63), samplers=samplers,
+                   n_probs=n_probs, return_tokens=flag(body, "return_tokens"),
+                   response_fields=_strings(body, "response_fields", MAX_RESPONSE_FIELDS))
+
+
+def _grammar(body: dict) -> str:
+    grammar, schema, fmt = body.get("grammar"), body.get("json_schema"), body.get("response_format")
+    if grammar not in (None, ""):
+        raise BadRequest("GBNF grammars are not supported: use json_schema", param="grammar")
+    if schema is not None:
+        return gr.json_schema(schema, "json_schema")
+    return response_format_grammar(fmt) if fmt is not None else ""
+
+
+def prompt_tokens(eng, prompt: object) -> list[int]:
+    """llama-server's prompt shapes for one prompt: a string, token ids, token ids and strings
+    mixed, or {"prompt_string": ...}. A string first gets the model's BOS (as llama-server)."""
+    if isinstance(prompt, dict):
+        if prompt.get("multimodal_data"):
+            raise BadRequest("this model takes text only: multimodal_data is not supported", param="prompt")
+        prompt = prompt.get("prompt_string")
+    if isinstance(prompt, str):
+        return eng.encode_prompt(prompt)
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list, dict)):
+        return prompt_tokens(eng, prompt[0])
+    if not isinstance(prompt, list) or not prompt or all(isinstance(p, str) for p in prompt):
+        raise BadRequest("prompt must be one string, or one list of token ids and strings (one prompt "
+                         "per request)", param="prompt")
+    out: list[int] = []
+    for i, p in enumerate(prompt):
+        if isinstance(p, str):
+            out += eng.encode_prompt(p) if i == 0 else eng.tokenizer.encode(p, parse_special=True)
+        elif isinstance(p, int) and not isinstance(p, bool):
+            if not eng.tokenizer.valid(p):  # before anything looks the id up
+                raise BadRequest(f"prompt: token id {p} is outside the vocabulary", param="prompt")
+            out.append(p)
+        else:
+            raise BadRequest("prompt: a list holds token ids and strings only (one prompt per request)",
+                             param="prompt")
+    return out
+
+
+def budget(n_predict: int, prompt: int, n_ctx: int) -> int:
+    """Tokens to generate: n_predict, or until the window is full (-1, or more than fits: llama-
+    server stops at the window too)."""
+    if prompt >= n_ctx:
+        raise ContextLengthExceeded(f"the request ({prompt} tokens) exceeds the available context size "
+                                    f"({n_ctx} tokens)", param="prompt")
+    room = n_ctx - prompt
+    return room if n_predict < 0 else min(n_predict, room)
