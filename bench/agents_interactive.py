@@ -5,20 +5,92 @@ header, and against llama-cpp-python's own server (llama_cpp.server) in the same
 
     python bench/agents_interactive.py [--rounds 3] [--doc-words 450] [--no-peer]
 
-Target: chat TTFT <= 1.0 s with the header."""
+Target: chat TTFT <= 1.0 s with the header.
+
+`--srpt` compares shortest remaining work first (sched/srpt.py) on and off
+(SUPERFLUID_SRPT=0), two daemons side by side, rounds alternating between them. The agents
+send no header (the default class, `agent`), as most clients do; per round and daemon:
+- no header: the chat sends none either (the agents' class); every agent runs to its end,
+  and the round reports the chat's TTFT and the agents' total time (start to the last
+  agent's last token);
+- header: the chat sends `x-superfluid-qos: interactive`; agents are cut after its first token.
+Targets (issue 15): no-header chat TTFT <= 2.0 s with SRPT, agents' total within 5% of off."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
+import time
 
 import httpx
-from common import Daemon, Peer, document, stream_ttft
+from common import Daemon, Peer, document, metric, stream_ttft
 
 from superfluid.runtime.registry import resolve
 
 CHAT = [{"role": "user", "content": "Hi! What is a good name for a cat?"}]
+
+
+async def agents_round(url: str, model: str, docs: list[str], chat_headers: dict, max_tokens: int,
+                       finish: bool) -> tuple[float, float]:
+    """(chat TTFT, agents' total seconds: start to the last one's end; nan when cut)."""
+    async with httpx.AsyncClient(base_url=url, timeout=900) as c:
+        t0 = time.perf_counter()
+
+        async def agent(d: str) -> float:
+            await stream_ttft(c, {"model": model, "max_tokens": max_tokens, "temperature": 0,
+                                  "messages": [{"role": "user", "content": f"Summarize this document:\n{d}"}]})
+            return time.perf_counter() - t0
+
+        agents = [asyncio.create_task(agent(d)) for d in docs]
+        await asyncio.sleep(2.0)
+        ttft, _ = await stream_ttft(c, {"model": model, "max_tokens": 16, "temperature": 0, "messages": CHAT},
+                                    chat_headers)
+        total = float("nan")
+        if finish:
+            total = max(await asyncio.gather(*agents))
+        else:
+            for t in agents:
+                t.cancel()
+            await asyncio.gather(*agents, return_exceptions=True)
+    await asyncio.sleep(1.0)
+    return ttft, total
+
+
+def srpt_compare(a: argparse.Namespace, model_id: str, extra: list[str]) -> None:
+    daemons: dict[str, Daemon] = {}
+    try:
+        for name, flag in (("SRPT on", "1"), ("SRPT off", "0")):
+            os.environ["SUPERFLUID_SRPT"] = flag  # the daemon inherits it
+            daemons[name] = Daemon(*extra, max_context=a.ctx, max_batch=a.agents)
+        os.environ.pop("SUPERFLUID_SRPT")
+        res: dict[str, dict[str, list[float]]] = {n: {"plain": [], "total": [], "header": []} for n in daemons}
+        for r in range(a.rounds):
+            for name in (list(daemons) if r % 2 == 0 else list(daemons)[::-1]):
+                d = daemons[name]
+                docs = [document(100 * r + i, a.doc_words) for i in range(a.agents)]
+                ttft, total = asyncio.run(agents_round(d.url, model_id, docs, {}, a.max_tokens, True))
+                res[name]["plain"].append(ttft)
+                res[name]["total"].append(total)
+                docs = [document(100 * r + 50 + i, a.doc_words) for i in range(a.agents)]
+                ttft, _ = asyncio.run(agents_round(d.url, model_id, docs, {"x-superfluid-qos": "interactive"},
+                                                   a.max_tokens, False))
+                res[name]["header"].append(ttft)
+                print(f"round {r + 1} {name}: no-header chat TTFT {res[name]['plain'][-1]:.2f} s, agents' total "
+                      f"{total:.1f} s, interactive chat TTFT {ttft:.2f} s", flush=True)
+        shorts = {n: metric(d.url, "superfluid_short_preemptions_total") for n, d in daemons.items()}
+    finally:
+        for d in daemons.values():
+            d.stop()
+    print(f"{a.agents} agents (no header) x {a.doc_words}-word documents, chat 2 s later; median of {a.rounds} "
+          f"rounds, 1 llama.cpp thread, rounds alternating between the two daemons")
+    for name, r in res.items():
+        print(f"  {name:<9} no-header chat TTFT {statistics.median(r['plain']):7.2f} s   agents' total "
+              f"{statistics.median(r['total']):7.1f} s   interactive chat TTFT {statistics.median(r['header']):6.2f} s"
+              f"   (short preemptions {shorts[name]:.0f})")
+    on, off = (statistics.median(res[n]["total"]) for n in daemons)
+    print(f"  agents' total, on / off: {on / off:.3f}")
 
 
 async def one_round(url: str, model: str, docs: list[str], chat_headers: dict, agent_headers: dict,
@@ -47,9 +119,12 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--ctx", type=int, default=2048)
     ap.add_argument("--no-peer", action="store_true")
+    ap.add_argument("--srpt", action="store_true", help="compare shortest remaining work first on and off")
     a = ap.parse_args()
     src = resolve(a.model)
     extra = [src.path] if a.model else []
+    if a.srpt:
+        return srpt_compare(a, src.id, extra)
     results: dict[str, list[float]] = {"superfluid, interactive header": [], "superfluid, no header": []}
     d = Daemon(*extra, max_context=a.ctx, max_batch=a.agents)
     try:

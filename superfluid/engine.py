@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections import deque
 import time
 from collections.abc import AsyncIterator, Callable
@@ -53,7 +54,10 @@ class Engine(EngineBase):
         self.sched = Scheduler(lanes=cfg.max_batch, n_ctx=n_ctx, step_tokens=cfg.step_tokens,
                                eog=tokenizer.eog, slots=cfg.slots,
                                class_lanes={Qos(q): n for q, n in cfg.class_lanes},
-                               aging_steps=cfg.aging_steps)
+                               aging_steps=cfg.aging_steps,
+                               # shortest remaining work first within a class; SUPERFLUID_SRPT=0 (a
+                               # benchmarking switch) serves a class first come, first served
+                               srpt=os.environ.get("SUPERFLUID_SRPT", "1") != "0")
         self.respawns = 0
         self.meter = RateMeter()  # prefill and decode tokens/s for stats()
         self._token_cost = 0.0  # seconds per token in prefill-heavy steps (EMA)

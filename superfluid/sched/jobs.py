@@ -39,6 +39,10 @@ class Job:
     prior: tuple[int, ...] = ()  # tokens of this turn generated before this job (in the prompt)
     session: str | None = None  # the session it generates for (a pinned session's context stays warm)
     cache: tuple[int, float] | None = None  # a cache hint: (prompt tokens, seconds) to keep warm
+    # shortest remaining work first (sched/srpt.py)
+    warm: int = 0  # prompt tokens a slot held when it was queued: what admission will likely seed
+    mark: int = -1  # progress when a short job last took its lane: not again before it moves past
+    delayed: int = 0  # steps held back by shorter work; at aging_steps no short job passes it
 
     @property
     def context_len(self) -> int:
@@ -85,6 +89,7 @@ class Counters:
     cold_admissions: int = 0
     cached_tokens: int = 0
     preemptions: int = 0
+    short_preemptions: int = 0  # of which: a short job took a lane of its own class (sched/srpt.py)
     evictions: int = 0
     prefill_tokens: int = 0
     decode_tokens: int = 0

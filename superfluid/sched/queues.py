@@ -5,8 +5,8 @@ starves behind a steady stream of better classes."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Protocol
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
 
 from ..request import Qos
 
@@ -45,8 +45,12 @@ class WaitQueue:
     def effective(self, job: Waiter, step: int) -> float:
         return max(0.0, job.qos.rank - (step - job.enqueued_step) // self.aging_steps)
 
-    def ordered(self, step: int) -> list:
-        return sorted(self._jobs.values(), key=lambda j: (self.effective(j, step), j.order))
+    def ordered(self, step: int, first: Callable[[Any], bool] | None = None) -> list:
+        """Waiting jobs in admission order; within an effective class, jobs for which
+        `first` holds (short ones, sched/srpt.py) go before the others."""
+        if first is None:
+            return sorted(self._jobs.values(), key=lambda j: (self.effective(j, step), j.order))
+        return sorted(self._jobs.values(), key=lambda j: (self.effective(j, step), not first(j), j.order))
 
     def __len__(self) -> int:
         return len(self._jobs)

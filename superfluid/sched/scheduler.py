@@ -6,14 +6,15 @@
    free and the job's class is under its lane cap; an interactive or completion job that
    finds every lane busy preempts a lane of the lowest running class strictly below it
    (decoding before prefilling, youngest first), and the victim goes back to the front of
-   its queue with its output as context: its client stream only pauses;
+   its queue with its output as context: its client stream only pauses; a short job may take
+   the lane of a longer one of its class (sched/srpt.py: shortest remaining work first);
 3. seed each admitted job from the longest KV prefix any slot holds (a free slot in place,
    a running one by copy) or the disk tier (sched/tiers.py) so only the rest is prefilled; a
    job whose long prefix another job is prefilling right now waits for it (burst coalescing:
    computed once); a slot that holds a pinned prefix (sched/pins.py) is evicted last;
 4. one token for every decoding lane, then prefill chunks and embedding inputs (sched/embeds.py)
-   under the step's budget, better classes first; while an interactive prompt prefills, lower
-   classes do not prefill.
+   under the step's budget, better classes first (least remaining work first within one);
+   while an interactive prompt prefills, lower classes do not prefill.
 `update(plan, result)` folds the sampled tokens into their jobs and returns TokenEvents.
 
 Plans may be scheduled ahead of results (the engine keeps two in flight): a decode whose
@@ -33,6 +34,7 @@ from .kvdisk import DiskIndex
 from .lanes import KvSlots, Slot
 from .pins import Pins
 from .prefix import common_prefix
+from . import srpt
 from .queues import WaitQueue
 from .tiers import KvTiers
 
@@ -44,7 +46,7 @@ SAVE_PROMPT = 512  # a prompt that prefilled this many tokens is saved as soon a
 class Scheduler(KvTiers):
     def __init__(self, *, lanes: int, n_ctx: int, step_tokens: int, eog: frozenset[int],
                  slots: int | None = None, class_lanes: dict[Qos, int] | None = None,
-                 aging_steps: int = 256, embed_window: int = 0, embed_batch: int = 64):
+                 aging_steps: int = 256, embed_window: int = 0, embed_batch: int = 64, srpt: bool = True):
         if step_tokens < lanes:
             raise ValueError("step_tokens must cover one token per lane")
         self.max_lanes = lanes
@@ -61,6 +63,7 @@ class Scheduler(KvTiers):
         if len(self.slots) < lanes:
             raise ValueError("need at least one KV slot per lane")
         self.class_lanes = dict(class_lanes or {})
+        self.srpt = srpt  # shortest remaining work first within a class (off: first come, first served)
         self.waiting = WaitQueue(aging_steps)
         self.embeds = EmbedQueue(embed_window, embed_batch)
         self.running: dict[int, Job] = {}  # seq -> job, in admission order
@@ -87,6 +90,7 @@ class Scheduler(KvTiers):
         if job.context_len >= self.n_ctx:
             raise ValueError("prompt does not fit the context window")
         self.jobs[job.id] = job
+        job.warm = self.slots.best_match(job.known(), Job.kv_tokens)[1] if self.srpt else 0
         self.waiting.push(job, self._step)
 
     def add_embed(self, job: EmbedJob) -> None:
@@ -156,13 +160,14 @@ class Scheduler(KvTiers):
             self._save(seq, tokens, step, saves, drops)
         self._to_save.clear()
         grammars: set[str] = set()  # the grammars this plan's opens carry (each sent once)
-        for job in self.waiting.ordered(step):
+        for job in self.waiting.ordered(step, self._short if self.srpt else None):
             full = len(self.running) >= self.max_lanes
             g = job.sampling.grammar
             if opens and g and g not in grammars and sum(map(len, grammars)) + len(g) > STEP_GRAMMAR_CHARS:
                 continue  # its grammar would make the step too big to send: it opens next step
-            if full and job.qos.rank > Qos.COMPLETION:
-                continue  # only interactive and completion jobs preempt
+            if full and job.qos.rank > Qos.COMPLETION and not (self._short(job) and srpt.victim(
+                    job, self.running.values(), pinned, self.waiting.aging_steps)):
+                continue  # only interactive and completion jobs preempt, and short jobs longer ones
             if not self._admissible(job):
                 continue
             restore = self._restore_for(job)
@@ -209,13 +214,14 @@ class Scheduler(KvTiers):
                 return True
         return False
 
+    def _short(self, job: Job) -> bool:
+        return self.srpt and srpt.short(job, self.prefill_budget)
+
     def _preempt_for(self, job: Job, step: int, pinned: set[int]) -> bool:
-        if job.qos.rank > Qos.COMPLETION:
+        victim, short = srpt.preemptee(job, self.running.values(), pinned, self.waiting.aging_steps, self._short(job))
+        if victim is None:
             return False
-        victims = [j for j in self.running.values() if j.qos.rank > job.qos.rank and j.seq not in pinned]
-        if not victims:
-            return False
-        victim = max(victims, key=lambda j: (j.qos.rank, j.status == JobStatus.DECODING, j.admitted))
+        self.counters.short_preemptions += short
         self._release(victim)
         victim.status, victim.pending, victim.seq = JobStatus.WAITING, 0, None
         victim.preemptions += 1
@@ -264,6 +270,8 @@ class Scheduler(KvTiers):
             slot.hits += 1
         slot.job, slot.kv, slot.last_used = job, [], step
         self.waiting.remove(job.id)
+        if job.preemptions:  # waiting after a preemption: held back by better or shorter work
+            job.delayed += step - job.enqueued_step
         self._admitted += 1
         job.seq, job.status, job.scheduled, job.pending = slot.seq, JobStatus.PREFILLING, n, 0
         job.incarnation += 1
@@ -292,8 +300,10 @@ class Scheduler(KvTiers):
         self.embeds.take_drops(embeds)  # cancelled half-sent inputs: the runtime frees their state
         work += self.embeds.ready()
         # an embedding job ages as a waiting job does: steady prefill of better classes never starves it
-        work.sort(key=lambda j: (self.waiting.effective(j, step), True, j.order) if isinstance(j, EmbedJob)
-                  else (j.qos.rank, False, j.admitted))
+        aging = self.waiting.aging_steps
+        work.sort(key=lambda j: (self.waiting.effective(j, step), True, (0, 0), j.order) if isinstance(j, EmbedJob)
+                  else (j.qos.rank, False, srpt.prefill_order(j, aging) if self.srpt else (0, 0), j.admitted))
+        prefilling = [j for j in work if isinstance(j, Job)]
         if work and work[0].qos == Qos.INTERACTIVE and isinstance(work[0], Job):
             # a chat prefills alone, in the largest chunks: short steps exist to let it in
             work = [j for j in work if j.qos == Qos.INTERACTIVE]
@@ -313,6 +323,8 @@ class Scheduler(KvTiers):
             runs.append(self._run(w, n))
             self.counters.prefill_tokens += n
             spent += n
+        if self.srpt:
+            srpt.count_passed(prefilling, {r.seq for r in runs})
         return runs
 
     def _wants_token(self, job: Job) -> bool:

@@ -88,6 +88,30 @@ def test_interactive_chat_is_answered_before_the_background_job_ends(one_lane):
     assert chat_done < done["bg"]
 
 
+def test_a_short_chat_without_a_header_takes_the_lane_of_a_long_job_of_its_class(one_lane):
+    # neither sends x-superfluid-qos: both are in the default class; the chat is short, the
+    # story has far more work left, so the chat takes its lane (sched/srpt.py) and the story
+    # only pauses: its greedy text is what it is alone
+    url = one_lane.url
+    story = {"model": MODEL, "max_tokens": 200, "temperature": 0, "ignore_eos": True,
+             "messages": [{"role": "user", "content": "Write a long story about a whale."}]}
+    alone = stream_text(url, story)
+    before = metric(url, "superfluid_short_preemptions_total")
+    started = threading.Event()
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault("story", stream_text(url, story, None, started)))
+    t.start()
+    assert started.wait(60)
+    chat = httpx.post(url + "/v1/chat/completions", timeout=120,
+                      json={"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "Hi!"}]})
+    story_running = t.is_alive()
+    t.join(120)
+    assert chat.status_code == 200
+    assert story_running  # the chat did not wait for the story's lane
+    assert metric(url, "superfluid_short_preemptions_total") == before + 1
+    assert out["story"] == alone
+
+
 def test_cached_tokens_on_a_repeated_prefix(client):
     msgs = [{"role": "system", "content": DOC}, {"role": "user", "content": "Where does the river rise?"}]
     first = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=3, temperature=0)

@@ -119,8 +119,9 @@ def test_prefill_chunks_carry_the_right_tokens():
     assert chunks == [(1, 2, 3, 4), (5, 6, 7, 8), (9, 10)]
 
 
-def test_prefill_budget_goes_to_the_oldest_admission_first():
-    s = sched(lanes=2, step_tokens=4)
+def test_prefill_budget_goes_to_the_oldest_admission_first_without_srpt():
+    # with shortest remaining work first (the default) b would go first: tests/unit/test_srpt.py
+    s = Scheduler(lanes=2, n_ctx=64, step_tokens=4, eog=frozenset({EOG}), srpt=False)
     s.add(job("a", n=6))
     s.add(job("b", n=3))
     plan = s.schedule()
