@@ -69,6 +69,8 @@ def _engine_flags(s: argparse.ArgumentParser) -> None:
     s.add_argument("--threads", type=_positive, default=default_threads(), help="llama.cpp threads (default: cores - 1)")
     s.add_argument("--runtime", choices=("llamacpp", "transformers"), help="the inference runtime: llama.cpp on a GGUF, or transformers (PyTorch; needs superfluid[hf]) on a Hugging Face folder or a GGUF converted once to one under the home (default: llamacpp for a GGUF, transformers for a folder)")
     s.add_argument("--step-tokens", type=_positive, default=256, help="token budget of one step: decodes plus prefill chunks (default 256)")
+    s.add_argument("--speculative", choices=("off", "ngram"), default="off", help="speculative decoding: ngram drafts from the lane's own context (prompt lookup), verified losslessly in the step's batch (default off)")
+    s.add_argument("--spec-max-tokens", type=_positive, default=8, help="most drafted tokens a lane verifies in one step (default 8)")
     s.add_argument("--chat-template-file", metavar="FILE", help="a jinja chat template to use instead of the model's own (tool and reasoning markers are read from it)")
     s.add_argument("--tool-dialect", type=_tool_dialect, metavar="NAME", help="how the model writes tool calls: hermes, qwen3_coder, llama3, mistral, deepseek, deepseek_v3_1, harmony, granite, gemma, functionary or generic (default: detected from the chat template; docs/tools.md)")
     s.add_argument("--kv-slots", type=_positive, help="KV sequences in the worker (default 2 x --max-batch); slots beyond the lanes keep finished and preempted prefixes warm")
@@ -210,7 +212,8 @@ def _engine_config(args: argparse.Namespace, src) -> EngineConfig | int:
                         aging_steps=args.aging_steps, step_target_s=args.step_ms / 1000, chat_template=template,
                         tool_dialect=args.tool_dialect,
                         runtime=args.runtime or default_runtime(src.path), pooling=args.pooling,
-                        matryoshka=args.matryoshka, **_kv_disk(args))
+                        matryoshka=args.matryoshka, speculative=args.speculative,
+                        spec_max_tokens=args.spec_max_tokens, **_kv_disk(args))
 
 
 def _kv_disk(args: argparse.Namespace) -> dict:

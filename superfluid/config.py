@@ -47,6 +47,8 @@ class EngineConfig:
     matryoshka: bool = False  # embeddings may be cut to `dimensions` (a model trained for it)
     kv_dir: str = ""  # the disk tier of the KV cache ("": none); each model file gets its own folder in it
     kv_disk_mb: float = 0.0  # its size cap
+    speculative: str = "off"  # "ngram": decode runs verify drafts looked up in the lane's own context
+    spec_max_tokens: int = 8  # most drafts a lane verifies in one step
 
     @property
     def slots(self) -> int:

@@ -88,6 +88,8 @@ class Engine(EngineBase):
         self.sched.n_ctx = min(self.sched.n_ctx, self.info.n_ctx)
         self.sched.embeds.window = self.info.embed_window
         self.sched.embeds.chunks = self.info.embed_chunks
+        speculate = self.cfg.speculative == "ngram" and self.info.speculate
+        self.sched.spec.max_tokens = self.cfg.spec_max_tokens if speculate else 0
         self._task = asyncio.create_task(self._supervised(), name="engine-loop")
 
     async def close(self, error: SuperfluidError | None = None) -> None:

@@ -81,6 +81,11 @@ class Run:
     pos: int  # position of tokens[0] in the lane
     tokens: tuple[int, ...]  # may hold PLACEHOLDER
     sample: bool  # sample a token after the last one (its position is pos + len(tokens))
+    # Speculation: a decode run (one PLACEHOLDER token) may have the runtime draft up to this
+    # many tokens after it and verify them in the same forward. The runtime then feeds the
+    # lane's last token at the lane's end, whatever `pos` says (an earlier step in flight may
+    # have accepted drafts), and returns one Sampled per token it keeps.
+    draft: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +133,7 @@ class StepPlan:
             opens.append([o.seq, sampling, list(o.history), o.keep])
         return [self.step,
                 opens,
-                [[r.seq, r.pos, list(r.tokens), r.sample] for r in self.runs],
+                [[r.seq, r.pos, list(r.tokens), r.sample, r.draft] for r in self.runs],
                 list(self.closes),
                 [[c.src, c.dst, c.n] for c in self.copies],
                 [[e.key, list(e.tokens), e.pair_at, e.pos, e.last] for e in self.embeds],
@@ -148,7 +153,7 @@ class StepPlan:
             return SamplingParams.from_wire(p)
         return cls(step,
                    tuple(LaneOpen(s, sampling(p), tuple(h), k) for s, p, h, k in opens),
-                   tuple(Run(s, p, tuple(t), bool(x)) for s, p, t, x in runs),
+                   tuple(Run(s, p, tuple(t), bool(x), int(d)) for s, p, t, x, d in runs),
                    tuple(closes),
                    tuple(Copy(a, b, n) for a, b, n in copies),
                    tuple(EmbedItem(k, tuple(t), a, p, bool(x)) for k, t, a, p, x in embeds),
@@ -202,6 +207,7 @@ class StepResult:
     dropped: tuple[int, ...] = ()  # disk entries gone (evicted for space, unwritable, corrupt)
     kvio: KvIo = KvIo()
     errors: tuple[LaneError, ...] = ()  # lanes that failed on their own: no sample from them
+    drafted: tuple[tuple[int, int], ...] = ()  # (seq, tokens drafted) for runs that drafted any
 
     def to_wire(self) -> list:
         return [self.step, [[s.seq, s.token, s.logprob, [list(t) for t in s.top]]
@@ -209,13 +215,15 @@ class StepResult:
                 [[v.key, v.data, v.error, v.code] for v in self.vectors],
                 list(self.failed), list(self.dropped),
                 [self.kvio.saved, self.kvio.restored, self.kvio.evicted],
-                [[e.seq, e.message, e.code] for e in self.errors]]
+                [[e.seq, e.message, e.code] for e in self.errors],
+                [[q, n] for q, n in self.drafted]]
 
     @classmethod
     def from_wire(cls, w: list) -> StepResult:
-        step, sampled, elapsed, vectors, failed, dropped, kvio, errors = w
+        step, sampled, elapsed, vectors, failed, dropped, kvio, errors, drafted = w
         return cls(step, tuple(Sampled(q, t, lp, tuple((a, b) for a, b in top))
                                for q, t, lp, top in sampled), elapsed,
                    tuple(Vector(k, bytes(d), str(e), str(c)) for k, d, e, c in vectors),
                    tuple(failed), tuple(dropped), KvIo(*kvio),
-                   tuple(LaneError(int(q), str(m), str(c)) for q, m, c in errors))
+                   tuple(LaneError(int(q), str(m), str(c)) for q, m, c in errors),
+                   tuple((int(q), int(n)) for q, n in drafted))

@@ -27,6 +27,8 @@ _COUNTERS = (
     ("kv_saved_bytes", "bytes of KV written to the disk tier"),
     ("kv_restored_bytes", "bytes of KV read back from the disk tier"),
     ("kv_evicted_bytes", "bytes of KV deleted from the disk tier to stay under --kv-disk-mb"),
+    ("draft_tokens", "tokens drafted by speculative decoding and verified (--speculative)"),
+    ("draft_accepted_tokens", "drafted tokens that matched the sampled token (acceptance rate: / draft_tokens)"),
 )
 
 _NODE_GAUGES = (  # a fleet head's, per node serving the model (labels: its address and name)
@@ -54,6 +56,8 @@ class EngineCollector:
         respawns = CounterMetricFamily("superfluid_worker_respawns", "worker processes restarted", labels=["model"])
         kv_used = GaugeMetricFamily("superfluid_kv_tokens_used", "KV tokens held (lanes and cache)", labels=["model"])
         kv_total = GaugeMetricFamily("superfluid_kv_tokens_total", "KV tokens the slots can hold", labels=["model"])
+        accept = GaugeMetricFamily("superfluid_draft_acceptance_rate",
+                                   "drafted tokens accepted / drafted (speculative decoding)", labels=["model"])
         node = {name: GaugeMetricFamily(f"superfluid_node_{name}", doc, labels=["model", "node", "name"])
                 for name, doc in _NODE_GAUGES}
         fams = {name: CounterMetricFamily(f"superfluid_{name}", doc, labels=["model"]) for name, doc in _COUNTERS}
@@ -70,6 +74,8 @@ class EngineCollector:
             kv_total.add_metric([mid], s.kv_total)
             for name, _ in _COUNTERS:
                 fams[name].add_metric([mid], s.counters.get(name, 0))
+            if s.counters.get("draft_tokens"):
+                accept.add_metric([mid], s.counters["draft_accepted_tokens"] / s.counters["draft_tokens"])
             for n in s.nodes:
                 if mid in n.models:
                     label = [mid, n.addr, n.name]
@@ -85,6 +91,7 @@ class EngineCollector:
         yield respawns
         yield kv_used
         yield kv_total
+        yield accept
         yield from fams.values()
         yield from node.values()
 

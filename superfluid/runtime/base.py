@@ -20,6 +20,7 @@ from ..errors import EmbeddingUnsupported
 from ..plan import PLACEHOLDER, EmbedItem, KvIo, LaneError, Run, Sampled, Save, StepPlan, StepResult, Vector
 from .kvstore import KvStore
 from .sampling import LaneSampler
+from .speculate import LaneTokens
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ class ModelInfo:
     embed_chunks: bool = False  # an input may be embedded in chunks over several steps (causal models)
     pooling: str = ""  # how an input's token states become one vector
     kind: str = "generate"  # or "embedding" (embeds only), "cross-encoder" (scores pairs only)
+    speculate: bool = False  # runs may carry drafts (Run.draft): the runtime verifies them
 
     def to_wire(self) -> dict:
         return self.__dict__.copy()
@@ -54,6 +56,7 @@ class Runtime(ABC):
         self._broken: set[int] = set()  # lanes whose KV is lost until they are opened again
         self._faulted: set[int] = set()  # lanes that failed on their own (grammar, sampler) until reopened
         self.kv_store: KvStore | None = None  # the disk tier, attached by the worker
+        self.lanes = LaneTokens()  # what each lane holds: drafts are looked up in it (info.speculate)
 
     @abstractmethod
     def open_lane(self, seq: int, keep: int) -> None: ...
@@ -66,7 +69,9 @@ class Runtime(ABC):
 
     @abstractmethod
     def forward(self, runs: tuple[Run, ...]) -> dict[int, np.ndarray]:
-        """Feed every run in one batch; return {seq: logits} for runs with sample=True."""
+        """Feed every run in one batch; return {seq: logits} for runs with sample=True: the
+        last token's row, or for a run with drafts (ModelInfo.speculate) one row for each of
+        its last draft + 1 tokens, shape (draft + 1, n_vocab)."""
 
     def embed(self, items: tuple[EmbedItem, ...]) -> list[np.ndarray]:
         """One float32 vector per item, in order. An embedding model pools and normalises as
@@ -121,6 +126,7 @@ class Runtime(ABC):
             self._broken.discard(o.seq)
             self._faulted.discard(o.seq)
             self.open_lane(o.seq, o.keep)
+            self.lanes.keep(o.seq, o.keep)
             held = self.lane_len(o.seq) if o.keep else None
             if held is not None and held < o.keep:
                 self._break(o.seq, failed)  # the cache entry it was seeded from is not there
@@ -135,34 +141,59 @@ class Runtime(ABC):
                 self._break(c.dst, failed)
             else:
                 self.copy_lane(c.src, c.dst, c.n)
+                self.lanes.copy(c.src, c.dst, c.n)
         restored = 0
         for ld in plan.loads:
             data = self.kv_store.get(ld.key) if self.kv_store is not None else None
             if data is not None and self.load_state(ld.seq, data, ld.n):
                 restored += len(data)
+                self.lanes.unknown(ld.seq, ld.n)
             else:
                 self._break(ld.seq, failed)
         if self.kv_store is not None:
             for key in plan.drops:  # after the loads: an entry superseded in this plan is still read
                 self.kv_store.drop(key)
         sampled: list[Sampled] = []
+        drafted: list[tuple[int, int]] = []
         runs = tuple(self._resolve(r) for r in plan.runs if r.seq not in self._broken and r.seq not in self._faulted)
         if runs:
             logits = self.forward(runs)
             for run in runs:
+                if self.info.speculate:
+                    self.lanes.fed(run.seq, run.pos, run.tokens)
                 if run.sample:
-                    pos = run.pos + len(run.tokens)
                     try:
-                        s = self._samplers[run.seq].sample(run.seq, logits[run.seq], pos)
+                        self._sample(run, logits[run.seq], sampled)
                     except Exception as e:  # noqa: BLE001 -- its grammar or sampler failed: it alone
                         self._fault(run.seq, e, errors)
                         continue
-                    self._last[run.seq] = s.token
-                    sampled.append(s)
+                    if run.draft:
+                        drafted.append((run.seq, run.draft))
         vectors = self._embed(plan.embeds) if plan.embeds else ()
         dropped, evicted = self.kv_store.take_dropped() if self.kv_store is not None else ([], 0)
         return StepResult(plan.step, tuple(sampled), time.perf_counter() - t0, vectors, tuple(failed),
-                          tuple(dropped), KvIo(saved, restored, evicted), tuple(errors))
+                          tuple(dropped), KvIo(saved, restored, evicted), tuple(errors), tuple(drafted))
+
+    def _sample(self, run: Run, logits: np.ndarray, out: list[Sampled]) -> None:
+        """The run's token, or (a run with drafts: one logits row per fed token from its last
+        sampled one on) tokens row by row while each equals the draft fed after it. The lane
+        then keeps the drafts it accepted: the rest of the run's KV is dropped."""
+        sampler = self._samplers[run.seq]
+        first = run.pos + len(run.tokens) - run.draft  # the position the first row predicts
+        drafts = run.tokens[len(run.tokens) - run.draft:]
+        for j in range(run.draft + 1):
+            s = sampler.sample(run.seq, logits[j] if run.draft else logits, first + j)
+            out.append(s)
+            self._last[run.seq] = s.token
+            if j == run.draft or s.token != drafts[j] or sampler.ended(s.token):
+                break
+        if run.draft and j < run.draft:  # KV past the last accepted draft goes
+            self.drop_tail(run.seq, first + j)
+            self.lanes.keep(run.seq, first + j)
+
+    def drop_tail(self, seq: int, n: int) -> None:
+        """Keep only the lane's first n positions (speculating runtimes)."""
+        raise NotImplementedError
 
     def _fault(self, seq: int, e: Exception, errors: list[LaneError]) -> None:
         """A lane's own failure: skip its runs until it is opened again; its request fails."""
@@ -175,6 +206,7 @@ class Runtime(ABC):
         """The lane's KV is lost: empty it, skip its runs until it is opened again, and tell
         the scheduler (which requeues the lane's job to prefill from scratch)."""
         self.open_lane(seq, 0)
+        self.lanes.keep(seq, 0)
         self._broken.add(seq)
         if seq not in failed:
             failed.append(seq)
@@ -209,9 +241,24 @@ class Runtime(ABC):
                      for it, v in zip(items, out, strict=True) if it.last and it.tokens)
 
     def _resolve(self, run: Run) -> Run:
+        if self.info.speculate and run.sample and len(run.tokens) == 1:
+            return self._decode(run)
         if PLACEHOLDER not in run.tokens:
             return run
-        if run.seq not in self._last:
-            raise ValueError(f"lane {run.seq} has no sampled token to feed")
-        last = self._last[run.seq]
+        last = self._last_of(run.seq)
         return Run(run.seq, run.pos, tuple(last if t == PLACEHOLDER else t for t in run.tokens), run.sample)
+
+    def _last_of(self, seq: int) -> int:
+        if seq not in self._last:
+            raise ValueError(f"lane {seq} has no sampled token to feed")
+        return self._last[seq]
+
+    def _decode(self, run: Run) -> Run:
+        """A decode in a speculating runtime: at the lane's end (a step in flight when it was
+        planned may have kept drafts), with drafts when the scheduler allows them."""
+        token = self._last_of(run.seq) if run.tokens[0] == PLACEHOLDER else run.tokens[0]
+        end = self.lane_len(run.seq)
+        sampler = self._samplers.get(run.seq)
+        drafts = self.lanes.draft(run.seq, token, run.draft, sampler.matcher if sampler else None) \
+            if run.draft and sampler is not None else []
+        return Run(run.seq, run.pos if end is None else end, (token, *drafts), True, len(drafts))

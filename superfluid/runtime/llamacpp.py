@@ -101,7 +101,8 @@ class LlamaCppRuntime(Runtime):
                               n_ctx_train=ll.llama_model_n_ctx_train(self.model),
                               description=desc.value.decode(errors="replace"),
                               n_embd=self.n_embd,
-                              embed_window=window, embed_chunks=chunked, pooling=self.pooling)
+                              embed_window=window, embed_chunks=chunked, pooling=self.pooling,
+                              speculate=True)
 
     def _meta(self, key: str) -> str | None:
         buf = ctypes.create_string_buffer(256)
@@ -166,7 +167,7 @@ class LlamaCppRuntime(Runtime):
     def forward(self, runs: tuple[Run, ...]) -> dict[int, np.ndarray]:
         b = self.batch
         i = 0
-        out_index: dict[int, int] = {}
+        out_index: dict[int, tuple[int, int]] = {}  # seq -> (batch index of its last token, drafts)
         for run in runs:
             n = len(run.tokens)
             if i + n > self.n_batch:
@@ -179,15 +180,20 @@ class LlamaCppRuntime(Runtime):
                 b.logits[i] = 0
                 i += 1
             if run.sample:
-                b.logits[i - 1] = 1
-                out_index[run.seq] = i - 1
+                for k in range(i - 1 - run.draft, i):
+                    b.logits[k] = 1
+                out_index[run.seq] = (i - 1, run.draft)
         b.n_tokens = i
         rc = ll.llama_decode(self.ctx, b)
         if rc != 0:
             raise RuntimeError(f"llama_decode failed with code {rc}")
         n_vocab = self.info.n_vocab
-        return {seq: np.ctypeslib.as_array(ll.llama_get_logits_ith(self.ctx, k), shape=(n_vocab,))
-                for seq, k in out_index.items()}
+        row = lambda k: np.ctypeslib.as_array(ll.llama_get_logits_ith(self.ctx, k), shape=(n_vocab,))  # noqa: E731
+        return {seq: np.stack([row(k) for k in range(last - draft, last + 1)]) if draft else row(last)
+                for seq, (last, draft) in out_index.items()}
+
+    def drop_tail(self, seq: int, n: int) -> None:
+        ll.llama_memory_seq_rm(self.mem, seq, n, -1)
 
     def close(self) -> None:
         embedder = getattr(self, "_embedder", None)

@@ -80,6 +80,12 @@ class LaneSampler:
             top = tuple((int(i), float(lp[i])) for i in idx)
         return Sampled(seq, token, float(lp[token]), top)
 
+    def ended(self, token: int) -> bool:
+        """Does this token end the generation (nothing after it is worth verifying)?"""
+        if self.matcher is not None and self.matcher.is_stopped():
+            return True
+        return not self.p.ignore_eos and bool(self.eog.size) and token in self.eog
+
     def _processed(self, logits: np.ndarray) -> np.ndarray:
         p = self.p
         penal = self.counts and (p.presence_penalty or p.frequency_penalty or p.repeat_penalty != 1.0)

@@ -102,3 +102,5 @@ class Counters:
     kv_saved_bytes: int = 0
     kv_restored_bytes: int = 0
     kv_evicted_bytes: int = 0  # disk entries deleted to stay under --kv-disk-mb
+    draft_tokens: int = 0  # tokens drafted for speculation and verified (sched/spec.py)
+    draft_accepted_tokens: int = 0  # of those, drafts that matched the sampled token

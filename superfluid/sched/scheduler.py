@@ -36,6 +36,7 @@ from .pins import Pins
 from .prefix import common_prefix
 from . import srpt
 from .queues import WaitQueue
+from .spec import SpecPolicy
 from .tiers import KvTiers
 
 MIN_COPY = 16  # a shorter shared prefix is cheaper to recompute than a KV stream copy
@@ -63,6 +64,7 @@ class Scheduler(KvTiers):
         if len(self.slots) < lanes:
             raise ValueError("need at least one KV slot per lane")
         self.class_lanes = dict(class_lanes or {})
+        self.spec = SpecPolicy()  # drafts per decode run (the engine sets max_tokens when the runtime verifies them)
         self.srpt = srpt  # shortest remaining work first within a class (off: first come, first served)
         self.waiting = WaitQueue(aging_steps)
         self.embeds = EmbedQueue(embed_window, embed_batch)
@@ -70,7 +72,7 @@ class Scheduler(KvTiers):
         self.jobs: dict[str, Job] = {}
         self.counters = Counters()
         self._to_close: list[int] = []
-        self._inflight: dict[int, dict[int, tuple[Job, int]]] = {}  # step -> {seq: (job, incarnation)}
+        self._inflight: dict[int, dict[int, tuple[Job, int, int]]] = {}  # step -> {seq: (job, incarnation, drafts)}
         self.disk: DiskIndex | None = None  # the disk tier's index (None: the worker has no disk tier)
         self._to_save: dict[int, list[int]] = {}  # seq -> KV tokens to save: a turn ended, a long prompt prefilled
         self._loads: dict[int, dict[int, int]] = {}  # step -> {seq: disk key} restores in flight
@@ -186,7 +188,7 @@ class Scheduler(KvTiers):
         if not (opens or runs or closes or embeds or saves or drops or pins):
             return None
         self._step = step
-        self._inflight[step] = {r.seq: (self.running[r.seq], self.running[r.seq].incarnation)
+        self._inflight[step] = {r.seq: (self.running[r.seq], self.running[r.seq].incarnation, r.draft)
                                 for r in runs if r.sample}
         if loads:
             self._loads[step] = {ld.seq: ld.key for ld in loads}
@@ -287,12 +289,16 @@ class Scheduler(KvTiers):
 
     def _runs(self, step: int, embeds: list[EmbedItem], restore_cost: int) -> list[Run]:
         runs: list[Run] = []
+        chat = self.spec.max_tokens > 0 and self._chat_prefilling()
         for job in self.running.values():
             if job.status == JobStatus.DECODING and self._wants_token(job):
-                runs.append(self._run(job, 1))
+                draft = self.spec.grant(job, step, self._drafts_in_flight(job), self.n_ctx, chat) \
+                    if self.spec.max_tokens else 0
+                runs.append(self._run(job, 1, draft))
                 self.counters.decode_tokens += 1
-        room = self.step_tokens - len(runs)  # the worker's batch holds step_tokens at most
-        budget = min(max(1, self.prefill_budget - len(runs) - restore_cost), room)
+        decoded = sum(1 + r.draft for r in runs)  # drafts are verified in the same batch
+        room = self.step_tokens - decoded  # the worker's batch holds step_tokens at most
+        budget = min(max(1, self.prefill_budget - decoded - restore_cost), room)
         spent = 0  # prefill and embedding tokens planned so far in this step
         # prefills and embedding jobs share the step, best class first (a prefill before an
         # embedding job of its class: it holds a lane)
@@ -331,7 +337,7 @@ class Scheduler(KvTiers):
         # the last token is known in advance: never schedule a run past max_tokens or the window
         return job.generated < job.max_tokens and job.planned_len < self.n_ctx
 
-    def _run(self, job: Job, n: int) -> Run:
+    def _run(self, job: Job, n: int, draft: int = 0) -> Run:
         assert job.seq is not None
         start = job.scheduled
         job.scheduled += n
@@ -339,7 +345,15 @@ class Scheduler(KvTiers):
         if sample:
             job.pending += 1
             job.status = JobStatus.DECODING
-        return Run(job.seq, start, job.context(start, n), sample)
+        return Run(job.seq, start, job.context(start, n), sample, draft)
+
+    def _drafts_in_flight(self, job: Job) -> int:
+        n = 0
+        for plan in self._inflight.values():
+            owned = plan.get(job.seq) if job.seq is not None else None
+            if owned is not None and owned[0] is job and owned[1] == job.incarnation:
+                n += owned[2]
+        return n
 
     def update(self, plan: StepPlan, result: StepResult) -> list[TokenEvent | EmbedEvent]:
         if result.step != plan.step:
@@ -348,12 +362,17 @@ class Scheduler(KvTiers):
         loads = self._loads.pop(plan.step, {})
         self._disk_result(result, loads)
         events: list[TokenEvent | EmbedEvent] = list(self.embeds.update(plan.step, result.vectors))
+        seen: set[int] = set()
         for s in result.sampled:
-            job, inc = owners.get(s.seq, (None, 0))
+            job, inc, _ = owners.get(s.seq, (None, 0, 0))
             if job is None or job.incarnation != inc or job.status not in (JobStatus.PREFILLING,
                                                                            JobStatus.DECODING):
                 continue  # ended or preempted while the step ran
-            job.pending -= 1
+            if s.seq in seen:  # a run's next token: the draft before it was accepted, its KV is in
+                job.scheduled += 1
+            else:
+                seen.add(s.seq)
+                job.pending -= 1
             job.output.append(s.token)
             if len(job.output) == 1 and self.disk is not None and len(job.prompt) - (job.cached or 0) >= SAVE_PROMPT:
                 self._to_save[s.seq] = job.prompt  # its first token: a long prompt's KV outlives a crash
@@ -364,6 +383,7 @@ class Scheduler(KvTiers):
                 self.jobs.pop(job.id, None)
                 job.status = JobStatus.FINISHED
             events.append(TokenEvent(job.id, s.token, s.logprob, s.top, reason, job.cached or 0))
+        self._observe_drafts(plan.step, result, owners)
         for e in result.errors:  # a lane that failed on its own: its job ends, no other
             owner = owners.get(e.seq)
             job = owner[0] if owner is not None else self.running.get(e.seq)
@@ -378,6 +398,15 @@ class Scheduler(KvTiers):
             job.status = JobStatus.FINISHED
             events.append(TokenEvent(job.id, -1, None, (), FinishReason.ERROR, job.cached or 0, (e.code, e.message)))
         return events
+
+    def _observe_drafts(self, step: int, result: StepResult, owners: dict) -> None:
+        for seq, n in result.drafted:
+            job = owners.get(seq, (None,))[0]
+            if job is not None:
+                kept = max(0, min(n, sum(1 for s in result.sampled if s.seq == seq) - 1))
+                self.spec.observe(job, step, n, kept)
+                self.counters.draft_tokens += n
+                self.counters.draft_accepted_tokens += kept
 
     def _finish_reason(self, job: Job, token: int) -> FinishReason | None:
         if token in self.eog and not job.sampling.ignore_eos:

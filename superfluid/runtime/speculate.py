@@ -1,0 +1,82 @@
+"""Speculative decoding in the runtime: prompt-lookup (n-gram) drafting and the tokens each
+lane's KV holds, which the drafts are looked up in.
+
+A decode run that the scheduler allows `draft` tokens gets, after the lane's last sampled
+token, up to that many drafted tokens: the continuation of the longest recent n-gram of the
+lane's context that occurred earlier in it (agents rewrite what they were just shown). All
+of them go through the same batched forward as the other lanes, one logits row each. The
+lane then samples row by row with its ordinary sampler (the counter RNG keyed by position,
+the grammar, the penalties) and keeps the drafts while the sampled token equals the draft.
+The tokens produced are therefore exactly those that decoding one token at a time would
+have produced, greedy or sampled: for a point-mass draft, "accept when the sample equals
+the draft" is the standard rejection rule (accepted with probability p(draft), otherwise a
+sample from the rest, renormalised). A grammar never sees a draft it rejects: drafts are
+cut at the first token the lane's matcher would not accept."""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from ..plan import PLACEHOLDER
+
+NGRAM_MAX = 4  # the longest suffix looked up
+NGRAM_MIN = 2  # a single repeated token predicts too little to be worth a row
+LOOKBACK = 8192  # the context searched (the most recent tokens)
+
+
+def propose(context: np.ndarray, k: int) -> list[int]:
+    """Up to k tokens continuing the longest suffix n-gram of `context` (NGRAM_MAX down to
+    NGRAM_MIN) at its most recent earlier occurrence. Unknown tokens (PLACEHOLDER) never
+    match and end a draft."""
+    if k <= 0:
+        return []
+    ctx = context[-LOOKBACK:]
+    n_ctx = ctx.shape[0]
+    for n in range(min(NGRAM_MAX, n_ctx - 1), NGRAM_MIN - 1, -1):
+        pattern = ctx[n_ctx - n:]
+        if (pattern == PLACEHOLDER).any():
+            continue
+        # windows ending before the last token: a match is always followed by one
+        hits = np.flatnonzero((sliding_window_view(ctx[:n_ctx - 1], n) == pattern).all(axis=1))
+        if hits.size:
+            start = int(hits[-1]) + n
+            draft = ctx[start:start + k]
+            unknown = np.flatnonzero(draft == PLACEHOLDER)
+            return [int(t) for t in (draft[:unknown[0]] if unknown.size else draft)]
+    return []
+
+
+class LaneTokens:
+    """The tokens each lane's KV holds, by position (PLACEHOLDER where unknown: KV restored
+    from disk). Kept only by runtimes that speculate."""
+
+    def __init__(self) -> None:
+        self.held: dict[int, list[int]] = {}
+
+    def keep(self, seq: int, n: int) -> None:
+        self.held[seq] = self.held.get(seq, [])[:n]
+
+    def copy(self, src: int, dst: int, n: int) -> None:
+        self.held[dst] = self.held.get(src, [])[:n]
+
+    def unknown(self, seq: int, n: int) -> None:
+        self.held[seq] = [PLACEHOLDER] * n
+
+    def fed(self, seq: int, pos: int, tokens: tuple[int, ...]) -> None:
+        h = self.held.setdefault(seq, [])
+        if len(h) < pos:
+            h.extend([PLACEHOLDER] * (pos - len(h)))
+        h[pos:pos + len(tokens)] = tokens
+
+    def draft(self, seq: int, last: int, k: int, matcher=None) -> list[int]:
+        """Drafts after `last`, the lane's token about to be fed; a grammar's matcher (that
+        has consumed `last`) cuts them at the first one it rejects."""
+        ctx = np.fromiter((*self.held.get(seq, ()), last), dtype=np.int64)
+        out = propose(ctx, k)
+        if out and matcher is not None:
+            try:
+                out = out[:max(0, int(matcher.validate_tokens(out)))]
+            except Exception:  # noqa: BLE001 -- no drafts rather than a draft the grammar may refuse
+                out = []
+        return out

@@ -1,0 +1,49 @@
+"""How many draft tokens each decoding lane may have verified in a step (runtime/speculate.py
+drafts and verifies them).
+
+A lane gets up to `max_tokens` drafts, never more than its request may still produce or its
+window hold (counting drafts of steps still in flight), none while an interactive prompt
+prefills (verification rows would lengthen the steps a chat waits for), and none for a while
+after its drafts were mostly rejected: a lane whose text does not repeat stops paying for
+rows it throws away, and tries again later."""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+from .jobs import Job
+
+RATE_KEEP = 0.7  # the acceptance-rate average keeps this much of its past per drafted step
+RATE_MIN = 0.25  # below this a lane stops drafting ...
+COOLDOWN = 16  # ... for this many steps, then tries again from RATE_RETRY
+RATE_RETRY = 0.5
+
+
+@dataclass
+class _Lane:
+    rate: float = 1.0
+    off_until: int = 0
+
+
+class SpecPolicy:
+    def __init__(self, max_tokens: int = 0) -> None:
+        self.max_tokens = max_tokens  # 0: no speculation
+        self._lanes: weakref.WeakKeyDictionary[Job, _Lane] = weakref.WeakKeyDictionary()
+
+    def grant(self, job: Job, step: int, in_flight: int, n_ctx: int, chat_prefilling: bool) -> int:
+        """Drafts for the decode run about to be planned for `job` (its own token comes on
+        top); `in_flight`: drafts granted to its runs still in flight."""
+        if not self.max_tokens or chat_prefilling:
+            return 0
+        lane = self._lanes.get(job)
+        if lane is not None and step < lane.off_until:
+            return 0
+        room = min(job.max_tokens - job.generated, n_ctx - job.planned_len) - 1 - in_flight
+        return max(0, min(self.max_tokens, room))
+
+    def observe(self, job: Job, step: int, drafted: int, accepted: int) -> None:
+        lane = self._lanes.setdefault(job, _Lane())
+        lane.rate = RATE_KEEP * lane.rate + (1 - RATE_KEEP) * accepted / drafted
+        if lane.rate < RATE_MIN:
+            lane.off_until, lane.rate = step + COOLDOWN, RATE_RETRY

@@ -1,0 +1,188 @@
+"""Speculative decoding (n-gram drafts verified in the step's batch) on the embedded model:
+token-for-token the output of decoding without it, greedy, sampled (every seed) and under a
+grammar; the first sampled token's distribution is the model's (chi-square over seeds); and
+through the daemon, the same text as a daemon without speculation, a cut stream resumed to
+the uncut text, and the drafts counted in /metrics."""
+
+from __future__ import annotations
+
+import math
+
+import httpx
+import numpy as np
+import pytest
+
+from superfluid.codec import grammar as gr
+from superfluid.codec.template import ChatTemplate
+from superfluid.codec.tokenizer import Tokenizer
+from superfluid.plan import PLACEHOLDER, LaneOpen, Run, StepPlan
+from superfluid.request import SamplingParams
+from superfluid.runtime.llamacpp import LlamaCppRuntime
+from superfluid.runtime.registry import embedded_model
+
+from .conftest import MODEL
+from .daemon import Daemon
+from .test_typed_resume import _cut_after, _resume
+
+CODE = "\n".join(f"def f{i}(x):\n    return x * {i} + {i * i}\n" for i in range(8))
+EDIT = [{"role": "user", "content": "Repeat this code exactly, with f3 renamed to g3:\n" + CODE}]
+
+
+@pytest.fixture(scope="module")
+def rt():
+    r = LlamaCppRuntime(embedded_model().path, lanes=4, n_ctx=1024, threads=1, batch_tokens=512)
+    yield r
+    r.close()
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return Tokenizer(embedded_model().path)
+
+
+@pytest.fixture(scope="module")
+def prompt(tok):
+    return tok.encode_prompt(ChatTemplate(tok.chat_template).render(EDIT))
+
+
+class Lane:
+    """One lane driven step by step as the scheduler would (decodes carry PLACEHOLDER)."""
+    n = 0
+
+    def __init__(self, rt, seq: int):
+        self.rt, self.seq = rt, seq
+
+    def step(self, **kw):
+        Lane.n += 1
+        return self.rt.step(StepPlan(Lane.n, **kw))
+
+    def generate(self, prompt, sp: SamplingParams, draft: int, total: int) -> tuple[list[int], int, int]:
+        """(tokens, steps, drafted)"""
+        self.step(opens=(LaneOpen(self.seq, sp),))
+        r = self.step(runs=(Run(self.seq, 0, tuple(prompt), True),))
+        out, steps, drafted = [s.token for s in r.sampled], 0, 0
+        while len(out) < total and out[-1] not in self.rt.eog:
+            r = self.step(runs=(Run(self.seq, len(prompt) + len(out) - 1, (PLACEHOLDER,), True, draft),))
+            assert not r.errors, r.errors
+            out += [s.token for s in r.sampled]
+            drafted += sum(n for _, n in r.drafted)
+            steps += 1
+        self.step(closes=(self.seq,))
+        return out[:total], steps, drafted
+
+
+def test_greedy_speculation_gives_the_same_tokens_in_fewer_steps(rt, prompt):
+    plain, plain_steps, _ = Lane(rt, 0).generate(prompt, SamplingParams(temperature=0), 0, 120)
+    spec, spec_steps, drafted = Lane(rt, 1).generate(prompt, SamplingParams(temperature=0), 8, 120)
+    assert spec == plain
+    assert drafted > 0 and spec_steps < plain_steps  # the code is repeated: drafts are accepted
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_sampled_speculation_gives_the_same_tokens_for_every_seed(rt, prompt, seed):
+    sp = SamplingParams(temperature=0.9, top_p=0.95, seed=seed, repeat_penalty=1.1)
+    plain, _, _ = Lane(rt, 0).generate(prompt, sp, 0, 60)
+    spec, _, _ = Lane(rt, 2).generate(prompt, sp, 6, 60)
+    assert spec == plain
+
+
+def test_a_grammar_lane_speculates_within_its_grammar(rt, tok):
+    """A JSON schema whose answer repeats the prompt's text: drafts the grammar rejects are
+    never verified, and the output is the unconstrained-by-speculation one, valid JSON."""
+    import json
+    schema = {"type": "object", "properties": {"code": {"type": "string", "maxLength": 200}}, "required": ["code"],
+              "additionalProperties": False}
+    msgs = [{"role": "user", "content": 'Answer as JSON {"code": ...} with this code: ' + CODE[:120]}]
+    p = tok.encode_prompt(ChatTemplate(tok.chat_template).render(msgs))
+    sp = SamplingParams(temperature=0, grammar=gr.json_schema(schema, "response_format"))
+    plain, _, _ = Lane(rt, 0).generate(p, sp, 0, 90)
+    spec, _, drafted = Lane(rt, 3).generate(p, sp, 8, 90)
+    assert spec == plain
+    text = tok.decode([t for t in spec if t not in rt.eog])
+    if len(spec) < 90:  # it finished inside the budget: the grammar ended it as valid JSON
+        assert "code" in json.loads(text)
+
+
+def _chi2_critical(df: int, z: float = 3.09) -> float:
+    """The chi-square value a statistic exceeds with probability ~0.001 (Wilson-Hilferty)."""
+    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+
+
+def test_the_first_sampled_token_follows_the_models_distribution(rt, tok):
+    """A context that ends with an n-gram seen before, so every decode verifies drafts: over
+    300 seeds the token sampled after it has the model's probabilities (chi-square), not
+    the draft's (accepting the draft more often than p(draft) would fail it)."""
+    words = tok.encode(" the river runs to the sea and the sea runs to the sky", parse_special=False)
+    ctx = words * 3  # ...runs to the | sea: the drafter proposes what followed last time
+    seq = 0
+    lane = Lane(rt, seq)
+    lane.step(opens=(LaneOpen(seq, SamplingParams(temperature=0)),))
+    r = lane.step(runs=(Run(seq, 0, tuple(ctx[:-1]), False),))
+    # the model's distribution after the whole context (one plain forward, then dropped)
+    logits = rt.forward((Run(seq, len(ctx) - 1, (ctx[-1],), True),))[seq].astype(np.float64)
+    rt.drop_tail(seq, len(ctx) - 1)
+    rt.lanes.keep(seq, len(ctx) - 1)
+    p = np.exp(logits - logits.max())
+    p /= p.sum()
+    counts: dict[int, int] = {}
+    n = 300
+    drafted = 0
+    for seed in range(n):
+        rt.step(StepPlan(10_000 + seed, opens=(LaneOpen(seq, SamplingParams(temperature=1.0, seed=seed),
+                                                        keep=len(ctx) - 1),)))
+        r = rt.step(StepPlan(20_000 + seed, runs=(Run(seq, len(ctx) - 1, (ctx[-1],), True, 4),)))
+        drafted += sum(k for _, k in r.drafted)
+        counts[r.sampled[0].token] = counts.get(r.sampled[0].token, 0) + 1
+    assert drafted >= n  # every decode verified drafts
+    big = [t for t in np.argsort(-p) if p[t] * n >= 5]
+    observed = [counts.get(int(t), 0) for t in big] + [n - sum(counts.get(int(t), 0) for t in big)]
+    expected = [p[t] * n for t in big] + [n * (1 - sum(p[t] for t in big))]
+    pairs = [(o, e) for o, e in zip(observed, expected, strict=True) if e > 0]
+    chi2 = sum((o - e) ** 2 / e for o, e in pairs)
+    assert len(pairs) >= 3
+    assert chi2 < _chi2_critical(len(pairs) - 1), (chi2, observed, [round(e, 1) for e in expected])
+    lane.step(closes=(seq,))
+
+
+# -- through the daemon ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def spec_daemon():
+    d = Daemon("--speculative", "ngram", "--spec-max-tokens", "6", "--resume-grace", "0")
+    yield d
+    d.stop()
+
+
+def _metric(d: Daemon, name: str) -> float:
+    for line in httpx.get(d.url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_the_daemon_speculates_and_answers_as_one_without_it(spec_daemon, daemon):
+    body = {"model": MODEL, "messages": EDIT, "max_tokens": 80, "temperature": 0}
+    want = httpx.post(daemon.url + "/v1/chat/completions", json=body, timeout=120).json()
+    got = httpx.post(spec_daemon.url + "/v1/chat/completions", json=body, timeout=120).json()
+    assert got["choices"][0]["message"]["content"] == want["choices"][0]["message"]["content"]
+    assert got["usage"] == want["usage"]
+    assert _metric(spec_daemon, "superfluid_draft_tokens_total") > 0
+    assert _metric(spec_daemon, "superfluid_draft_accepted_tokens_total") > 0
+    assert 0 < _metric(spec_daemon, "superfluid_draft_acceptance_rate") <= 1
+
+
+def test_a_cut_sampled_stream_resumes_to_the_uncut_text_with_speculation(spec_daemon):
+    body = {"model": MODEL, "messages": EDIT, "max_tokens": 60, "temperature": 0.8, "seed": 11}
+    whole = httpx.post(spec_daemon.url + "/v1/chat/completions", json=body, timeout=120).json()
+
+    def content(d):
+        return isinstance(d, dict) and d["choices"] and d["choices"][0]["delta"].get("content")
+    sid, seen, cursor = _cut_after(spec_daemon.url + "/v1/chat/completions", {**body, "stream": True}, content)
+    for _ in range(300):  # the daemon notices the hang-up and cuts the generation
+        if not httpx.get(f"{spec_daemon.url}/v1/sessions/{sid}", timeout=10).json()["busy"]:
+            break
+    rest = _resume(spec_daemon.url, sid, cursor)
+    text = "".join(e["choices"][0]["delta"].get("content") or "" for e in seen + rest
+                   if isinstance(e, dict) and e.get("choices"))
+    assert text == whole["choices"][0]["message"]["content"]
