@@ -182,7 +182,7 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
         model = body.get("model")
         if model is not None and not isinstance(model, str):
             raise BadRequest("model must be a string", param="model")
-        opts = options(body)
+        opts = await asyncio.to_thread(options, body)  # a grammar or schema compiles: off the event loop
         eng = await models.get(model)
         prompt = await asyncio.to_thread(prompt_tokens, eng, body.get("prompt", ""))
         if not prompt:

@@ -116,7 +116,9 @@ def options(body: dict) -> Options:
 def _grammar(body: dict) -> str:
     grammar, schema, fmt = body.get("grammar"), body.get("json_schema"), body.get("response_format")
     if grammar not in (None, ""):
-        raise BadRequest("GBNF grammars are not supported: use json_schema", param="grammar")
+        if not isinstance(grammar, str):
+            raise BadRequest("grammar must be a string (GBNF)", param="grammar")
+        return gr.gbnf(grammar)
     if schema is not None:
         return gr.json_schema(schema, "json_schema")
     return response_format_grammar(fmt) if fmt is not None else ""

@@ -8,9 +8,10 @@ from __future__ import annotations
 import json
 
 from llguidance import LLMatcher
+from llguidance.gbnf_to_lark import gbnf_to_lark
 
 from ..errors import BadRequest
-from ..limits import check_schema
+from ..limits import MAX_GRAMMAR_BYTES, check_schema
 
 # No free whitespace: a small model given "any whitespace here" can spend its whole budget
 # on newlines. Separators stay readable.
@@ -69,6 +70,17 @@ def lit(text: str) -> str:
 def lark(text: str, param: str = "tool_choice") -> str:
     """A grammar from lark rules (the dialects' call grammars), checked before anything runs."""
     return _checked(LLMatcher.grammar_from_lark("%llguidance {}\n" + text), param)
+
+
+def gbnf(source: str, param: str = "grammar") -> str:
+    """A llama.cpp GBNF grammar (llama-server's `grammar`), converted by llguidance."""
+    if len(source) > MAX_GRAMMAR_BYTES:
+        raise BadRequest(f"the grammar is over {MAX_GRAMMAR_BYTES} characters", param=param)
+    try:
+        text = gbnf_to_lark(source)
+    except Exception as e:  # GbnfToLarkError, RecursionError, and a bare Exception for an undefined rule
+        raise BadRequest(f"the grammar cannot be enforced: {e}", param=param) from None
+    return _checked(LLMatcher.grammar_from_lark(text), param)
 
 
 def tool_call(tools: list[dict], name: str | None, open_tag: str, close_tag: str) -> str:

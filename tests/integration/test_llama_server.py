@@ -104,7 +104,7 @@ def test_prompt_as_tokens_and_mixed(d):
     assert none["content"] == "" and none["tokens_predicted"] == 0 and none["stop_type"] == "limit"
 
 
-def test_n_probs_and_json_schema(d):
+def test_n_probs_json_schema_and_gbnf_grammar(d):
     b = completion(d, prompt="The sky is", n_predict=3, n_probs=2, ignore_eos=True, **GREEDY)
     probs = b["completion_probabilities"]
     assert len(probs) == 3 and all(len(p["top_logprobs"]) == 2 and p["logprob"] <= 0 for p in probs)
@@ -112,6 +112,8 @@ def test_n_probs_and_json_schema(d):
               "additionalProperties": False}
     b = completion(d, prompt="A JSON object with a number n:", n_predict=40, json_schema=schema, **GREEDY)
     assert isinstance(json.loads(b["content"])["n"], int)
+    b = completion(d, prompt="Is the sky blue? Answer:", n_predict=10, grammar='root ::= " yes" | " no"', **GREEDY)
+    assert b["content"] in (" yes", " no") and b["stop_type"] == "eos"
 
 
 def test_completion_bad_input_gets_llama_errors(d):
@@ -120,7 +122,9 @@ def test_completion_bad_input_gets_llama_errors(d):
                         ({"prompt": {"prompt_string": "x", "multimodal_data": ["AA=="]}}, "prompt"),
                         ({"prompt": "x", "temperature": "hot"}, "temperature"),
                         ({"prompt": "x", "n_probs": 21}, "n_probs"),
-                        ({"prompt": "x", "grammar": 'root ::= "a"'}, "grammar"), ({"prompt": "x", "stop": [1]}, "stop"),
+                        ({"prompt": "x", "grammar": "root ::= undefined"}, "grammar"),
+                        ({"prompt": "x", "grammar": "root ::= " + "(" * 3000}, "grammar"),
+                        ({"prompt": "x", "grammar": 5}, "grammar"), ({"prompt": "x", "stop": [1]}, "stop"),
                         ({"prompt": "x", "stop": ["s"] * 17}, "stop"), ({"prompt": "x", "samplers": "kz"}, "samplers"),
                         ({"prompt": "x", "logit_bias": [[1, False]]}, "logit_bias"), ({"prompt": ""}, "prompt"),
                         ({"prompt": "x", "model": 5}, None)]:
