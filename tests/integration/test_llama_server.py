@@ -80,6 +80,30 @@ def test_completion_stream_matches_whole(d):
     assert last["timings"]["predicted_n"] == whole["tokens_predicted"]
 
 
+def test_a_dropped_completion_stream_resumes_in_its_shape(d):
+    """Hang up after the first piece; GET /v1/sessions/{id}/resume with Last-Event-ID gives the
+    rest as /completion events, and the pieces join to the whole answer."""
+    kw = dict(prompt="Twinkle, twinkle, little", n_predict=12, ignore_eos=True, **GREEDY)
+    whole = completion(d, **kw)
+    seen, last = [], None
+    with httpx.stream("POST", d.url + "/completion", json={**kw, "stream": True}, timeout=120) as r:
+        sid = r.headers["x-superfluid-session"]
+        for line in r.iter_lines():
+            if line.startswith("id: "):
+                last = line[4:]
+            elif line.startswith("data: "):
+                seen.append(json.loads(line[6:]))
+                if last:
+                    break
+    assert last and last.startswith(sid + ":") and not seen[-1]["stop"]
+    with httpx.stream("GET", f"{d.url}/v1/sessions/{sid}/resume", headers={"Last-Event-ID": last},
+                      timeout=120) as r:
+        assert r.status_code == 200
+        rest = [json.loads(ln[6:]) for ln in r.iter_lines() if ln.startswith("data: ")]
+    assert rest[-1]["stop"] is True and rest[-1]["stop_type"] == "limit"
+    assert "".join(e["content"] for e in seen + rest[:-1]) == whole["content"]
+
+
 def test_completion_stop_word_and_eos(d):
     base = completion(d, prompt="1, 2, 3, 4, 5,", n_predict=10, ignore_eos=True, **GREEDY)
     text = base["content"]
