@@ -16,6 +16,7 @@ MAX_STOP_LEN = 256  # characters in one stop string
 MAX_CHOICES = 16  # n
 MAX_TOP_LOGPROBS = 20  # alternatives per token
 MAX_GRAMMAR_BYTES = 256 << 10  # a compiled grammar (tools, JSON schema, format)
+MAX_INFILL_FILES = 64  # /infill input_extra files (their text is cut to the window, tokenized from the end)
 MAX_METADATA_KEYS = 16  # a stored response's metadata (OpenAI's limits)
 MAX_METADATA_KEY_LEN = 64
 MAX_METADATA_VALUE_LEN = 512

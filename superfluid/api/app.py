@@ -23,7 +23,7 @@ from ..errors import BadRequest, Forbidden, PayloadTooLarge, SuperfluidError
 from ..engine_records import health_row
 from ..ids import new_id
 from ..request import Qos
-from . import anthropic, embeddings, llama, ollama, responses
+from . import anthropic, embeddings, infill, llama, ollama, responses
 from . import sessions as sessions_api
 from . import ui as web_ui
 from . import openai as oa
@@ -178,6 +178,7 @@ def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Q
     anthropic.add_routes(app, models, qos, json_body)
     embeddings.add_routes(app, models, qos)
     llama.add_routes(app, models, qos)
+    infill.add_routes(app, models, qos)  # llama-server's /infill
     if models.sessions is not None:
         sessions_api.add_routes(app, models, qos)
     if models.sessions is not None:
@@ -291,8 +292,8 @@ def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Q
         prompt = await asyncio.to_thread(oa.completion_prompt, eng, body)
         top = body.logprobs if body.logprobs is not None else -1
         rid = new_id("cmpl")
-        reqs = oa.gen_requests(body, prompt, base_id=rid, n_ctx=eng.n_ctx, seed=eng.new_seed(),
-                               default_max=16, top_logprobs=top, qos=qos(request))
+        reqs = oa.gen_requests(body, prompt, base_id=rid, n_ctx=eng.n_ctx, seed=eng.new_seed(), default_max=16,
+                               top_logprobs=top, qos=qos(request, Qos.COMPLETION if body.suffix is not None else None))
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         created = int(time.time())
         streams = await models.service.submit(eng, reqs, api="completions", params={

@@ -28,7 +28,7 @@ from .schema import ChatCompletionRequest, json_object, parse
 from .sse import cursor, event, tagged
 from .streams import collect, raise_first_error, record, session_header, sse
 
-NATIVE = frozenset({"/completion", "/tokenize", "/detokenize", "/apply-template", "/props", "/slots"})
+NATIVE = frozenset({"/completion", "/infill", "/tokenize", "/detokenize", "/apply-template", "/props", "/slots"})
 UNPREFIXED = ("/v1/chat/completions", "/v1/completions", "/v1/models")  # /embeddings: embeddings.py
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 501: "not_supported_error", 503: "unavailable_error"}

@@ -23,7 +23,7 @@ from ..ids import new_id
 from ..request import Calls, Chunk, GenRequest, Qos, SamplingParams
 from .embeddings import embed_texts, embedding_engine, shorten
 from .schema import MAX_EMBED_INPUTS, json_object
-from ..codec import grammar
+from ..codec import fim, grammar
 from ..codec.tools import new_call_id
 from . import keep_alive, resume
 from .policy import owner_of
@@ -301,6 +301,11 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
         think = body.get("think")
         kw = template_options(enable_thinking=bool(think) if think is not None else None)
         channels = None
+        fill = None if chat else body.get("suffix")
+        if fill is not None and not isinstance(fill, str):
+            raise BadRequest("suffix must be a string", param="suffix")
+        if fill and body.get("raw"):
+            raise BadRequest("raw mode does not support suffix", param="suffix")
         if chat:
             # tool_choice is a superfluid extension (Ollama has none): "required" or a name forces a call
             cm = chat_messages(msgs)
@@ -308,6 +313,9 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
                 lambda: chat_prompt(eng, cm, tools=body.get("tools"), tool_choice=body.get("tool_choice"),
                                     grammar=g, template_kwargs=kw))
             bodies, prompt, channels, g = cp.bodies, cp.prompt, cp.channels, cp.grammar
+        elif fill:  # fill in the middle: the prompt is the code before the gap, no chat template
+            bodies, prompt = None, await asyncio.to_thread(
+                fim.fill, eng.tokenizer, str(body["prompt"]), fill, "suffix", f"the model {eng.model_id}")
         elif body.get("raw"):
             bodies, prompt = None, await asyncio.to_thread(eng.encode_prompt, str(body["prompt"]))
         else:
@@ -318,8 +326,8 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
         sp, num_predict, stops = sampling(body.get("options"), eng.new_seed())
         sp = replace(sp, grammar=g)
         room = max(1, eng.n_ctx - len(prompt))  # Ollama cuts num_predict to the window; the engine checks it
-        req = GenRequest(new_id("ollama"), prompt, sp, min(num_predict or room, room), stops, qos_for(request),
-                         channels=channels)
+        req = GenRequest(new_id("ollama"), prompt, sp, min(num_predict or room, room), stops,
+                         qos_for(request, Qos.COMPLETION if fill else None), channels=channels)
         streams = await models.service.submit(eng, [req], bodies, api="ollama." + ("chat" if chat else "generate"),
                                               params={"response_id": req.id, "t0": time.time()},
                                               owner=owner_of(request))

@@ -8,6 +8,7 @@ import time
 
 from ..errors import BadRequest
 from ..request import Calls, Chunk, FinishReason, GenRequest, Qos, SamplingParams, TokenLogprob, ToolCall
+from ..codec import fim
 from ..codec.tools import new_call_id
 from .prompt import ChatPrompt, response_format_grammar, template_options
 from .prompt import chat_prompt as build_chat_prompt
@@ -52,12 +53,14 @@ def completion_prompt(engine, body: CompletionRequest) -> list[int]:
         if len(p) != 1 and (not p or not isinstance(p[0], int)):
             raise BadRequest("one prompt per request is supported", param="prompt")
         if isinstance(p[0], int):
-            return list(p)  # type: ignore[arg-type]
-        first = p[0]
-        if isinstance(first, list):
-            return [int(t) for t in first]
-        p = first
-    return engine.encode_prompt(p)  # type: ignore[arg-type]
+            p = list(p)  # type: ignore[arg-type]
+        elif isinstance(p[0], list):
+            p = [int(t) for t in p[0]]
+        else:
+            p = p[0]
+    if body.suffix is not None:  # fill in the middle: the prompt is the text before the gap
+        return fim.fill(engine.tokenizer, p, body.suffix, "suffix", f"the model {engine.model_id}")  # type: ignore[arg-type]
+    return engine.encode_prompt(p) if isinstance(p, str) else p  # type: ignore[return-value]
 
 
 def gen_requests(body: Sampling, prompt: list[int], *, base_id: str, n_ctx: int, seed: int,

@@ -9,6 +9,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import BadRequest
+from ..limits import MAX_INFILL_FILES
 
 
 class _Body(BaseModel):
@@ -85,6 +86,21 @@ class CompletionRequest(Sampling):
     prompt: str | list[str] | list[int] | list[list[int]]
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = False
+    suffix: str | None = None  # text after the completion: a fill-in-the-middle prompt (codec/fim.py)
+
+
+class InfillFile(_Body):
+    filename: str = "tmp"
+    text: str
+
+
+class InfillRequest(_Body):
+    """llama-server's POST /infill: what it adds to /completion's options (api/llama_params.py)."""
+    model: str | None = None
+    input_prefix: str = ""
+    input_suffix: str = ""
+    input_extra: Annotated[list[InfillFile], Field(max_length=MAX_INFILL_FILES)] = []
+    prompt: str = ""
 
 
 class TokenizeRequest(_Body):
@@ -173,7 +189,7 @@ def parse(cls: type[B], raw: bytes) -> B:
 def _field_names() -> frozenset[str]:
     return frozenset(name for m in (Message, TextPart, OtherPart, StreamOptions, ChatCompletionRequest,
                                     CompletionRequest, TokenizeRequest, DetokenizeRequest, ModelRequest,
-                                    EmbeddingRequest, RerankRequest, RerankDocument)
+                                    EmbeddingRequest, RerankRequest, RerankDocument, InfillRequest, InfillFile)
                      for name in m.model_fields)
 
 
