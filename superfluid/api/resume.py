@@ -91,8 +91,10 @@ async def _next(q: asyncio.Queue):
 
 
 async def rest_of_generation(sessions, sid: str, after: int,
-                             resume: Callable[[], Awaitable[object]] | None = None) -> AsyncIterator[bytes]:
-    """The generation's events after event `after`, live while it runs, in the format of the
+                             resume: Callable[[], Awaitable[object]] | None = None,
+                             frame: int | None = None) -> AsyncIterator[bytes]:
+    """The generation's events after event `after` (with `frame`: after frame `frame` of
+    event `after`'s chunk, sse.tagged), live while it runs, in the format of the
     API that started it. A generation cut by a restart or by its client going away (finish
     "dropped") is continued by `resume` (which starts generating on the session again and
     returns its watcher, or None when it cannot), so the stream still ends with the whole
@@ -105,7 +107,7 @@ async def rest_of_generation(sessions, sid: str, after: int,
         row = await sessions.row(sid)
         entry = _TRANSLATORS.get(row.api or "")
         if entry is None:
-            async for b in _native(sessions, sid, after, q, watching, resume):
+            async for b in _native(sessions, sid, after if frame is None else after - 1, q, watching, resume):
                 yield b
             return
         # the generation starts after the last input: the assistant-turn opener, or the raw
@@ -117,7 +119,10 @@ async def rest_of_generation(sessions, sid: str, after: int,
         rid = str(params.get("response_id") or sid)
         prompt_tokens = int(params.get("prompt_tokens") or 0)
         first = next((ev.id for ev in backlog if isinstance(ev.body, Generated)), None)
-        drop = [first is not None and first <= after]
+        part = None if frame is None else (after, frame + 1)  # (event, frames of its chunk seen)
+        drop = [first is not None and first <= after, 0]
+        if part is not None:
+            after -= 1  # that event's chunk is rendered again, less the frames seen
 
         async def chunks() -> AsyncIterator[Chunk]:
             n_out, last = 0, opener
@@ -158,7 +163,7 @@ async def rest_of_generation(sessions, sid: str, after: int,
                 elif not isinstance(b, (Meta, ToolUse)):
                     break
 
-        async for b in after_cursor(entry[0](sid, params, marked(chunks(), after, drop)), drop, sid):
+        async for b in after_cursor(entry[0](sid, params, marked(chunks(), after, drop, part)), drop, sid):
             yield b
     finally:
         sessions.unsubscribe(sid, q)
@@ -166,16 +171,19 @@ async def rest_of_generation(sessions, sid: str, after: int,
             sessions.unwatch(g)
 
 
-async def marked(chunks: AsyncIterator[Chunk], after: int, drop: list[bool]) -> AsyncIterator[Chunk]:
+async def marked(chunks: AsyncIterator[Chunk], after: int, drop: list,
+                 part: tuple[int, int] | None = None) -> AsyncIterator[Chunk]:
     """The chunks, with drop[0] telling whether the one the translator reads now was at or
-    before the cursor (what it says for that chunk, the client had)."""
+    before the cursor (what it says for that chunk, the client had) and drop[1] how many of
+    its frames the client had (part: (event, frames) of a chunk the client saw in part)."""
     async for c in chunks:
         drop[0] = c.event_id is not None and c.event_id <= after
+        drop[1] = part[1] if part is not None and c.event_id == part[0] else 0
         yield c
-    drop[0] = False  # what a stream says after its last chunk comes after every cursor
+    drop[0], drop[1] = False, 0  # what a stream says after its last chunk comes after every cursor
 
 
-async def after_cursor(stream: AsyncIterator[bytes], drop: list[bool], sid: str) -> AsyncIterator[bytes]:
+async def after_cursor(stream: AsyncIterator[bytes], drop: list, sid: str) -> AsyncIterator[bytes]:
     """The translator's output, minus what it says while `drop` is set, with a comment line
     when nothing came for PING_S (a proxy must not close an idle stream)."""
     out: asyncio.Queue = asyncio.Queue()
@@ -184,8 +192,12 @@ async def after_cursor(stream: AsyncIterator[bytes], drop: list[bool], sid: str)
     async def pump() -> None:
         try:
             async for b in stream:
-                if not drop[0]:
-                    await out.put(b)
+                if drop[0]:
+                    continue
+                if drop[1] > 0:  # a frame of a chunk the client saw in part, before its cut
+                    drop[1] -= 1
+                    continue
+                await out.put(b)
         except _Behind as e:
             await out.put(_behind(sid, e.last))
         finally:

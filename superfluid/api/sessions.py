@@ -34,14 +34,21 @@ def _int_query(request: Request, name: str, default: int | None) -> int | None:
         raise BadRequest(f"query parameter {name} must be an integer", param=name) from None
 
 
-def _after(request: Request, sid: str) -> int:
-    """The cursor to read after: Last-Event-ID ("session:event") or ?after=N."""
+def _cursor(request: Request, sid: str) -> tuple[int, int | None]:
+    """Where to read on: Last-Event-ID ("session:event", or "session:event.k" when the client
+    saw only frames 0..k of that event's chunk) or ?after=N."""
     c = parse_cursor(request.headers.get("last-event-id"))
     if c is not None:
         if c[0] != sid:
             raise BadRequest(f"Last-Event-ID {c[0]}:{c[1]} belongs to another session", param="Last-Event-ID")
-        return c[1]
-    return _int_query(request, "after", -1)  # type: ignore[return-value]
+        return c[1], c[2]
+    return _int_query(request, "after", -1), None  # type: ignore[return-value]
+
+
+def _after(request: Request, sid: str) -> int:
+    """The last event read in full (an event only partly seen is read again)."""
+    after, frame = _cursor(request, sid)
+    return after if frame is None else after - 1
 
 
 def add_routes(app: FastAPI, models, qos_for) -> None:
@@ -173,7 +180,7 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
 
     @owned.get("/v1/sessions/{sid}/resume")
     async def resume(sid: str, request: Request):
-        after = _after(request, sid)
+        after, frame = _cursor(request, sid)
         await sessions.state(sid)
         go_on = request.query_params.get("continue", "true") != "false"
         turn_budget = _int_query(request, "budget", None)  # a native turn's whole budget (the caller knows it)
@@ -198,7 +205,7 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
             return sessions.watch(sid)
 
         api = (await sessions.row(sid)).api
-        return StreamingResponse(rest_of_generation(sessions, sid, after, continue_cut),
+        return StreamingResponse(rest_of_generation(sessions, sid, after, continue_cut, frame),
                                  media_type=media_type(api), headers=SSE_HEADERS)
 
     @owned.post("/v1/sessions/{sid}/pin")

@@ -1,6 +1,9 @@
 """Server-sent events framing: the one encoder every API's stream uses. A translator turns
-each output chunk into a list of frames; the chunk's session-log cursor goes on the last
-of them, so a client that saw it has all of that chunk and resumes after it."""
+each output chunk into a list of frames, and every frame carries a cursor: the chunk's
+session-log cursor ("session:event") on the last of them, so a client that saw it has all
+of that chunk and resumes after it, and "session:event.k" on frame k before it, so a client
+cut between two frames of one chunk (an SSE client keeps the last id it saw) resumes with
+the next frame, never seeing one twice."""
 
 from __future__ import annotations
 
@@ -23,22 +26,25 @@ def frame(obj: dict, name: str | None = None) -> bytes:
 
 
 def tagged(frames: list[bytes], cur: str | None) -> list[bytes]:
-    """A chunk's frames with its cursor on the last one."""
+    """A chunk's frames, each with its cursor: the chunk's on the last, the frame's before."""
     if cur is None or not frames:
         return frames
-    return frames[:-1] + [b"id: " + cur.encode() + b"\n" + frames[-1]]
+    last = len(frames) - 1
+    return [b"id: " + (cur if k == last else f"{cur}.{k}").encode() + b"\n" + f for k, f in enumerate(frames)]
 
 
 def cursor(session: str | None, event_id: int | None) -> str | None:
     return None if session is None or event_id is None else f"{session}:{event_id}"
 
 
-def parse_cursor(raw: str | None) -> tuple[str, int] | None:
-    """'session:event' -> (session, event); None for a missing or malformed cursor."""
+def parse_cursor(raw: str | None) -> tuple[str, int, int | None] | None:
+    """'session:event' -> (session, event, None), 'session:event.k' (frame k of the event's
+    chunk seen, not the rest) -> (session, event, k); None for a missing or malformed one."""
     if not raw or ":" not in raw:
         return None
     sid, _, eid = raw.strip().rpartition(":")
+    event, dot, frame = eid.partition(".")
     try:
-        return sid, int(eid)
+        return sid, int(event), (int(frame) if dot else None)
     except ValueError:
         return None

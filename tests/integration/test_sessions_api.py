@@ -8,6 +8,7 @@ import httpx
 import pytest
 
 from superfluid.client import APIError, Client, iter_sse
+from superfluid.api.sse import parse_cursor
 
 from .conftest import MODEL
 from .daemon import Daemon
@@ -258,10 +259,11 @@ def test_every_sse_api_tags_committed_tokens_with_their_cursor(d, path, body):
         sid = r.headers["x-superfluid-session"]
         ids = [eid for eid, _ in iter_sse(r.iter_lines()) if eid]
     assert ids and all(i.startswith(sid + ":") for i in ids)
-    nums = [int(i.rsplit(":", 1)[1]) for i in ids]
-    assert nums == sorted(set(nums))
+    # every frame has a cursor: "sid:event" on a chunk's last frame, "sid:event.k" before it
+    order = [(ev, 1 << 30 if k is None else k) for _, ev, k in map(parse_cursor, ids)]
+    assert order == sorted(set(order))
     log = httpx.get(f"{d.url}/v1/sessions/{sid}/events", timeout=30).json()["data"]
-    assert {e["id"] for e in log if e["type"] == "generated"} >= set(nums)
+    assert {e["id"] for e in log if e["type"] == "generated"} >= {ev for ev, _ in order}
 
 
 def test_renaming_a_session_mid_generation_does_not_disturb_it(c):

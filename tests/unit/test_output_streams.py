@@ -4,10 +4,11 @@ resumed at any cursor is exactly the rest of the live one."""
 
 import asyncio
 import json
+import re
 
 import pytest
 
-from superfluid.api import resume
+from superfluid.api import resume, sse
 from superfluid.api import anthropic, ollama, responses, streams  # noqa: F401 -- they register their translators
 from superfluid.codec.channels import THINK, ChannelSpec
 from superfluid.codec.detok import TextStream
@@ -108,24 +109,33 @@ def _translator(api: str):
     return resume._TRANSLATORS[api][0]
 
 
-@pytest.mark.parametrize("api", list(PARAMS))
-def test_resume_at_every_cursor_is_the_rest_of_the_live_stream(api):
-    chunks = text_script() if api == "completions" else script()
+@pytest.mark.parametrize("api,turn", [(a, t) for a in PARAMS for t in ("text", "tools")
+                                      if not (a == "completions" and t == "tools")])  # a completion has no calls
+def test_resume_at_every_cursor_is_the_rest_of_the_live_stream(api, turn):
+    """At every frame's cursor: the chunk's own on its last frame and "event.k" on frame k
+    before it (a client cut between two frames of one chunk resumes with the next frame)."""
+    chunks = text_script() if turn == "text" else script()
     translate = _translator(api)
 
     async def go():
         live = b"".join(await _collect(translate(SID, PARAMS[api], _source(chunks))))
-        for c in chunks:
-            drop = [True]
+        cursors = re.findall(rb"^id: (\S+)$", live, re.M)
+        assert len(cursors) >= len(chunks)
+        for raw in cursors:
+            _, event, frame = sse.parse_cursor(raw.decode())
+            part = None if frame is None else (event, frame + 1)
+            drop = [True, 0]
+            after = event if frame is None else event - 1
             rest = b"".join(await _collect(resume.after_cursor(
-                translate(SID, PARAMS[api], resume.marked(_source(chunks), c.event_id, drop)), drop, SID)))
-            tag = f"id: {SID}:{c.event_id}\n".encode()
-            at = live.index(tag)
+                translate(SID, PARAMS[api], resume.marked(_source(chunks), after, drop, part)), drop, SID)))
+            at = live.index(b"id: " + raw + b"\n")
             seen = live[:live.index(b"\n\n", at) + 2]  # up to the end of the frame that carried the cursor
-            assert seen + rest == live, f"resumed after {c.event_id}"
-        return live
-    live = asyncio.run(go())
+            assert seen + rest == live, f"resumed after {raw!r}"
+        return live, cursors
+    live, cursors = asyncio.run(go())
     assert b"<tool_call>" not in live and b"<think>" not in live
+    if turn == "text":  # its last chunk ends the text and the turn: more than one frame
+        assert any(b"." in c.rpartition(b":")[2] for c in cursors)
 
 
 def _sse_data(raw: bytes) -> list[dict]:
