@@ -127,7 +127,10 @@ async def verify(url: str, t: Tally) -> None:
             evs = (await c.get(f"/v1/sessions/{sid}/events", params={"limit": 10000})).json()["data"]
             start = max(i for i, e in enumerate(evs) if e["type"] == "generation_prompt")
             logged = "".join(e["text"] for e in evs[start:] if e["type"] == "generated")
-            t.mismatched += logged != got
+            if logged != got:
+                t.mismatched += 1
+                print(f"session {sid}: the log holds {logged!r}, its client got {got!r}; events "
+                      f"{[(e['type'], e.get('finish')) for e in evs[start:]]}")
 
 
 def main() -> None:

@@ -1,0 +1,137 @@
+"""Single-stream decode speed with and without speculative decoding, same run, same model,
+same threads, greedy:
+
+- edit: a 300-line Python file, "return it with one function renamed" (the output mostly
+  repeats the input: prompt-lookup drafts are accepted);
+- free chat: open questions, nothing to copy (speculation must not slow them down).
+
+Compared: superfluid --speculative off, superfluid --speculative ngram, and llama-server
+(the xllamacpp wheel's embedded server) with its n-gram speculation (ngram-simple) at its
+defaults. Decode tok/s = (completion tokens - 1) / (last token time - first token time),
+median of --rounds; the prompt is warm (cached) after the first round on every server.
+
+    python bench/speculative.py [--rounds 3] [--threads 1] [--tokens 256]
+Needs: pip install xllamacpp (bench only)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import httpx
+from common import Daemon, free_port
+
+from superfluid.runtime.llamacpp import extra_buffers_safe
+from superfluid.runtime.registry import embedded_model
+
+MODEL = "SmolLM2-135M-Instruct"
+
+
+def source_file(lines: int = 300) -> str:
+    """A deterministic Python module of about `lines` lines."""
+    out = ['"""Inventory records: parsing, checking and summing."""', "", "import math", ""]
+    i = 0
+    while len(out) < lines:
+        out += [f"def parse_line_{i}(line):", f'    """Split record {i} into its fields."""',
+                "    fields = line.strip().split(',')", f"    if len(fields) != {3 + i % 4}:",
+                f"        raise ValueError('record {i} has the wrong number of fields')",
+                f"    return [field.strip() for field in fields][:{3 + i % 4}]", "",
+                f"def total_{i}(rows):", f"    return sum(float(r[{i % 3}]) for r in rows) * {1 + i % 5}", ""]
+        i += 1
+    return "\n".join(out[:lines])
+
+
+EDIT = [{"role": "user", "content": "Return this file unchanged except that the function parse_line_3 is renamed "
+                                    "to read_line_3. Output only the code.\n\n" + source_file()}]
+FREE = [[{"role": "user", "content": q}] for q in (
+    "Why do cats purr? Answer in a paragraph.",
+    "Describe a walk through a forest in autumn.",
+    "What makes a good team leader? Give some thoughts.")]
+
+
+class LlamaServer:
+    """llama-server from the xllamacpp wheel, one slot, with its n-gram speculation."""
+
+    def __init__(self, model: str, threads: int, n_ctx: int):
+        import xllamacpp as x
+
+        p = x.CommonParams()
+        p.model.path = model
+        p.n_parallel = 1
+        p.n_ctx = n_ctx
+        p.cpuparams.n_threads = p.cpuparams_batch.n_threads = threads
+        p.no_extra_bufts = not extra_buffers_safe()
+        p.use_jinja = True
+        p.speculative.types = [x.common_speculative_type.COMMON_SPECULATIVE_TYPE_NGRAM_SIMPLE]
+        p.hostnames = ["127.0.0.1"]
+        p.port = free_port()
+        self.server = x.Server(p)
+        self.url = f"http://127.0.0.1:{p.port}"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.3)
+        raise RuntimeError("llama-server did not start")
+
+
+def decode_rate(url: str, messages: list[dict], tokens: int) -> tuple[float, int]:
+    """(decode tok/s, completion tokens) of one greedy streamed chat."""
+    body = {"model": MODEL, "messages": messages, "max_tokens": tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    first = last = None
+    n = 0
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=600) as r:
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            d = json.loads(line[6:])
+            if d.get("usage"):
+                n = d["usage"]["completion_tokens"]
+            if any((c.get("delta") or {}).get("content") for c in d.get("choices") or []):
+                last = time.perf_counter()
+                first = first or last
+    if first is None or last is None or last <= first or n < 2:
+        return float("nan"), n
+    return (n - 1) / (last - first), n
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--tokens", type=int, default=256)
+    a = ap.parse_args()
+    n_ctx = 8192
+    servers = {"off": Daemon("--speculative", "off", threads=a.threads, max_context=n_ctx, max_batch=1),
+               "ngram": Daemon("--speculative", "ngram", threads=a.threads, max_context=n_ctx, max_batch=1)}
+    urls = {k: d.url for k, d in servers.items()}
+    peer = LlamaServer(embedded_model().path, a.threads, n_ctx)
+    urls["llama-server ngram"] = peer.url
+    rates: dict[tuple[str, str], list[float]] = {}
+    try:
+        for url in urls.values():  # warm: the edit prompt prefilled and cached everywhere
+            decode_rate(url, EDIT, 8)
+        for _ in range(a.rounds):
+            for name, url in urls.items():  # interleaved: a noisy moment hits every server alike
+                rates.setdefault(("edit", name), []).append(decode_rate(url, EDIT, a.tokens)[0])
+                rates.setdefault(("free", name), []).append(
+                    statistics.median(decode_rate(url, m, a.tokens)[0] for m in FREE))
+    finally:
+        for d in servers.values():
+            d.stop()
+    med = {k: statistics.median(v) for k, v in rates.items()}
+    print(f"decode tok/s, median of {a.rounds} rounds, {a.threads} thread(s), {a.tokens} tokens, greedy")
+    for work in ("edit", "free"):
+        row = "  ".join(f"{name} {med[(work, name)]:.1f}" for name in urls)
+        print(f"{work:5s} {row}")
+        print(f"      ngram / off = {med[(work, 'ngram')] / med[(work, 'off')]:.2f}x, "
+              f"ngram / llama-server ngram = {med[(work, 'ngram')] / med[(work, 'llama-server ngram')]:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
