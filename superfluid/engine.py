@@ -30,7 +30,8 @@ from .errors import SuperfluidError, WorkerCrashed, WorkerUnavailable
 from .plan import StepPlan
 from .request import Chunk, FinishReason, GenRequest, Qos, TokenLogprob
 from .sched.embeds import EmbedEvent
-from .sched.scheduler import Job, Scheduler, TokenEvent
+from .sched.jobs import TokenEvent
+from .sched.scheduler import Job, Scheduler
 from .delivery import SessionLog
 from .delivery import Stream as _Stream
 from .worker.supervisor import WorkerProcess, WorkerSpec

@@ -26,25 +26,25 @@ recomputes them, and greedy or seeded sampling (keyed by position) draws the sam
 
 from __future__ import annotations
 
-from ..plan import RESTORE_COST, STEP_GRAMMAR_CHARS, Copy, EmbedItem, LaneOpen, Load, Run, Save, StepPlan, StepResult
+from ..plan import RESTORE_COST, STEP_GRAMMAR_CHARS, Copy, EmbedItem, LaneOpen, Load, Run, Save, StepPlan
 from ..request import FinishReason, Qos
-from .embeds import EmbedEvent, EmbedJob, EmbedQueue
-from .jobs import Counters, Job, JobStatus, TokenEvent
+from .embeds import EmbedJob, EmbedQueue
+from .jobs import Counters, Job, JobStatus
 from .kvdisk import DiskIndex
 from .lanes import KvSlots, Slot
 from .pins import Pins
 from .prefix import common_prefix
 from . import srpt
 from .queues import WaitQueue
+from .results import Results
 from .spec import SpecPolicy
 from .tiers import KvTiers
 
 MIN_COPY = 16  # a shorter shared prefix is cheaper to recompute than a KV stream copy
 COALESCE_MIN = 64  # wait for another job's prefill only when it saves at least this much
-SAVE_PROMPT = 512  # a prompt that prefilled this many tokens is saved as soon as it has (not only at its end)
 
 
-class Scheduler(KvTiers):
+class Scheduler(KvTiers, Results):
     def __init__(self, *, lanes: int, n_ctx: int, step_tokens: int, eog: frozenset[int],
                  slots: int | None = None, class_lanes: dict[Qos, int] | None = None,
                  aging_steps: int = 256, embed_window: int = 0, embed_batch: int = 64, srpt: bool = True):
@@ -354,66 +354,6 @@ class Scheduler(KvTiers):
             if owned is not None and owned[0] is job and owned[1] == job.incarnation:
                 n += owned[2]
         return n
-
-    def update(self, plan: StepPlan, result: StepResult) -> list[TokenEvent | EmbedEvent]:
-        if result.step != plan.step:
-            raise ValueError(f"result of step {result.step} for plan {plan.step}")
-        owners = self._inflight.pop(plan.step, {})
-        loads = self._loads.pop(plan.step, {})
-        self._disk_result(result, loads)
-        events: list[TokenEvent | EmbedEvent] = list(self.embeds.update(plan.step, result.vectors))
-        seen: set[int] = set()
-        for s in result.sampled:
-            job, inc, _ = owners.get(s.seq, (None, 0, 0))
-            if job is None or job.incarnation != inc or job.status not in (JobStatus.PREFILLING,
-                                                                           JobStatus.DECODING):
-                continue  # ended or preempted while the step ran
-            if s.seq in seen:  # a run's next token: the draft before it was accepted, its KV is in
-                job.scheduled += 1
-            else:
-                seen.add(s.seq)
-                job.pending -= 1
-            job.output.append(s.token)
-            if len(job.output) == 1 and self.disk is not None and len(job.prompt) - (job.cached or 0) >= SAVE_PROMPT:
-                self._to_save[s.seq] = job.prompt  # its first token: a long prompt's KV outlives a crash
-            reason = self._finish_reason(job, s.token)
-            if reason is not None:
-                job.finish = reason
-                self._release(job, save=True)
-                self.jobs.pop(job.id, None)
-                job.status = JobStatus.FINISHED
-            events.append(TokenEvent(job.id, s.token, s.logprob, s.top, reason, job.cached or 0))
-        self._observe_drafts(plan.step, result, owners)
-        for e in result.errors:  # a lane that failed on its own: its job ends, no other
-            owner = owners.get(e.seq)
-            job = owner[0] if owner is not None else self.running.get(e.seq)
-            if job is None or (owner is not None and job.incarnation != owner[1]) or job.seq is None or \
-                    job.status not in (JobStatus.PREFILLING, JobStatus.DECODING):
-                continue
-            job.finish = FinishReason.ERROR
-            seq = job.seq
-            self._release(job)
-            self.slots[seq].kv = []  # what its lane holds is not known: no cache entry
-            self.jobs.pop(job.id, None)
-            job.status = JobStatus.FINISHED
-            events.append(TokenEvent(job.id, -1, None, (), FinishReason.ERROR, job.cached or 0, (e.code, e.message)))
-        return events
-
-    def _observe_drafts(self, step: int, result: StepResult, owners: dict) -> None:
-        for seq, n in result.drafted:
-            job = owners.get(seq, (None,))[0]
-            if job is not None:
-                kept = max(0, min(n, sum(1 for s in result.sampled if s.seq == seq) - 1))
-                self.spec.observe(job, step, n, kept)
-                self.counters.draft_tokens += n
-                self.counters.draft_accepted_tokens += kept
-
-    def _finish_reason(self, job: Job, token: int) -> FinishReason | None:
-        if token in self.eog and not job.sampling.ignore_eos:
-            return FinishReason.END_OF_TURN
-        if len(job.output) >= job.max_tokens or job.context_len >= self.n_ctx:
-            return FinishReason.LENGTH
-        return None
 
     def _release(self, job: Job, save: bool = False) -> None:
         """The job leaves its lane; the slot keeps the job's KV as a cache entry (and, at the

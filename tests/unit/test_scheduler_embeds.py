@@ -6,7 +6,8 @@ import pytest
 from superfluid.plan import Sampled, StepPlan, StepResult, Vector
 from superfluid.request import Qos, SamplingParams
 from superfluid.sched.embeds import EmbedEvent, EmbedJob
-from superfluid.sched.scheduler import Job, Scheduler, TokenEvent
+from superfluid.sched.jobs import TokenEvent
+from superfluid.sched.scheduler import Job, Scheduler
 
 
 def sched(lanes: int = 2, step_tokens: int = 64, budget: int = 16, window: int = 48) -> Scheduler:
