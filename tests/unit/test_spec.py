@@ -1,0 +1,106 @@
+"""Speculation in the pure scheduler (sched/spec.py, sched/results.py): how many drafts a
+decode run is granted, and how a result holding several tokens of one lane is folded in;
+and the runtime's prompt-lookup proposer (runtime/speculate.py)."""
+
+import numpy as np
+
+from superfluid.plan import PLACEHOLDER, Sampled, StepResult
+from superfluid.request import FinishReason, Qos, SamplingParams
+from superfluid.runtime.speculate import LaneTokens, propose
+from superfluid.sched.scheduler import Job, Scheduler
+from superfluid.sched.spec import COOLDOWN
+
+EOG = 0
+
+
+def sched(spec: int = 4, n_ctx: int = 64) -> Scheduler:
+    s = Scheduler(lanes=2, n_ctx=n_ctx, step_tokens=64, eog=frozenset({EOG}))
+    s.spec.max_tokens = spec
+    return s
+
+
+def job(jid: str, n: int = 3, max_tokens: int = 20, qos: Qos = Qos.AGENT) -> Job:
+    return Job(jid, list(range(100, 100 + n)), SamplingParams(temperature=0), max_tokens, qos)
+
+
+def decoding(s: Scheduler, j: Job):
+    """Admit and prefill `j`, fold in its first token: it decodes from the next plan."""
+    s.add(j)
+    plan = s.schedule()
+    s.update(plan, StepResult(plan.step, (Sampled(j.seq, 7),)))
+    return j
+
+
+def test_a_decode_run_gets_drafts_within_max_tokens_and_in_flight_drafts():
+    s = sched(spec=4)
+    j = decoding(s, job("a", max_tokens=8))
+    first = s.schedule()  # 1 generated; this run's token and 4 drafts: 6 at most
+    (run,) = first.runs
+    assert run.tokens == (7,) and run.draft == 4
+    second = s.schedule()  # in flight: up to 1 + 4 more; with this run's own: 8 - 7 - 1 = 1 draft
+    assert second.runs[0].draft == 1 and second.runs[0].tokens == (PLACEHOLDER,)
+    # the first comes back with three tokens (two drafts kept): they are the job's output
+    s.update(first, StepResult(first.step, (Sampled(j.seq, 11), Sampled(j.seq, 12), Sampled(j.seq, 13)),
+                               drafted=((j.seq, 4),)))
+    assert j.output == [7, 11, 12, 13] and j.pending == 1
+    assert s.counters.draft_tokens == 4 and s.counters.draft_accepted_tokens == 2
+    s.update(second, StepResult(second.step, (Sampled(j.seq, 14),)))
+    third = s.schedule()  # 5 generated, none in flight: 8 - 5 - 1 = 2 drafts
+    assert third.runs[0].draft == 2
+
+
+def test_no_drafts_near_the_window_nor_while_a_chat_prefills():
+    s = sched(spec=8, n_ctx=16)
+    decoding(s, job("a", n=10, max_tokens=100))
+    assert s.schedule().runs[0].draft == 16 - 11 - 1  # the window, not max_tokens, bounds it
+    s = sched(spec=8)
+    decoding(s, job("a", max_tokens=100))
+    s.add(Job("chat", list(range(200, 240)), SamplingParams(), 10, Qos.INTERACTIVE))
+    plan = s.schedule()
+    assert any(r.seq != 0 for r in plan.runs)  # the chat prefills in this step
+    assert all(r.draft == 0 for r in plan.runs)
+
+
+def test_a_token_that_ends_the_job_drops_the_rest_of_the_run():
+    s = sched(spec=4)
+    j = decoding(s, job("a", max_tokens=20))
+    plan = s.schedule()
+    events = s.update(plan, StepResult(plan.step, (Sampled(j.seq, 11), Sampled(j.seq, EOG), Sampled(j.seq, 12)),
+                                       drafted=((j.seq, 4),)))
+    assert j.output == [7, 11, EOG] and j.finish == FinishReason.END_OF_TURN
+    assert [e.token for e in events] == [11, EOG] and events[-1].finish == FinishReason.END_OF_TURN
+
+
+def test_a_lane_whose_drafts_are_rejected_stops_drafting_for_a_while():
+    s = sched(spec=4)
+    j = decoding(s, job("a", max_tokens=10_000))
+    step = 0
+    while True:
+        plan = s.schedule()
+        if plan.runs[0].draft == 0:
+            break
+        s.update(plan, StepResult(plan.step, (Sampled(j.seq, 9),), drafted=((j.seq, 4),)))  # none kept
+        step += 1
+        assert step < 10
+    off = 0
+    while plan.runs[0].draft == 0:
+        s.update(plan, StepResult(plan.step, (Sampled(j.seq, 9),)))
+        plan = s.schedule()
+        off += 1
+    assert COOLDOWN - 2 <= off <= COOLDOWN + 2  # then it tries again
+
+
+def test_propose_continues_the_most_recent_earlier_ngram():
+    ctx = np.array([5, 6, 7, 8, 1, 2, 5, 6, 7, 9, 3, 5, 6, 7])
+    assert propose(ctx, 3) == [9, 3, 5]  # "5 6 7" last seen before the end: followed by 9 3 5
+    assert propose(np.array([1, 2, 3, 4]), 3) == []  # nothing repeats
+    assert propose(ctx, 0) == []
+    held = LaneTokens()
+    held.fed(0, 0, (1, 2, 3, 4, 1, 2))
+    held.keep(1, 0)
+    held.copy(0, 1, 4)
+    assert held.held[1] == [1, 2, 3, 4]
+    assert held.draft(0, 3, 2) == [4, 1]  # "2 3" seen before: followed by 4 1
+    held.unknown(2, 3)
+    held.fed(2, 3, (8, 9))
+    assert held.draft(2, 8, 3) == []  # the restored prefix is unknown: nothing to look up
