@@ -20,6 +20,8 @@ MAX_INFILL_FILES = 64  # /infill input_extra files (their text is cut to the win
 MAX_METADATA_KEYS = 16  # a stored response's metadata (OpenAI's limits)
 MAX_METADATA_KEY_LEN = 64
 MAX_METADATA_VALUE_LEN = 512
+MAX_LOGIT_BIAS = 300  # logit_bias entries (OpenAI's limit)
+MAX_BIAS = 100.0  # |bias| for one token: -100 bans it, +100 all but forces it (OpenAI's range)
 
 
 def depth(value: object, limit: int) -> int:

@@ -57,15 +57,24 @@ class SamplingParams:
     top_logprobs: int = -1  # -1: no logprobs; 0: the chosen token's; n: plus the n best
     ignore_eos: bool = False
     grammar: str = ""  # an llguidance grammar the output must match (codec/grammar.py); "" none
+    # new fields go at the end (the wire is positional; plan.GRAMMAR_AT points at `grammar`)
+    # (token id, bias) pairs added to the logits before masks and the draw; -100 or less bans
+    logit_bias: tuple[tuple[int, float], ...] = ()
+
+    def __post_init__(self) -> None:
+        # from the wire or a session log's JSON the pairs arrive as lists
+        b = self.logit_bias
+        if not isinstance(b, tuple) or (b and not isinstance(b[0], tuple)):
+            object.__setattr__(self, "logit_bias", tuple((int(t), float(b)) for t, b in self.logit_bias))
 
     def to_wire(self) -> list:
         return [self.temperature, self.top_p, self.top_k, self.min_p, self.seed,
                 self.presence_penalty, self.frequency_penalty, self.repeat_penalty,
-                self.top_logprobs, self.ignore_eos, self.grammar]
+                self.top_logprobs, self.ignore_eos, self.grammar, [list(p) for p in self.logit_bias]]
 
     @classmethod
     def from_wire(cls, w: list) -> SamplingParams:
-        return cls(*w)
+        return cls(*w)  # an older peer's shorter list takes the later fields' defaults
 
 
 @dataclass(slots=True)

@@ -41,10 +41,10 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
     async def infill(request: Request):
         raw = await request.body()
         body, fields = json_object(raw), parse(InfillRequest, raw)
-        opts = await asyncio.to_thread(options, body)  # a grammar or schema compiles: off the event loop
+        eng = await models.get(fields.model)
+        opts = await asyncio.to_thread(options, body, eng.tokenizer)  # a grammar compiles: off the event loop
         if opts.n_predict == 0:
             raise BadRequest("n_predict must be -1 (until the window is full) or at least 1", param="n_predict")
-        eng = await models.get(fields.model)
         reserve = opts.n_predict if opts.n_predict > 0 else eng.n_ctx // 4
         prompt = await asyncio.to_thread(build_prompt, eng, fields, reserve)  # tokenizing: off the event loop
         if len(prompt) >= eng.n_ctx:

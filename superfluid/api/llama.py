@@ -182,8 +182,9 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
         model = body.get("model")
         if model is not None and not isinstance(model, str):
             raise BadRequest("model must be a string", param="model")
-        opts = await asyncio.to_thread(options, body)  # a grammar or schema compiles: off the event loop
         eng = await models.get(model)
+        # a grammar or schema compiles, logit_bias text tokenizes: off the event loop
+        opts = await asyncio.to_thread(options, body, eng.tokenizer)
         prompt = await asyncio.to_thread(prompt_tokens, eng, body.get("prompt", ""))
         if not prompt:
             raise BadRequest("the prompt is empty", param="prompt")

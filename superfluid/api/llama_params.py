@@ -1,8 +1,8 @@
 """llama-server's /completion body → the canonical request: its option names and defaults
 (temperature 0.8, top_k 40, top_p 0.95, min_p 0.05, n_predict -1), checked field by field
-(a 400 names the field). Options for samplers we do not have (mirostat, DRY, XTC, typical_p,
-dynamic temperature) and for its slot and cache machinery are accepted and ignored;
-docs/migrating.md lists them."""
+(a 400 names the field); logit_bias in its three shapes (api/bias.py). Options for samplers
+we do not have (mirostat, DRY, XTC, typical_p, dynamic temperature) and for its slot and
+cache machinery are accepted and ignored; docs/migrating.md lists them."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from ..codec import grammar as gr
 from ..errors import BadRequest, ContextLengthExceeded
 from ..limits import MAX_STOPS, MAX_TOP_LOGPROBS
 from ..request import SamplingParams
+from .bias import logit_bias
 from .prompt import response_format_grammar
 from .schema import number_in
 
@@ -80,7 +81,8 @@ def _samplers(body: dict) -> tuple[str, ...]:
     return _strings(body, "samplers", MAX_SAMPLERS, 32) if v is not None else DEFAULT_SAMPLERS
 
 
-def options(body: dict) -> Options:
+def options(body: dict, tokenizer=None) -> Options:
+    """`tokenizer`: the model's, to check (and tokenize) logit_bias keys against."""
     n_predict = integer(body, "n_predict", -1, 1 << 30, integer(body, "max_tokens", -1, 1 << 30, -1))
     samplers = _samplers(body)
     temperature = max(0.0, number_in(body, "temperature", -1e6, 100.0, DEFAULTS["temperature"], allow_null=True))
@@ -99,14 +101,15 @@ def options(body: dict) -> Options:
     if integer(body, "n_cmpl", 1, 16, 1) > 1:
         raise BadRequest("one completion per request: n_cmpl must be 1", param="n_cmpl")
     bias = body.get("logit_bias")
-    if bias not in (None, [], {}):
-        raise BadRequest("logit_bias is not supported", param="logit_bias")
+    if bias not in (None, [], {}) and tokenizer is None:
+        raise BadRequest("logit_bias needs the model's vocabulary", param="logit_bias")
+    bias = logit_bias(bias, tokenizer, text_keys=True) if tokenizer is not None else ()
     sp = SamplingParams(
         temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, seed=0,
         presence_penalty=number_in(body, "presence_penalty", -100.0, 100.0, 0.0, allow_null=True),
         frequency_penalty=number_in(body, "frequency_penalty", -100.0, 100.0, 0.0, allow_null=True),
         repeat_penalty=repeat, top_logprobs=n_probs if n_probs > 0 else -1,
-        ignore_eos=flag(body, "ignore_eos"), grammar=_grammar(body))
+        ignore_eos=flag(body, "ignore_eos"), grammar=_grammar(body), logit_bias=bias)
     return Options(n_predict=n_predict, stream=flag(body, "stream"), stop=_strings(body, "stop", MAX_STOPS),
                    sampling=sp, seed=None if seed in RANDOM_SEEDS else seed % (1 << 63), samplers=samplers,
                    n_probs=n_probs, return_tokens=flag(body, "return_tokens"),

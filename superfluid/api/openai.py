@@ -10,6 +10,7 @@ from ..errors import BadRequest
 from ..request import Calls, Chunk, FinishReason, GenRequest, Qos, SamplingParams, TokenLogprob, ToolCall
 from ..codec import fim
 from ..codec.tools import new_call_id
+from .bias import logit_bias
 from .prompt import ChatPrompt, response_format_grammar, template_options
 from .prompt import chat_prompt as build_chat_prompt
 from .schema import ChatCompletionRequest, CompletionRequest, Message, Sampling
@@ -65,11 +66,14 @@ def completion_prompt(engine, body: CompletionRequest) -> list[int]:
 
 def gen_requests(body: Sampling, prompt: list[int], *, base_id: str, n_ctx: int, seed: int,
                  default_max: int | None, top_logprobs: int, qos: Qos,
-                 max_tokens: int | None = None, grammar: str = "", channels=None) -> list[GenRequest]:
+                 max_tokens: int | None = None, grammar: str = "", channels=None,
+                 tokenizer=None) -> list[GenRequest]:
+    """One request per choice. `tokenizer`: the model's, which logit_bias ids must be in."""
     stops = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())  # limits.py checks them
     room = max(1, n_ctx - len(prompt))  # a prompt that fills the window is refused by the engine's check
     mt = max_tokens or body.max_tokens or (min(default_max, room) if default_max else room)
     base_seed = body.seed if body.seed is not None else seed
+    bias = logit_bias(body.logit_bias, tokenizer) if body.logit_bias else ()
     reqs = []
     for i in range(body.n):
         sp = SamplingParams(
@@ -78,7 +82,7 @@ def gen_requests(body: Sampling, prompt: list[int], *, base_id: str, n_ctx: int,
             top_k=body.top_k or 0, min_p=body.min_p or 0.0, seed=(base_seed + i) % (1 << 63),
             presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
             repeat_penalty=body.repeat_penalty, top_logprobs=top_logprobs,
-            ignore_eos=body.ignore_eos, grammar=grammar)
+            ignore_eos=body.ignore_eos, grammar=grammar, logit_bias=bias)
         reqs.append(GenRequest(f"{base_id}-{i}", prompt, sp, mt, stops, qos, channels=channels))
     return reqs
 

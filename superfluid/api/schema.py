@@ -67,6 +67,7 @@ class Sampling(_Body):
     repeat_penalty: float = Field(1.0, gt=0)
     ignore_eos: bool = False
     stream_options: StreamOptions | None = None
+    logit_bias: dict[str, float] | None = None  # token id → bias (api/bias.py checks it)
 
 
 class ChatCompletionRequest(Sampling):

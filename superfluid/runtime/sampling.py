@@ -42,6 +42,9 @@ class LaneSampler:
         self.eog = eog
         self.matcher = matcher
         self.counts: dict[int, int] = {}
+        # logit_bias: ids and biases as arrays; -100 or less is a ban (as OpenAI documents)
+        self.bias_ids = np.fromiter((t for t, _ in params.logit_bias), dtype=np.int64)
+        self.bias = np.fromiter((-np.inf if b <= -100 else b for _, b in params.logit_bias), dtype=np.float32)
         for t in history:
             self.counts[t] = self.counts.get(t, 0) + 1
         if matcher is not None and history:
@@ -89,7 +92,7 @@ class LaneSampler:
     def _processed(self, logits: np.ndarray) -> np.ndarray:
         p = self.p
         penal = self.counts and (p.presence_penalty or p.frequency_penalty or p.repeat_penalty != 1.0)
-        if not (penal or p.ignore_eos):
+        if not (penal or p.ignore_eos or self.bias.size):
             return logits
         x = np.array(logits, dtype=np.float32)
         if p.ignore_eos and self.eog.size and not (self.matcher is not None and self.matcher.is_stopped()):
@@ -101,6 +104,9 @@ class LaneSampler:
             if p.repeat_penalty != 1.0:
                 v = np.where(v > 0, v / p.repeat_penalty, v * p.repeat_penalty)
             x[toks] = v - p.presence_penalty - p.frequency_penalty * cnt
+        if self.bias.size:
+            ok = self.bias_ids < x.shape[0]  # ids were checked against the tokenizer's vocabulary
+            x[self.bias_ids[ok]] += self.bias[ok]
         return x
 
     def _draw(self, x: np.ndarray, u: float) -> int:

@@ -150,7 +150,7 @@ def test_completion_bad_input_gets_llama_errors(d):
                         ({"prompt": "x", "grammar": "root ::= " + "(" * 3000}, "grammar"),
                         ({"prompt": "x", "grammar": 5}, "grammar"), ({"prompt": "x", "stop": [1]}, "stop"),
                         ({"prompt": "x", "stop": ["s"] * 17}, "stop"), ({"prompt": "x", "samplers": "kz"}, "samplers"),
-                        ({"prompt": "x", "logit_bias": [[1, False]]}, "logit_bias"), ({"prompt": ""}, "prompt"),
+                        ({"prompt": "x", "logit_bias": [[10 ** 9, False]]}, "logit_bias"), ({"prompt": ""}, "prompt"),
                         ({"prompt": "x", "model": 5}, None)]:
         llama_error(post(d, "/completion", body), 400, param)
     err = llama_error(post(d, "/completion", {"prompt": "word " * 600}), 400)

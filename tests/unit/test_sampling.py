@@ -209,3 +209,47 @@ def test_log_softmax_normalizes_and_is_stable():
     assert np.all(np.isfinite(lp))
     assert np.exp(lp).sum() == pytest.approx(1.0)
     assert lp[0] == pytest.approx(np.log(0.5))
+
+
+# -- logit_bias ---------------------------------------------------------------------------
+
+def test_logit_bias_ban_changes_the_greedy_token():
+    x = np.array([0.0, 5.0, 4.0, 1.0], dtype=np.float32)
+    assert sampler(temperature=0.0).sample(0, x, 0).token == 1
+    assert sampler(temperature=0.0, logit_bias=((1, -100.0),)).sample(0, x, 0).token == 2
+
+
+def test_logit_bias_plus_100_forces_a_token():
+    x = random_logits(3)
+    worst = int(np.argmin(x))
+    assert sampler(temperature=0.0, logit_bias=((worst, 100.0),)).sample(0, x, 0).token == worst
+    assert {sampler(temperature=1.0, seed=s, logit_bias=((worst, 100.0),)).sample(0, x, 0).token
+            for s in range(50)} == {worst}
+
+
+def test_a_banned_token_is_never_drawn():
+    x = np.zeros(V, dtype=np.float32)
+    assert 3 not in draws(x, 400, temperature=1.0, logit_bias=((3, -100.0),))
+
+
+def test_a_small_bias_shifts_the_logit():
+    x = np.array([1.0, 1.5], dtype=np.float32)
+    assert sampler(temperature=0.0, logit_bias=((0, 1.0),)).sample(0, x, 0).token == 0
+    assert sampler(temperature=0.0, logit_bias=((0, 0.4),)).sample(0, x, 0).token == 1
+
+
+def test_logit_bias_leaves_logprobs_of_the_raw_distribution_and_the_callers_logits():
+    x = random_logits(4)
+    before = x.copy()
+    s = sampler(temperature=0.0, top_logprobs=0, logit_bias=((0, -100.0),)).sample(0, x, 0)
+    assert np.array_equal(x, before)
+    assert s.token != 0 and s.logprob == pytest.approx(float(log_softmax(x)[s.token]))
+
+
+def test_logit_bias_survives_the_wire():
+    sp = SamplingParams(logit_bias=((5, -100.0), (7, 2.5)), grammar="g")
+    w = sp.to_wire()
+    assert w[10] == "g"
+    assert SamplingParams.from_wire(w) == sp
+    assert SamplingParams.from_wire(w[:11]).logit_bias == ()  # an older peer's list
+    assert SamplingParams(logit_bias=[[5, -100], [7, 2.5]]) == sp.__class__(logit_bias=((5, -100.0), (7, 2.5)))

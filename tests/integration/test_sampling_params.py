@@ -1,0 +1,94 @@
+"""Sampling parameters clients send, by their effect on greedy output on a real daemon:
+logit_bias on OpenAI chat/completions and llama-server's /completion, its limits as typed
+400s, and seed reproducibility."""
+
+import httpx
+import openai
+import pytest
+
+from .daemon import Daemon
+
+PROMPT = "The capital of France is"
+CHAT = [{"role": "user", "content": "Name a colour."}]
+
+
+@pytest.fixture(scope="module")
+def d():
+    dm = Daemon(max_batch=2, max_context=512)
+    yield dm
+    dm.stop()
+
+
+@pytest.fixture(scope="module")
+def oa(d):
+    return openai.OpenAI(base_url=d.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def tokens(d, text: str) -> list[int]:
+    r = httpx.post(d.url + "/tokenize", json={"content": text}, timeout=60)
+    return r.json()["tokens"]
+
+
+def first_token(d, **extra) -> tuple[int, str]:
+    """The first token /completion generates greedily (its id and the whole text)."""
+    r = httpx.post(d.url + "/completion", json={"prompt": PROMPT, "temperature": 0, "n_predict": 4,
+                                               "return_tokens": True, **extra}, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()["tokens"][0], r.json()["content"]
+
+
+def test_completion_logit_bias_bans_and_forces(d):
+    first, text = first_token(d)
+    banned, _ = first_token(d, logit_bias=[[first, False]])
+    assert banned != first
+    assert first_token(d, logit_bias={str(first): -100})[0] != first
+    forced = tokens(d, " banana")[0]
+    assert forced != first
+    assert first_token(d, logit_bias=[[forced, 100]])[0] == forced
+    # text keys: every token of the text gets the bias
+    assert first_token(d, logit_bias=[[" banana", 100]])[0] == forced
+
+
+def test_openai_completions_logit_bias(d, oa):
+    kw = {"model": "x", "prompt": PROMPT, "temperature": 0, "max_tokens": 3, "logprobs": 0}
+    plain = oa.completions.create(**kw)
+    first = plain.choices[0].logprobs.tokens[0]
+    first_id = tokens(d, first)[0]
+    banned = oa.completions.create(**kw, logit_bias={str(first_id): -100})
+    assert banned.choices[0].logprobs.tokens[0] != first
+    forced = tokens(d, " banana")[0]
+    out = oa.completions.create(**kw, logit_bias={str(forced): 100})
+    assert out.choices[0].text.startswith(" banana")
+
+
+def test_chat_logit_bias_bans_the_greedy_first_token(d, oa):
+    kw = {"model": "x", "messages": CHAT, "temperature": 0, "max_tokens": 4, "logprobs": True}
+    plain = oa.chat.completions.create(**kw)
+    first = plain.choices[0].logprobs.content[0]
+    first_id = tokens(d, first.token)[0]
+    banned = oa.chat.completions.create(**kw, logit_bias={str(first_id): -100})
+    assert banned.choices[0].logprobs.content[0].token != first.token
+    assert plain.system_fingerprint and plain.system_fingerprint == banned.system_fingerprint
+
+
+@pytest.mark.parametrize("bias", [{"5": 101}, {"5": -100.5}, {"99999999": 1}, {"word": 1},
+                                  {str(i): 1 for i in range(301)}])
+def test_openai_bad_logit_bias_is_a_400_naming_it(oa, bias):
+    with pytest.raises(openai.BadRequestError) as e:
+        oa.chat.completions.create(model="x", messages=CHAT, max_tokens=1, logit_bias=bias)
+    assert e.value.body["param"] == "logit_bias"
+
+
+@pytest.mark.parametrize("bias", [[[5, 101]], [[10 ** 9, 1]], [[5]], {"5": "x"}])
+def test_completion_bad_logit_bias_is_a_400_naming_it(d, bias):
+    r = httpx.post(d.url + "/completion", json={"prompt": "x", "n_predict": 1, "logit_bias": bias}, timeout=60)
+    assert r.status_code == 400, r.text
+    assert "logit_bias" in r.text
+
+
+def test_same_seed_same_output_and_different_seeds_differ(oa):
+    kw = {"model": "x", "prompt": "Once upon a time", "temperature": 1.0, "max_tokens": 12}
+    a = oa.completions.create(**kw, seed=11).choices[0].text
+    assert oa.completions.create(**kw, seed=11).choices[0].text == a
+    others = {oa.completions.create(**kw, seed=s).choices[0].text for s in (12, 13, 14)}
+    assert others - {a}
