@@ -26,6 +26,9 @@ class LaneOpen:
     sampling: SamplingParams
     history: tuple[int, ...] = ()  # tokens already generated (penalties on a resumed lane)
     keep: int = 0  # KV positions [0, keep) stay (a prefix the slot already holds); the rest is dropped
+    # the context before `history` the penalties count (the prompt's last repeat_last_n tokens;
+    # empty when no penalty applies): sent, not mirrored, so a cached prefix counts the same
+    context: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +133,7 @@ class StepPlan:
             sampling = o.sampling.to_wire()
             if o.sampling.grammar:
                 sampling[GRAMMAR_AT] = grammars.setdefault(o.sampling.grammar, len(grammars))
-            opens.append([o.seq, sampling, list(o.history), o.keep])
+            opens.append([o.seq, sampling, list(o.history), o.keep, list(o.context)])
         return [self.step,
                 opens,
                 [[r.seq, r.pos, list(r.tokens), r.sample, r.draft] for r in self.runs],
@@ -152,7 +155,8 @@ class StepPlan:
                 p = [*p[:GRAMMAR_AT], str(grammars[p[GRAMMAR_AT]]), *p[GRAMMAR_AT + 1:]]
             return SamplingParams.from_wire(p)
         return cls(step,
-                   tuple(LaneOpen(s, sampling(p), tuple(h), k) for s, p, h, k in opens),
+                   tuple(LaneOpen(o[0], sampling(o[1]), tuple(o[2]), o[3], tuple(o[4] if len(o) > 4 else ()))
+                         for o in opens),
                    tuple(Run(s, p, tuple(t), bool(x), int(d)) for s, p, t, x, d in runs),
                    tuple(closes),
                    tuple(Copy(a, b, n) for a, b, n in copies),

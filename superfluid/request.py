@@ -60,6 +60,10 @@ class SamplingParams:
     # new fields go at the end (the wire is positional; plan.GRAMMAR_AT points at `grammar`)
     # (token id, bias) pairs added to the logits before masks and the draw; -100 or less bans
     logit_bias: tuple[tuple[int, float], ...] = ()
+    typical_p: float = 1.0  # locally typical sampling: keep the most typical tokens up to this mass; 1 off
+    # the penalties (presence, frequency, repeat) count the last n tokens of the lane's context,
+    # prompt included (llama.cpp's penalty_last_n); -1: the whole context; 0: penalties off
+    repeat_last_n: int = -1
 
     def __post_init__(self) -> None:
         # from the wire or a session log's JSON the pairs arrive as lists
@@ -70,11 +74,18 @@ class SamplingParams:
     def to_wire(self) -> list:
         return [self.temperature, self.top_p, self.top_k, self.min_p, self.seed,
                 self.presence_penalty, self.frequency_penalty, self.repeat_penalty,
-                self.top_logprobs, self.ignore_eos, self.grammar, [list(p) for p in self.logit_bias]]
+                self.top_logprobs, self.ignore_eos, self.grammar, [list(p) for p in self.logit_bias],
+                self.typical_p, self.repeat_last_n]
 
     @classmethod
     def from_wire(cls, w: list) -> SamplingParams:
         return cls(*w)  # an older peer's shorter list takes the later fields' defaults
+
+    @property
+    def penalized(self) -> bool:
+        """Do penalties apply (so the sampler needs the lane's context)?"""
+        return self.repeat_last_n != 0 and bool(self.presence_penalty or self.frequency_penalty
+                                                or self.repeat_penalty != 1.0)
 
 
 @dataclass(slots=True)

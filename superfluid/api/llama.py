@@ -86,13 +86,15 @@ def settings(opts: Options | None, n_ctx: int, model: str, seed: int | None = No
             "top_k": sp.top_k if sp else DEFAULTS["top_k"], "top_p": sp.top_p if sp else DEFAULTS["top_p"],
             "min_p": sp.min_p if sp else DEFAULTS["min_p"],
             "repeat_penalty": sp.repeat_penalty if sp else DEFAULTS["repeat_penalty"],
+            "typical_p": sp.typical_p if sp else DEFAULTS["typical_p"],
+            "repeat_last_n": sp.repeat_last_n if sp else DEFAULTS["repeat_last_n"],
             "presence_penalty": sp.presence_penalty if sp else 0.0,
             "frequency_penalty": sp.frequency_penalty if sp else 0.0,
             "stop": list(opts.stop) if opts else [], "max_tokens": n_predict,
             "ignore_eos": sp.ignore_eos if sp else False, "stream": opts.stream if opts else True,
             "n_probs": opts.n_probs if opts else 0, "grammar": sp.grammar if sp else "",
-            "samplers": [s for s in (opts.samplers if opts else ("top_k", "top_p", "min_p", "temperature"))
-                         if s in ("top_k", "top_p", "min_p", "temperature")]}
+            "samplers": [s for s in (opts.samplers if opts else ("top_k", "typ_p", "top_p", "min_p", "temperature"))
+                         if s in ("top_k", "typ_p", "top_p", "min_p", "temperature")]}
 
 
 def piece(b: bytes) -> str | list[int]:

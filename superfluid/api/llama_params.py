@@ -1,8 +1,8 @@
 """llama-server's /completion body → the canonical request: its option names and defaults
 (temperature 0.8, top_k 40, top_p 0.95, min_p 0.05, n_predict -1), checked field by field
 (a 400 names the field); logit_bias in its three shapes (api/bias.py). Options for samplers
-we do not have (mirostat, DRY, XTC, typical_p, dynamic temperature) and for its slot and
-cache machinery are accepted and ignored; docs/migrating.md lists them."""
+we do not have (mirostat, DRY, XTC, dynamic temperature) and for its slot and cache
+machinery are accepted and ignored; docs/migrating.md lists them."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from ..codec import grammar as gr
 from ..errors import BadRequest, ContextLengthExceeded
-from ..limits import MAX_STOPS, MAX_TOP_LOGPROBS
+from ..limits import MAX_REPEAT_LAST_N, MAX_STOPS, MAX_TOP_LOGPROBS
 from ..request import SamplingParams
 from .bias import logit_bias
 from .prompt import response_format_grammar
@@ -23,7 +23,7 @@ DEFAULT_SAMPLERS = ("penalties", "dry", "top_k", "typ_p", "top_p", "min_p", "xtc
 MAX_SAMPLERS = 32
 MAX_RESPONSE_FIELDS = 64
 DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "repeat_penalty": 1.0,
-            "presence_penalty": 0.0, "frequency_penalty": 0.0}
+            "presence_penalty": 0.0, "frequency_penalty": 0.0, "typical_p": 1.0, "repeat_last_n": 64}
 
 
 @dataclass
@@ -96,6 +96,8 @@ def options(body: dict, tokenizer=None) -> Options:
     if top_p <= 0.0:  # nothing but the likeliest token survives
         temperature, top_p = 0.0, 1.0
     repeat = number_in(body, "repeat_penalty", 0.0, 100.0, DEFAULTS["repeat_penalty"], allow_null=True) or 1.0
+    typical = number_in(body, "typical_p", 0.0, 1.0, 1.0, allow_null=True) if "typ_p" in samplers else 1.0
+    last_n = integer(body, "repeat_last_n", -1, MAX_REPEAT_LAST_N, 64)
     seed = integer(body, "seed", -1, (1 << 64) - 1, -1)
     n_probs = integer(body, "n_probs", 0, MAX_TOP_LOGPROBS, 0)
     if integer(body, "n_cmpl", 1, 16, 1) > 1:
@@ -109,7 +111,8 @@ def options(body: dict, tokenizer=None) -> Options:
         presence_penalty=number_in(body, "presence_penalty", -100.0, 100.0, 0.0, allow_null=True),
         frequency_penalty=number_in(body, "frequency_penalty", -100.0, 100.0, 0.0, allow_null=True),
         repeat_penalty=repeat, top_logprobs=n_probs if n_probs > 0 else -1,
-        ignore_eos=flag(body, "ignore_eos"), grammar=_grammar(body), logit_bias=bias)
+        ignore_eos=flag(body, "ignore_eos"), grammar=_grammar(body), logit_bias=bias,
+        typical_p=typical or 1.0, repeat_last_n=last_n)
     return Options(n_predict=n_predict, stream=flag(body, "stream"), stop=_strings(body, "stop", MAX_STOPS),
                    sampling=sp, seed=None if seed in RANDOM_SEEDS else seed % (1 << 63), samplers=samplers,
                    n_probs=n_probs, return_tokens=flag(body, "return_tokens"),

@@ -20,8 +20,9 @@ from fastapi.responses import Response
 
 from ..errors import BadRequest, Forbidden
 from ..ids import new_id
-from ..request import Calls, Chunk, GenRequest, Qos, SamplingParams
+from ..request import Calls, Chunk, GenRequest, Qos
 from .embeddings import embed_texts, embedding_engine, shorten
+from .ollama_options import sampling
 from .schema import MAX_EMBED_INPUTS, json_object
 from ..codec import fim, grammar
 from ..codec.tools import new_call_id
@@ -32,8 +33,6 @@ from .streams import collect, raise_first_error, sse
 
 OLLAMA_VERSION = "0.12.0"  # the API level we follow
 NDJSON = "application/x-ndjson"
-# Ollama's documented defaults (repeat_penalty stays 1.0: ours covers generated tokens only)
-DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.9, "min_p": 0.0}
 
 
 def _now() -> str:
@@ -43,44 +42,6 @@ def _now() -> str:
 def error_response(status: int, message: str) -> Response:
     """Ollama's error shape: {"error": "message"}."""
     return Response(orjson.dumps({"error": message}), status_code=status, media_type="application/json")
-
-
-def _num(opts: dict, key: str, kind, default=None):
-    v = opts.get(key, default)
-    if v is None:
-        return None
-    if kind is int and isinstance(v, float) and v.is_integer():
-        v = int(v)
-    if isinstance(v, bool) or not isinstance(v, (int, float) if kind is float else int):
-        raise BadRequest(f"options.{key} must be a number", param=f"options.{key}")
-    return kind(v)
-
-
-def sampling(opts, seed: int) -> tuple[SamplingParams, int | None, tuple[str, ...]]:
-    """(params, num_predict or None, stop strings) from Ollama options."""
-    if opts is None:
-        opts = {}
-    if not isinstance(opts, dict):
-        raise BadRequest("options must be an object", param="options")
-    stop = opts.get("stop") or ()
-    if isinstance(stop, str):
-        stop = (stop,)
-    if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
-        raise BadRequest("options.stop must be a list of strings", param="options.stop")
-    n = _num(opts, "num_predict", int)
-    opt_seed = _num(opts, "seed", int)
-    sp = SamplingParams(
-        temperature=_num(opts, "temperature", float, DEFAULTS["temperature"]),
-        top_p=_num(opts, "top_p", float, DEFAULTS["top_p"]),
-        top_k=_num(opts, "top_k", int, DEFAULTS["top_k"]),
-        min_p=_num(opts, "min_p", float, DEFAULTS["min_p"]),
-        seed=(opt_seed if opt_seed is not None else seed) % (1 << 63),
-        presence_penalty=_num(opts, "presence_penalty", float, 0.0),
-        frequency_penalty=_num(opts, "frequency_penalty", float, 0.0),
-        repeat_penalty=_num(opts, "repeat_penalty", float, 1.0))
-    if sp.temperature < 0 or not 0 < sp.top_p <= 1 or sp.top_k < 0 or sp.repeat_penalty <= 0:
-        raise BadRequest("options out of range (temperature >= 0, 0 < top_p <= 1, top_k >= 0)", param="options")
-    return sp, (n if n is not None and n >= 0 else None), tuple(stop)
 
 
 def format_grammar(fmt: object) -> str:

@@ -81,8 +81,9 @@ def gen_requests(body: Sampling, prompt: list[int], *, base_id: str, n_ctx: int,
             top_p=1.0 if body.top_p is None else body.top_p,
             top_k=body.top_k or 0, min_p=body.min_p or 0.0, seed=(base_seed + i) % (1 << 63),
             presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
-            repeat_penalty=body.repeat_penalty, top_logprobs=top_logprobs,
-            ignore_eos=body.ignore_eos, grammar=grammar, logit_bias=bias)
+            repeat_penalty=body.repetition_penalty or body.repeat_penalty, top_logprobs=top_logprobs,
+            ignore_eos=body.ignore_eos, grammar=grammar, logit_bias=bias, typical_p=body.typical_p or 1.0,
+            repeat_last_n=-1 if body.repeat_last_n is None else body.repeat_last_n)
         reqs.append(GenRequest(f"{base_id}-{i}", prompt, sp, mt, stops, qos, channels=channels))
     return reqs
 

@@ -9,7 +9,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import BadRequest
-from ..limits import MAX_INFILL_FILES
+from ..limits import MAX_INFILL_FILES, MAX_REPEAT_LAST_N
 
 
 class _Body(BaseModel):
@@ -64,7 +64,10 @@ class Sampling(_Body):
     n: int = Field(1, ge=1, le=16)
     presence_penalty: float = Field(0.0, ge=-2, le=2)
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
-    repeat_penalty: float = Field(1.0, gt=0)
+    repeat_penalty: float = Field(1.0, gt=0, le=100)
+    repetition_penalty: float | None = Field(None, gt=0, le=100)  # vLLM's name for repeat_penalty
+    typical_p: float | None = Field(None, gt=0, le=1)
+    repeat_last_n: int | None = Field(None, ge=-1, le=MAX_REPEAT_LAST_N)  # the penalties' window; -1 all
     ignore_eos: bool = False
     stream_options: StreamOptions | None = None
     logit_bias: dict[str, float] | None = None  # token id → bias (api/bias.py checks it)

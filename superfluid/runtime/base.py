@@ -132,7 +132,7 @@ class Runtime(ABC):
                 self._break(o.seq, failed)  # the cache entry it was seeded from is not there
             try:
                 matcher = self.grammar_matcher(o.sampling.grammar) if o.sampling.grammar else None
-                self._samplers[o.seq] = LaneSampler(o.sampling, o.history, self.eog, matcher)
+                self._samplers[o.seq] = LaneSampler(o.sampling, o.history, self.eog, matcher, o.context)
             except Exception as e:  # noqa: BLE001 -- this lane's own fault: it alone fails
                 self._fault(o.seq, e, errors)
         for c in plan.copies:

@@ -4,6 +4,8 @@ what an uninterrupted one would. Greedy (temperature 0) never draws."""
 
 from __future__ import annotations
 
+from collections import deque
+
 import numpy as np
 
 from ..plan import Sampled
@@ -34,21 +36,39 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
 
 
 class LaneSampler:
-    """Per-lane sampling state: the params, the counts of tokens generated so far and, for a
-    constrained lane, the grammar matcher (an llguidance LLMatcher that has consumed them)."""
+    """Per-lane sampling state: the params, the counts of the tokens the penalties see (the
+    last repeat_last_n of the lane's context: `context`, the prompt before this turn, then
+    `history` and what it samples) and, for a constrained lane, the grammar matcher (an
+    llguidance LLMatcher that has consumed this turn's tokens)."""
 
-    def __init__(self, params: SamplingParams, history: tuple[int, ...], eog: np.ndarray, matcher=None):
+    def __init__(self, params: SamplingParams, history: tuple[int, ...], eog: np.ndarray, matcher=None,
+                 context: tuple[int, ...] = ()):
         self.p = params
         self.eog = eog
         self.matcher = matcher
         self.counts: dict[int, int] = {}
+        self.recent: deque[int] = deque()  # the window's tokens, oldest first (repeat_last_n > 0)
         # logit_bias: ids and biases as arrays; -100 or less is a ban (as OpenAI documents)
         self.bias_ids = np.fromiter((t for t, _ in params.logit_bias), dtype=np.int64)
         self.bias = np.fromiter((-np.inf if b <= -100 else b for _, b in params.logit_bias), dtype=np.float32)
-        for t in history:
-            self.counts[t] = self.counts.get(t, 0) + 1
+        if params.penalized:
+            for t in (*context, *history):
+                self._seen(t)
         if matcher is not None and history:
             matcher.consume_tokens(list(history))
+
+    def _seen(self, token: int) -> None:
+        self.counts[token] = self.counts.get(token, 0) + 1
+        n = self.p.repeat_last_n
+        if n > 0:
+            self.recent.append(token)
+            if len(self.recent) > n:
+                old = self.recent.popleft()
+                left = self.counts[old] - 1
+                if left:
+                    self.counts[old] = left
+                else:
+                    del self.counts[old]
 
     def _masked(self, x: np.ndarray) -> np.ndarray:
         """Only the tokens the grammar allows next (the end token once it is complete)."""
@@ -69,7 +89,8 @@ class LaneSampler:
             token = int(np.argmax(x))
         else:
             token = self._draw(x, uniform(p.seed, position))
-        self.counts[token] = self.counts.get(token, 0) + 1
+        if p.penalized:
+            self._seen(token)
         if self.matcher is not None:
             self.matcher.consume_token(token)
         if p.top_logprobs < 0:
@@ -91,7 +112,7 @@ class LaneSampler:
 
     def _processed(self, logits: np.ndarray) -> np.ndarray:
         p = self.p
-        penal = self.counts and (p.presence_penalty or p.frequency_penalty or p.repeat_penalty != 1.0)
+        penal = self.counts and p.penalized
         if not (penal or p.ignore_eos or self.bias.size):
             return logits
         x = np.array(logits, dtype=np.float32)
@@ -119,11 +140,13 @@ class LaneSampler:
         z = x[cand].astype(np.float64) / p.temperature
         z = np.exp(z - z.max())
         probs = z / z.sum()
-        # a deterministic order: most probable first, ties by token id
-        if p.top_p < 1.0 and cand.shape[0] > _TOP_P_WINDOW:
+        if 0.0 < p.typical_p < 1.0:
+            cand, probs = _typical(cand, probs, p.typical_p)
+        elif p.top_p < 1.0 and cand.shape[0] > _TOP_P_WINDOW:
             win = np.argpartition(-probs, _TOP_P_WINDOW - 1)[:_TOP_P_WINDOW]
             if probs[win].sum() >= p.top_p:
                 cand, probs = cand[win], probs[win]
+        # a deterministic order: most probable first, ties by token id
         order = np.lexsort((cand, -probs))
         cand, probs = cand[order], probs[order]
         keep = cand.shape[0]
@@ -135,3 +158,15 @@ class LaneSampler:
         cdf = np.cumsum(probs)
         i = int(np.searchsorted(cdf, u * cdf[-1], side="right"))
         return int(cand[min(i, keep - 1)])
+
+
+def _typical(cand: np.ndarray, probs: np.ndarray, mass: float) -> tuple[np.ndarray, np.ndarray]:
+    """Locally typical sampling (Meister et al. 2022, llama.cpp's typ_p): keep the tokens whose
+    surprise is closest to the distribution's entropy until they hold `mass` of it."""
+    logp = np.log(np.maximum(probs, 1e-300))
+    shifted = np.abs(-logp - float(-(probs * logp).sum()))
+    order = np.lexsort((cand, shifted))
+    keep = int(np.searchsorted(np.cumsum(probs[order]), mass)) + 1
+    sel = order[:max(1, keep)]
+    p = probs[sel]
+    return cand[sel], p / p.sum()

@@ -65,6 +65,15 @@ class Job:
         """Known tokens whose KV has been sent to the worker."""
         return self.known()[:min(self.scheduled, self.context_len)]
 
+    def penalty_context(self) -> tuple[int, ...]:
+        """What the lane's penalties count before this turn's tokens (LaneOpen.context): the
+        prompt up to `prior`, its last repeat_last_n tokens; nothing when no penalty applies."""
+        sp = self.sampling
+        if not sp.penalized:
+            return ()
+        before = self.prompt[:len(self.prompt) - len(self.prior)]
+        return tuple(before if sp.repeat_last_n < 0 else before[-sp.repeat_last_n:])
+
     def context(self, start: int, n: int) -> tuple[int, ...]:
         """Tokens [start, start+n) of the planned context; PLACEHOLDER past the known part."""
         lp, lo = len(self.prompt), len(self.output)

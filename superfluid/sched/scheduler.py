@@ -285,7 +285,7 @@ class Scheduler(KvTiers, Results):
             self.counters.cached_tokens += n
         self.running[slot.seq] = job
         pinned.add(slot.seq)
-        opens.append(LaneOpen(slot.seq, job.sampling, job.prior + tuple(job.output), keep))
+        opens.append(LaneOpen(slot.seq, job.sampling, job.prior + tuple(job.output), keep, job.penalty_context()))
 
     def _runs(self, step: int, embeds: list[EmbedItem], restore_cost: int) -> list[Run]:
         runs: list[Run] = []

@@ -92,3 +92,85 @@ def test_same_seed_same_output_and_different_seeds_differ(oa):
     assert oa.completions.create(**kw, seed=11).choices[0].text == a
     others = {oa.completions.create(**kw, seed=s).choices[0].text for s in (12, 13, 14)}
     assert others - {a}
+
+
+# -- penalties over the context ------------------------------------------------------------
+
+REPEAT = "Say cat. cat cat cat cat cat"  # greedy goes on with " cat"
+
+
+def cat_first(d, **extra) -> bool:
+    r = httpx.post(d.url + "/completion", json={"prompt": REPEAT, "temperature": 0, "n_predict": 2, **extra},
+                   timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()["content"].startswith(" cat")
+
+
+def test_completion_penalties_count_the_prompt(d):
+    assert cat_first(d)
+    assert not cat_first(d, presence_penalty=5.0)  # the window's 64 tokens hold the prompt's cats
+    assert not cat_first(d, repeat_penalty=5.0, repeat_last_n=-1)
+    assert not cat_first(d, repeat_penalty=5.0, repeat_last_n=1)  # the last token is " cat"
+    assert cat_first(d, presence_penalty=5.0, repeat_last_n=0)  # 0: penalties off
+
+
+def test_openai_penalties_count_the_prompt(oa):
+    kw = {"model": "x", "prompt": REPEAT, "temperature": 0, "max_tokens": 2}
+    assert oa.completions.create(**kw).choices[0].text.startswith(" cat")
+    out = oa.completions.create(**kw, presence_penalty=2.0, frequency_penalty=2.0).choices[0].text
+    assert not out.startswith(" cat")
+    # vLLM's extra body fields
+    out = oa.completions.create(**kw, extra_body={"repetition_penalty": 5.0}).choices[0].text
+    assert not out.startswith(" cat")
+    out = oa.completions.create(**kw, extra_body={"repetition_penalty": 5.0, "repeat_last_n": 0}).choices[0].text
+    assert out.startswith(" cat")
+
+
+def test_ollama_penalties_count_the_prompt(d):
+    def gen(**opts) -> str:
+        r = httpx.post(d.url + "/api/generate", json={"model": "x", "prompt": REPEAT, "raw": True, "stream": False,
+                                                     "options": {"temperature": 0, "num_predict": 2, **opts}},
+                       timeout=120)
+        assert r.status_code == 200, r.text
+        return r.json()["response"]
+    assert gen(repeat_penalty=1.0).startswith(" cat")
+    assert not gen(repeat_penalty=5.0).startswith(" cat")
+    assert gen(repeat_penalty=5.0, repeat_last_n=0).startswith(" cat")
+
+
+@pytest.mark.parametrize("extra,param", [({"typical_p": 0}, "typical_p"), ({"typical_p": 1.5}, "typical_p"),
+                                         ({"repeat_last_n": -2}, "repeat_last_n"),
+                                         ({"repetition_penalty": 0}, "repetition_penalty")])
+def test_openai_bad_extras_are_400s(oa, extra, param):
+    with pytest.raises(openai.BadRequestError) as e:
+        oa.completions.create(model="x", prompt="x", max_tokens=1, extra_body=extra)
+    assert e.value.body["param"] == param
+
+
+def test_typical_p_is_accepted_everywhere(d, oa):
+    assert oa.completions.create(model="x", prompt="Hi", max_tokens=2, seed=1,
+                                 extra_body={"typical_p": 0.5}).choices[0].text is not None
+    r = httpx.post(d.url + "/completion", json={"prompt": "Hi", "n_predict": 2, "typical_p": 0.5}, timeout=60)
+    assert r.status_code == 200 and r.json()["generation_settings"]["typical_p"] == 0.5
+    r = httpx.post(d.url + "/api/generate", json={"model": "x", "prompt": "Hi", "stream": False,
+                                                 "options": {"num_predict": 2, "typical_p": 0.5}}, timeout=60)
+    assert r.status_code == 200, r.text
+
+
+# -- Ollama options ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("opts,param", [({"temprature": 0.5}, "options.temprature"),
+                                        ({"typical_p": 0}, "options.typical_p"),
+                                        ({"repeat_last_n": -5}, "options.repeat_last_n"),
+                                        ({"top_p": 2}, "options.top_p")])
+def test_ollama_bad_options_are_400s_naming_them(d, opts, param):
+    for path, body in (("/api/generate", {"prompt": "Hi"}), ("/api/chat", {"messages": CHAT})):
+        r = httpx.post(d.url + path, json={"model": "x", "stream": False, "options": opts, **body}, timeout=60)
+        assert r.status_code == 400, r.text
+        assert param in r.json()["error"]
+
+
+def test_ollama_accepts_runner_options_and_old_ones(d):
+    r = httpx.post(d.url + "/api/generate", json={"model": "x", "prompt": "Hi", "stream": False, "options": {
+        "num_predict": 1, "num_ctx": 2048, "num_thread": 2, "tfs_z": 1.0, "mirostat": 0}}, timeout=60)
+    assert r.status_code == 200, r.text

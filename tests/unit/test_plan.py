@@ -55,3 +55,11 @@ def test_step_result_roundtrip_through_msgpack():
 def test_n_tokens_counts_every_run():
     assert PLAN.n_tokens == 5
     assert StepPlan(1).n_tokens == 0
+
+
+def test_lane_open_context_roundtrip_and_an_older_four_field_open():
+    p = StepPlan(3, opens=(LaneOpen(0, SP, (5,), 2, (7, 8, 9)),))
+    assert StepPlan.from_wire(through_msgpack(p.to_wire())) == p
+    w = p.to_wire()
+    w[1][0] = w[1][0][:4]
+    assert StepPlan.from_wire(w).opens[0].context == ()

@@ -253,3 +253,61 @@ def test_logit_bias_survives_the_wire():
     assert SamplingParams.from_wire(w) == sp
     assert SamplingParams.from_wire(w[:11]).logit_bias == ()  # an older peer's list
     assert SamplingParams(logit_bias=[[5, -100], [7, 2.5]]) == sp.__class__(logit_bias=((5, -100.0), (7, 2.5)))
+
+
+# -- penalties over the context, repeat_last_n, typical_p ----------------------------------
+
+def test_penalties_count_the_prompt_context():
+    x = np.zeros(V, dtype=np.float32)
+    x[4], x[6] = 1.0, 0.9
+    s = LaneSampler(SamplingParams(temperature=0.0, presence_penalty=0.5), (), NO_EOG, None, (1, 4, 2))
+    assert s.sample(0, x, 0).token == 6
+
+
+def test_repeat_last_n_counts_only_the_last_n_tokens_of_context_and_output():
+    x = np.zeros(V, dtype=np.float32)
+    x[4], x[6], x[8] = 1.0, 0.9, 0.8
+    sp = SamplingParams(temperature=0.0, presence_penalty=0.5, repeat_last_n=2)
+    assert LaneSampler(sp, (), NO_EOG, None, (4, 1, 2)).sample(0, x, 0).token == 4  # 4 left the window
+    assert LaneSampler(sp, (), NO_EOG, None, (1, 4, 2)).sample(0, x, 0).token == 6
+    s = LaneSampler(sp, (), NO_EOG, None, (1, 2))
+    # 4, then 6 (4 is in the window), then 8 (4 and 6 are), then 4 again (it left the window)
+    assert [s.sample(0, x, p).token for p in range(4)] == [4, 6, 8, 4]
+
+
+def test_repeat_last_n_zero_turns_penalties_off():
+    x = np.zeros(V, dtype=np.float32)
+    x[4], x[6] = 1.0, 0.9
+    sp = SamplingParams(temperature=0.0, presence_penalty=0.5, repeat_last_n=0)
+    assert not sp.penalized
+    assert LaneSampler(sp, (4, 4), NO_EOG, None, (4,)).sample(0, x, 0).token == 4
+
+
+def test_a_resumed_lane_penalizes_as_an_uninterrupted_one():
+    logits = [random_logits(i) for i in range(12)]
+    sp = SamplingParams(temperature=0.8, seed=5, frequency_penalty=0.7, repeat_penalty=1.3, repeat_last_n=5)
+    whole = LaneSampler(sp, (), NO_EOG, None, (3, 9, 3))
+    out = [whole.sample(0, x, p).token for p, x in enumerate(logits)]
+    resumed = LaneSampler(sp, tuple(out[:7]), NO_EOG, None, (3, 9, 3))
+    assert [resumed.sample(0, x, p).token for p, x in enumerate(logits[7:], 7)] == out[7:]
+
+
+def test_typical_p_keeps_the_tokens_nearest_the_entropy():
+    # one likelier token among 15 equal ones (p 0.15 vs 0.056): its surprise (1.9 nats) is
+    # farther from the entropy (2.7) than theirs (2.9), so a small typical mass leaves it out
+    x = np.zeros(V, dtype=np.float32)
+    x[0] = 1.0
+    assert 0 in draws(x, 200, temperature=1.0)
+    got = draws(x, 200, temperature=1.0, typical_p=0.2)
+    assert 0 not in got and len(set(got)) > 1
+    assert draws(x, 50, temperature=1.0, typical_p=1.0) == draws(x, 50, temperature=1.0)
+
+
+def test_typical_p_does_not_touch_greedy():
+    x = random_logits(6)
+    assert sampler(temperature=0.0, typical_p=0.1).sample(0, x, 0).token == int(np.argmax(x))
+
+
+def test_new_fields_survive_the_wire():
+    sp = SamplingParams(typical_p=0.5, repeat_last_n=64, grammar="g")
+    assert SamplingParams.from_wire(sp.to_wire()) == sp and sp.to_wire()[10] == "g"

@@ -422,3 +422,13 @@ def test_big_grammars_spread_over_steps_so_no_step_is_over_the_frame_cap():
         back = StepPlan.from_wire(msgpack.unpackb(wire))
         assert back == plan
     assert sorted(opened) == sorted([f"g{i}" for i in range(16)] + [f"n{i}" for i in range(8)])
+
+
+def test_penalty_context_is_the_prompt_before_this_turn_within_repeat_last_n():
+    prompt = [1, 2, 3, 4, 5, 6]
+    plain = Job("a", prompt, SamplingParams(), 10)
+    assert plain.penalty_context() == ()  # no penalty: nothing to send
+    whole = Job("b", prompt, SamplingParams(presence_penalty=1.0), 10, prior=(5, 6))
+    assert whole.penalty_context() == (1, 2, 3, 4)
+    last = Job("c", prompt, SamplingParams(repeat_penalty=1.1, repeat_last_n=3), 10, prior=(6,))
+    assert last.penalty_context() == (3, 4, 5)

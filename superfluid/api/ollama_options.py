@@ -1,0 +1,78 @@
+"""Ollama's `options` → the canonical sampling params, with Ollama's names and defaults.
+
+A key Ollama does not know is a 400 naming `options.<key>` (a typo'd option silently doing
+nothing is worse). The valid names are Ollama's Options and Runner structs (api/types.go);
+the runner's own settings (num_ctx, num_gpu, ...) and samplers Ollama has since removed
+(mirostat, tfs_z, ...) that older clients still send are accepted and ignored."""
+
+from __future__ import annotations
+
+from ..errors import BadRequest
+from ..limits import MAX_REPEAT_LAST_N, MAX_STOPS
+from ..request import SamplingParams
+
+# Ollama's documented defaults (api/types.go DefaultOptions)
+DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.9, "min_p": 0.0, "typical_p": 1.0,
+            "repeat_penalty": 1.1, "repeat_last_n": 64}
+SAMPLING = ("num_predict", "seed", "stop", "temperature", "top_k", "top_p", "min_p", "typical_p",
+            "repeat_last_n", "repeat_penalty", "presence_penalty", "frequency_penalty")
+IGNORED = ("num_keep", "num_ctx", "num_batch", "num_gpu", "main_gpu", "use_mmap", "num_thread",
+           # removed from Ollama; older clients (Open WebUI, LangChain) still send them
+           "tfs_z", "mirostat", "mirostat_tau", "mirostat_eta", "penalize_newline", "numa", "low_vram",
+           "f16_kv", "logits_all", "vocab_only", "use_mlock", "num_gqa")
+KNOWN = frozenset(SAMPLING + IGNORED)
+
+
+def _num(opts: dict, key: str, kind, default=None):
+    v = opts.get(key, default)
+    if v is None:
+        return None
+    if kind is int and isinstance(v, float) and v.is_integer():
+        v = int(v)
+    if isinstance(v, bool) or not isinstance(v, (int, float) if kind is float else int):
+        raise BadRequest(f"options.{key} must be a number", param=f"options.{key}")
+    return kind(v)
+
+
+def _check(ok: bool, key: str, rule: str) -> None:
+    if not ok:
+        raise BadRequest(f"options.{key} must be {rule}", param=f"options.{key}")
+
+
+def sampling(opts, seed: int) -> tuple[SamplingParams, int | None, tuple[str, ...]]:
+    """(params, num_predict or None, stop strings) from Ollama options; `seed`: the request's
+    random seed when options.seed is not given."""
+    if opts is None:
+        opts = {}
+    if not isinstance(opts, dict):
+        raise BadRequest("options must be an object", param="options")
+    unknown = sorted(k for k in opts if k not in KNOWN)
+    if unknown:
+        key = f"options.{unknown[0][:64]}"
+        raise BadRequest(f"invalid option provided: {key}", param=key)
+    stop = opts.get("stop") or ()
+    if isinstance(stop, str):
+        stop = (stop,)
+    if not isinstance(stop, (list, tuple)) or len(stop) > MAX_STOPS or not all(isinstance(s, str) for s in stop):
+        raise BadRequest(f"options.stop must be a list of at most {MAX_STOPS} strings", param="options.stop")
+    n = _num(opts, "num_predict", int)
+    opt_seed = _num(opts, "seed", int)
+    get = {k: _num(opts, k, float, DEFAULTS.get(k, 0.0)) for k in
+           ("temperature", "top_p", "min_p", "typical_p", "repeat_penalty", "presence_penalty", "frequency_penalty")}
+    top_k = _num(opts, "top_k", int, DEFAULTS["top_k"])
+    last_n = _num(opts, "repeat_last_n", int, DEFAULTS["repeat_last_n"])
+    _check(get["temperature"] >= 0, "temperature", ">= 0")
+    _check(0 < get["top_p"] <= 1, "top_p", "in (0, 1]")
+    _check(0 <= get["min_p"] <= 1, "min_p", "in [0, 1]")
+    _check(0 < get["typical_p"] <= 1, "typical_p", "in (0, 1]")
+    _check(top_k >= 0, "top_k", ">= 0")
+    _check(0 < get["repeat_penalty"] <= 100, "repeat_penalty", "in (0, 100]")
+    for k in ("presence_penalty", "frequency_penalty"):
+        _check(-100 <= get[k] <= 100, k, "in [-100, 100]")
+    _check(-1 <= last_n <= MAX_REPEAT_LAST_N, "repeat_last_n", f"in [-1, {MAX_REPEAT_LAST_N}] (-1: the whole context)")
+    sp = SamplingParams(
+        temperature=get["temperature"], top_p=get["top_p"], top_k=top_k, min_p=get["min_p"],
+        seed=(opt_seed if opt_seed is not None else seed) % (1 << 63),
+        presence_penalty=get["presence_penalty"], frequency_penalty=get["frequency_penalty"],
+        repeat_penalty=get["repeat_penalty"], typical_p=get["typical_p"], repeat_last_n=last_n)
+    return sp, (n if n is not None and n >= 0 else None), tuple(stop)
