@@ -79,3 +79,37 @@ class Peer:
             self.proc.wait(20)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+
+
+class LlamaServer:
+    """llama-server from the xllamacpp wheel (bench only: pip install xllamacpp), serving in
+    this process's threads until it exits. `configure(params, xllamacpp)` sets the rest
+    (embeddings, speculation, slots)."""
+
+    def __init__(self, model: str, threads: int, n_ctx: int, configure=None):
+        import xllamacpp as x
+
+        from superfluid.runtime.llamacpp import extra_buffers_safe
+
+        p = x.CommonParams()
+        p.model.path = model
+        p.n_parallel = 1
+        p.n_ctx = n_ctx
+        p.cpuparams.n_threads = p.cpuparams_batch.n_threads = threads
+        p.no_extra_bufts = not extra_buffers_safe()  # its AMX kernels fault where ours would
+        p.use_jinja = True
+        p.hostnames = ["127.0.0.1"]
+        p.port = free_port()
+        if configure is not None:
+            configure(p, x)
+        self.server = x.Server(p)
+        self.url = f"http://127.0.0.1:{p.port}"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.3)
+        raise RuntimeError("llama-server did not start")
+

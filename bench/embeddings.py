@@ -24,9 +24,8 @@ import time
 
 import httpx
 
-from common import Daemon, document, free_port, stream_ttft
+from common import Daemon, LlamaServer, document, stream_ttft
 
-from superfluid.runtime.llamacpp import extra_buffers_safe
 from superfluid.runtime.registry import EMBEDDED_ID, EMBEDDING_ID, embedded_embedding_model, embedded_model
 
 BATCH, CONCURRENCY = 64, 4
@@ -57,39 +56,18 @@ def timed(fn) -> tuple[float, int]:
     return time.perf_counter() - t0, n
 
 
-class LlamaServer:
-    """llama-server from the xllamacpp wheel, serving embeddings in this process's thread."""
-
-    def __init__(self, model: str, threads: int):
-        import xllamacpp as x
-
-        p = x.CommonParams()
-        p.model.path = model
-        p.embedding = True
-        p.pooling_type = x.llama_pooling_type.LLAMA_POOLING_TYPE_MEAN
-        p.n_parallel = 8
-        p.n_ctx = 8 * 512
-        p.n_batch = p.n_ubatch = 2048
-        p.cpuparams.n_threads = p.cpuparams_batch.n_threads = threads
-        p.no_extra_bufts = not extra_buffers_safe()  # its AMX kernels fault where ours would
-        p.hostnames = ["127.0.0.1"]
-        p.port = free_port()
-        self.server = x.Server(p)
-        self.url = f"http://127.0.0.1:{p.port}"
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                time.sleep(0.3)
-        raise RuntimeError("llama-server did not start")
+def embedding_params(p, x) -> None:
+    """llama-server serving mean-pooled embeddings, 8 slots."""
+    p.embedding = True
+    p.pooling_type = x.llama_pooling_type.LLAMA_POOLING_TYPE_MEAN
+    p.n_parallel = 8
+    p.n_batch = p.n_ubatch = 2048
 
 
 def gguf(a, texts: list[str]) -> None:
     home = tempfile.mkdtemp(prefix="sf-bench-emb-")
     d = Daemon("--sessions-cache", home=home, threads=a.threads, max_context=1024)
-    peer = LlamaServer(embedded_model().path, a.threads)
+    peer = LlamaServer(embedded_model().path, a.threads, 8 * 512, embedding_params)
     ours, theirs = [], []
     try:
         asyncio.run(index(d.url, EMBEDDED_ID, texts[:64]))  # warm up both

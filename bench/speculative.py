@@ -21,9 +21,8 @@ import statistics
 import time
 
 import httpx
-from common import Daemon, free_port
+from common import Daemon, LlamaServer
 
-from superfluid.runtime.llamacpp import extra_buffers_safe
 from superfluid.runtime.registry import embedded_model
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -51,32 +50,9 @@ FREE = [[{"role": "user", "content": q}] for q in (
     "What makes a good team leader? Give some thoughts.")]
 
 
-class LlamaServer:
-    """llama-server from the xllamacpp wheel, one slot, with its n-gram speculation."""
-
-    def __init__(self, model: str, threads: int, n_ctx: int):
-        import xllamacpp as x
-
-        p = x.CommonParams()
-        p.model.path = model
-        p.n_parallel = 1
-        p.n_ctx = n_ctx
-        p.cpuparams.n_threads = p.cpuparams_batch.n_threads = threads
-        p.no_extra_bufts = not extra_buffers_safe()
-        p.use_jinja = True
-        p.speculative.types = [x.common_speculative_type.COMMON_SPECULATIVE_TYPE_NGRAM_SIMPLE]
-        p.hostnames = ["127.0.0.1"]
-        p.port = free_port()
-        self.server = x.Server(p)
-        self.url = f"http://127.0.0.1:{p.port}"
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                time.sleep(0.3)
-        raise RuntimeError("llama-server did not start")
+def ngram(p, x) -> None:
+    """llama-server's n-gram speculation (ngram-simple) at its defaults, one slot."""
+    p.speculative.types = [x.common_speculative_type.COMMON_SPECULATIVE_TYPE_NGRAM_SIMPLE]
 
 
 def decode_rate(url: str, messages: list[dict], tokens: int) -> tuple[float, int]:
@@ -110,7 +86,7 @@ def main() -> None:
     servers = {"off": Daemon("--speculative", "off", threads=a.threads, max_context=n_ctx, max_batch=1),
                "ngram": Daemon("--speculative", "ngram", threads=a.threads, max_context=n_ctx, max_batch=1)}
     urls = {k: d.url for k, d in servers.items()}
-    peer = LlamaServer(embedded_model().path, a.threads, n_ctx)
+    peer = LlamaServer(embedded_model().path, a.threads, n_ctx, ngram)
     urls["llama-server ngram"] = peer.url
     rates: dict[tuple[str, str], list[float]] = {}
     try:
