@@ -14,6 +14,7 @@ from .monitor.logs import setup_logging
 from .net import is_loopback_host
 from .api.policy import KeyPolicy, PolicyError, load_policies
 from .llama_flags import add_flags as add_llama_flags, apply_flags as apply_llama_flags
+from . import sampling_defaults
 from .errors import ModelLoadError, SuperfluidError
 from .request import Qos
 
@@ -124,6 +125,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--no-mdns", action="store_true", help="do not advertise --fleet-listen on mDNS (_superfluid-fleet._tcp)")
     s.add_argument("--drain-timeout", type=float, default=300.0, help="on SIGUSR1 (superfluid stop --drain): seconds running requests get to finish (default 300)")
     add_llama_flags(s)
+    sampling_defaults.add_flags(s)
     fl = sub.add_parser("fleet", help="fleet tools")
     fl_sub = fl.add_subparsers(dest="fleet_command", required=True)
     fl_sub.add_parser("token", help="create <home>/fleet/token (mode 0600) unless it exists, and print it")
@@ -213,7 +215,8 @@ def _engine_config(args: argparse.Namespace, src) -> EngineConfig | int:
                         tool_dialect=args.tool_dialect,
                         runtime=args.runtime or default_runtime(src.path), pooling=args.pooling,
                         matryoshka=args.matryoshka, speculative=args.speculative,
-                        spec_max_tokens=args.spec_max_tokens, **_kv_disk(args))
+                        spec_max_tokens=args.spec_max_tokens, sampling=sampling_defaults.from_args(args),
+                        **_kv_disk(args))
 
 
 def _kv_disk(args: argparse.Namespace) -> dict:

@@ -49,6 +49,7 @@ class EngineConfig:
     kv_disk_mb: float = 0.0  # its size cap
     speculative: str = "off"  # "ngram": decode runs verify drafts looked up in the lane's own context
     spec_max_tokens: int = 8  # most drafts a lane verifies in one step
+    sampling: tuple[tuple[str, float], ...] = ()  # the operator's sampling defaults (sampling_defaults.py)
 
     @property
     def slots(self) -> int:

@@ -121,6 +121,7 @@ class EngineAPI(Protocol):
     reasoning: tuple[str, str] | None  # its reasoning markers, if it reasons
     info: ModelInfo | None
     last_used: float  # monotonic time of its last request (the idle reaper reads it)
+    sampling_defaults: dict[str, float]  # the operator's and the model's (sampling_defaults.py)
 
     @property
     def n_ctx(self) -> int: ...

@@ -20,6 +20,7 @@ from .delivery import Deliveries, SessionLog
 from .delivery import Stream as _Stream
 from .errors import BadRequest, ContextLengthExceeded, EmbeddingUnsupported, ModelUnloaded, SuperfluidError
 from .request import Chunk, GenRequest, Qos
+from .sampling_defaults import from_gguf, merged
 from .runtime.base import ModelInfo
 
 TTFT_KEPT = 256  # first-token latencies the monitor's p50/p95 are over
@@ -48,6 +49,9 @@ class EngineBase:
         self.log = log  # where a session-backed generation's output is committed (the service's log)
         self.out = Deliveries(log, self._fail)
         self.closed = False  # close() ran: nothing new is taken
+        # what a request that leaves a sampling parameter out gets (before its API's own default)
+        meta = getattr(tokenizer, "meta", None)
+        self.sampling_defaults = merged(from_gguf(meta) if meta else {}, cfg.sampling)
 
     # -- supplied by each engine -------------------------------------------------------------
     @property

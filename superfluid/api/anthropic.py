@@ -16,6 +16,7 @@ from fastapi.responses import Response
 from ..errors import BadRequest, SuperfluidError
 from ..ids import new_id
 from ..request import Chunk, FinishReason, GenRequest, SamplingParams
+from ..sampling_defaults import for_api
 from .schema import number_in
 from .prompt import chat_prompt as build_chat_prompt
 from .prompt import template_options
@@ -190,19 +191,26 @@ def tools_of(body: dict) -> tuple[list[dict] | None, object]:
     return out, mapped
 
 
+# Anthropic's defaults; what it has no parameter for takes the engine's defaults or SamplingParams's
+DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": 0}
+
+
 def gen_request(body: dict, prompt: list[int], seed: int, qos, grammar: str = "",
-                channels=None, cache: tuple[int, float] | None = None) -> GenRequest:
+                channels=None, cache: tuple[int, float] | None = None, defaults: dict | None = None) -> GenRequest:
+    """`defaults`: the engine's sampling defaults (operator and model), over Anthropic's."""
+    d = for_api(DEFAULTS, defaults or {})
     mt = body.get("max_tokens")
     if isinstance(mt, bool) or not isinstance(mt, int) or mt < 1:
         raise BadRequest("max_tokens: a positive integer is required", param="max_tokens")
     stops = body.get("stop_sequences") or []
     if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
         raise BadRequest("stop_sequences must be a list of strings", param="stop_sequences")
-    top_k = body.get("top_k", 0)
+    top_k = body.get("top_k", int(d["top_k"]))
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
         raise BadRequest("top_k must be a non-negative integer", param="top_k")
-    sp = SamplingParams(temperature=number_in(body, "temperature", 0, 1, 1.0),
-                        top_p=number_in(body, "top_p", 0.001, 1, 1.0), top_k=top_k, seed=seed, grammar=grammar)
+    sp = SamplingParams(**{**d, "temperature": number_in(body, "temperature", 0, 1, d["temperature"]),
+                           "top_p": number_in(body, "top_p", 0.001, 1, d["top_p"]), "top_k": top_k},
+                        seed=seed, grammar=grammar)
     return GenRequest(new_id("msg"), prompt, sp, mt, tuple(stops), qos, channels=channels, cache=cache)
 
 
@@ -317,7 +325,7 @@ def add_routes(app: FastAPI, models, qos_for, body_of) -> None:
         cp = await asyncio.to_thread(chat_prompt, eng, body)  # off the event loop
         hint = cache_hint(body, cp)
         req = gen_request(body, cp.prompt, eng.new_seed(), qos_for(request), cp.grammar, cp.channels,
-                          hint)
+                          hint, eng.sampling_defaults)
         marked = hint[0] if hint else 0
         streams = await models.service.submit(eng, [req], cp.bodies, api="anthropic.messages",
                                               params={"response_id": req.id, "marked": marked}, owner=owner_of(request))

@@ -269,7 +269,7 @@ def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Q
         reqs = oa.gen_requests(body, cp.prompt, base_id=rid, n_ctx=eng.n_ctx, seed=eng.new_seed(),
                                default_max=None, top_logprobs=top, qos=qos(request),
                                max_tokens=body.max_completion_tokens, grammar=cp.grammar, channels=cp.channels,
-                               tokenizer=eng.tokenizer)
+                               tokenizer=eng.tokenizer, defaults=eng.sampling_defaults)
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         created = int(time.time())
         streams = await models.service.submit(eng, reqs, cp.bodies, api="chat.completions", params={
@@ -295,7 +295,7 @@ def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Q
         rid = new_id("cmpl")
         reqs = oa.gen_requests(body, prompt, base_id=rid, n_ctx=eng.n_ctx, seed=eng.new_seed(), default_max=16,
                                top_logprobs=top, qos=qos(request, Qos.COMPLETION if body.suffix is not None else None),
-                               tokenizer=eng.tokenizer)
+                               tokenizer=eng.tokenizer, defaults=eng.sampling_defaults)
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         created = int(time.time())
         streams = await models.service.submit(eng, reqs, api="completions", params={

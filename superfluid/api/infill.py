@@ -42,7 +42,8 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
         raw = await request.body()
         body, fields = json_object(raw), parse(InfillRequest, raw)
         eng = await models.get(fields.model)
-        opts = await asyncio.to_thread(options, body, eng.tokenizer)  # a grammar compiles: off the event loop
+        # a grammar compiles: off the event loop
+        opts = await asyncio.to_thread(options, body, eng.tokenizer, eng.sampling_defaults)
         if opts.n_predict == 0:
             raise BadRequest("n_predict must be -1 (until the window is full) or at least 1", param="n_predict")
         reserve = opts.n_predict if opts.n_predict > 0 else eng.n_ctx // 4

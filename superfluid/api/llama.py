@@ -186,7 +186,7 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
             raise BadRequest("model must be a string", param="model")
         eng = await models.get(model)
         # a grammar or schema compiles, logit_bias text tokenizes: off the event loop
-        opts = await asyncio.to_thread(options, body, eng.tokenizer)
+        opts = await asyncio.to_thread(options, body, eng.tokenizer, eng.sampling_defaults)
         prompt = await asyncio.to_thread(prompt_tokens, eng, body.get("prompt", ""))
         if not prompt:
             raise BadRequest("the prompt is empty", param="prompt")

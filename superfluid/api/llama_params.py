@@ -12,6 +12,7 @@ from ..codec import grammar as gr
 from ..errors import BadRequest, ContextLengthExceeded
 from ..limits import MAX_REPEAT_LAST_N, MAX_STOPS, MAX_TOP_LOGPROBS
 from ..request import SamplingParams
+from ..sampling_defaults import for_api
 from .bias import logit_bias
 from .prompt import response_format_grammar
 from .schema import number_in
@@ -81,23 +82,25 @@ def _samplers(body: dict) -> tuple[str, ...]:
     return _strings(body, "samplers", MAX_SAMPLERS, 32) if v is not None else DEFAULT_SAMPLERS
 
 
-def options(body: dict, tokenizer=None) -> Options:
-    """`tokenizer`: the model's, to check (and tokenize) logit_bias keys against."""
+def options(body: dict, tokenizer=None, defaults: dict | None = None) -> Options:
+    """`tokenizer`: the model's, to check (and tokenize) logit_bias keys against; `defaults`:
+    the engine's sampling defaults (operator and model), over llama-server's."""
+    d = for_api(DEFAULTS, defaults or {})
     n_predict = integer(body, "n_predict", -1, 1 << 30, integer(body, "max_tokens", -1, 1 << 30, -1))
     samplers = _samplers(body)
-    temperature = max(0.0, number_in(body, "temperature", -1e6, 100.0, DEFAULTS["temperature"], allow_null=True))
-    top_k = max(0, integer(body, "top_k", -1 << 31, 1 << 31, 40))
-    top_p = number_in(body, "top_p", 0.0, 1.0, DEFAULTS["top_p"], allow_null=True)
-    min_p = number_in(body, "min_p", 0.0, 1.0, DEFAULTS["min_p"], allow_null=True)
+    temperature = max(0.0, number_in(body, "temperature", -1e6, 100.0, d["temperature"], allow_null=True))
+    top_k = max(0, integer(body, "top_k", -1 << 31, 1 << 31, int(d["top_k"])))
+    top_p = number_in(body, "top_p", 0.0, 1.0, d["top_p"], allow_null=True)
+    min_p = number_in(body, "min_p", 0.0, 1.0, d["min_p"], allow_null=True)
     # a sampler left out of `samplers` is not used (llama-server's rule); their order is ours
     top_k = top_k if "top_k" in samplers else 0
     top_p = top_p if "top_p" in samplers else 1.0
     min_p = min_p if "min_p" in samplers else 0.0
     if top_p <= 0.0:  # nothing but the likeliest token survives
         temperature, top_p = 0.0, 1.0
-    repeat = number_in(body, "repeat_penalty", 0.0, 100.0, DEFAULTS["repeat_penalty"], allow_null=True) or 1.0
-    typical = number_in(body, "typical_p", 0.0, 1.0, 1.0, allow_null=True) if "typ_p" in samplers else 1.0
-    last_n = integer(body, "repeat_last_n", -1, MAX_REPEAT_LAST_N, 64)
+    repeat = number_in(body, "repeat_penalty", 0.0, 100.0, d["repeat_penalty"], allow_null=True) or 1.0
+    typical = number_in(body, "typical_p", 0.0, 1.0, d["typical_p"], allow_null=True) if "typ_p" in samplers else 1.0
+    last_n = integer(body, "repeat_last_n", -1, MAX_REPEAT_LAST_N, int(d["repeat_last_n"]))
     seed = integer(body, "seed", -1, (1 << 64) - 1, -1)
     n_probs = integer(body, "n_probs", 0, MAX_TOP_LOGPROBS, 0)
     if integer(body, "n_cmpl", 1, 16, 1) > 1:
@@ -108,8 +111,8 @@ def options(body: dict, tokenizer=None) -> Options:
     bias = logit_bias(bias, tokenizer, text_keys=True) if tokenizer is not None else ()
     sp = SamplingParams(
         temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, seed=0,
-        presence_penalty=number_in(body, "presence_penalty", -100.0, 100.0, 0.0, allow_null=True),
-        frequency_penalty=number_in(body, "frequency_penalty", -100.0, 100.0, 0.0, allow_null=True),
+        presence_penalty=number_in(body, "presence_penalty", -100.0, 100.0, d["presence_penalty"], allow_null=True),
+        frequency_penalty=number_in(body, "frequency_penalty", -100.0, 100.0, d["frequency_penalty"], allow_null=True),
         repeat_penalty=repeat, top_logprobs=n_probs if n_probs > 0 else -1,
         ignore_eos=flag(body, "ignore_eos"), grammar=_grammar(body), logit_bias=bias,
         typical_p=typical or 1.0, repeat_last_n=last_n)

@@ -284,7 +284,7 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
             conv = turns + [{"role": "user", "content": str(body["prompt"])}]
             cp = await asyncio.to_thread(lambda: chat_prompt(eng, conv, grammar=g, template_kwargs=kw))
             bodies, prompt, channels = cp.bodies, cp.prompt, cp.channels
-        sp, num_predict, stops = sampling(body.get("options"), eng.new_seed())
+        sp, num_predict, stops = sampling(body.get("options"), eng.new_seed(), eng.sampling_defaults)
         sp = replace(sp, grammar=g)
         room = max(1, eng.n_ctx - len(prompt))  # Ollama cuts num_predict to the window; the engine checks it
         req = GenRequest(new_id("ollama"), prompt, sp, min(num_predict or room, room), stops,

@@ -10,10 +10,12 @@ from __future__ import annotations
 from ..errors import BadRequest
 from ..limits import MAX_REPEAT_LAST_N, MAX_STOPS
 from ..request import SamplingParams
+from ..sampling_defaults import for_api
 
-# Ollama's documented defaults (api/types.go DefaultOptions)
+# Ollama's documented defaults (api/types.go DefaultOptions), but repeat_penalty 1.0, not 1.1:
+# greedy answers stay the same on every API (an operator wants Ollama's: --repeat-penalty 1.1)
 DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.9, "min_p": 0.0, "typical_p": 1.0,
-            "repeat_penalty": 1.1, "repeat_last_n": 64}
+            "repeat_penalty": 1.0, "repeat_last_n": 64, "presence_penalty": 0.0, "frequency_penalty": 0.0}
 SAMPLING = ("num_predict", "seed", "stop", "temperature", "top_k", "top_p", "min_p", "typical_p",
             "repeat_last_n", "repeat_penalty", "presence_penalty", "frequency_penalty")
 IGNORED = ("num_keep", "num_ctx", "num_batch", "num_gpu", "main_gpu", "use_mmap", "num_thread",
@@ -39,9 +41,11 @@ def _check(ok: bool, key: str, rule: str) -> None:
         raise BadRequest(f"options.{key} must be {rule}", param=f"options.{key}")
 
 
-def sampling(opts, seed: int) -> tuple[SamplingParams, int | None, tuple[str, ...]]:
+def sampling(opts, seed: int, defaults: dict | None = None) -> tuple[SamplingParams, int | None, tuple[str, ...]]:
     """(params, num_predict or None, stop strings) from Ollama options; `seed`: the request's
-    random seed when options.seed is not given."""
+    random seed when options.seed is not given; `defaults`: the engine's sampling defaults
+    (operator and model), over Ollama's."""
+    d = for_api(DEFAULTS, defaults or {})
     if opts is None:
         opts = {}
     if not isinstance(opts, dict):
@@ -57,10 +61,10 @@ def sampling(opts, seed: int) -> tuple[SamplingParams, int | None, tuple[str, ..
         raise BadRequest(f"options.stop must be a list of at most {MAX_STOPS} strings", param="options.stop")
     n = _num(opts, "num_predict", int)
     opt_seed = _num(opts, "seed", int)
-    get = {k: _num(opts, k, float, DEFAULTS.get(k, 0.0)) for k in
+    get = {k: _num(opts, k, float, d[k]) for k in
            ("temperature", "top_p", "min_p", "typical_p", "repeat_penalty", "presence_penalty", "frequency_penalty")}
-    top_k = _num(opts, "top_k", int, DEFAULTS["top_k"])
-    last_n = _num(opts, "repeat_last_n", int, DEFAULTS["repeat_last_n"])
+    top_k = _num(opts, "top_k", int, int(d["top_k"]))
+    last_n = _num(opts, "repeat_last_n", int, int(d["repeat_last_n"]))
     _check(get["temperature"] >= 0, "temperature", ">= 0")
     _check(0 < get["top_p"] <= 1, "top_p", "in (0, 1]")
     _check(0 <= get["min_p"] <= 1, "min_p", "in [0, 1]")

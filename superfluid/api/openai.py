@@ -3,6 +3,8 @@ back into OpenAI objects (whole responses and stream chunks)."""
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import time
 
@@ -10,10 +12,17 @@ from ..errors import BadRequest
 from ..request import Calls, Chunk, FinishReason, GenRequest, Qos, SamplingParams, TokenLogprob, ToolCall
 from ..codec import fim
 from ..codec.tools import new_call_id
+from .. import __version__
+from ..sampling_defaults import for_api
 from .bias import logit_bias
 from .prompt import ChatPrompt, response_format_grammar, template_options
 from .prompt import chat_prompt as build_chat_prompt
 from .schema import ChatCompletionRequest, CompletionRequest, Message, Sampling
+
+# OpenAI's defaults, and vLLM's for the extras; penalties count the whole context (docs/api.md)
+DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "typical_p": 1.0, "repeat_penalty": 1.0,
+            "repeat_last_n": -1, "presence_penalty": 0.0, "frequency_penalty": 0.0}
+
 
 def render_messages(messages: list[Message]) -> list[dict]:
     out: list[dict] = []
@@ -67,8 +76,14 @@ def completion_prompt(engine, body: CompletionRequest) -> list[int]:
 def gen_requests(body: Sampling, prompt: list[int], *, base_id: str, n_ctx: int, seed: int,
                  default_max: int | None, top_logprobs: int, qos: Qos,
                  max_tokens: int | None = None, grammar: str = "", channels=None,
-                 tokenizer=None) -> list[GenRequest]:
-    """One request per choice. `tokenizer`: the model's, which logit_bias ids must be in."""
+                 tokenizer=None, defaults: dict | None = None) -> list[GenRequest]:
+    """One request per choice. `tokenizer`: the model's, which logit_bias ids must be in;
+    `defaults`: the engine's sampling defaults (operator and model), over OpenAI's."""
+    d = for_api(DEFAULTS, defaults or {})
+
+    def get(name: str):
+        v = getattr(body, name)
+        return d[name] if v is None else v
     stops = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())  # limits.py checks them
     room = max(1, n_ctx - len(prompt))  # a prompt that fills the window is refused by the engine's check
     mt = max_tokens or body.max_tokens or (min(default_max, room) if default_max else room)
@@ -77,13 +92,12 @@ def gen_requests(body: Sampling, prompt: list[int], *, base_id: str, n_ctx: int,
     reqs = []
     for i in range(body.n):
         sp = SamplingParams(
-            temperature=1.0 if body.temperature is None else body.temperature,
-            top_p=1.0 if body.top_p is None else body.top_p,
-            top_k=body.top_k or 0, min_p=body.min_p or 0.0, seed=(base_seed + i) % (1 << 63),
-            presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
-            repeat_penalty=body.repetition_penalty or body.repeat_penalty, top_logprobs=top_logprobs,
-            ignore_eos=body.ignore_eos, grammar=grammar, logit_bias=bias, typical_p=body.typical_p or 1.0,
-            repeat_last_n=-1 if body.repeat_last_n is None else body.repeat_last_n)
+            temperature=get("temperature"), top_p=get("top_p"), top_k=int(get("top_k")), min_p=get("min_p"),
+            seed=(base_seed + i) % (1 << 63), presence_penalty=get("presence_penalty"),
+            frequency_penalty=get("frequency_penalty"),
+            repeat_penalty=body.repetition_penalty or get("repeat_penalty"), top_logprobs=top_logprobs,
+            ignore_eos=body.ignore_eos, grammar=grammar, logit_bias=bias, typical_p=get("typical_p"),
+            repeat_last_n=int(get("repeat_last_n")))
         reqs.append(GenRequest(f"{base_id}-{i}", prompt, sp, mt, stops, qos, channels=channels))
     return reqs
 
@@ -169,6 +183,13 @@ def chat_message(c: Choice) -> dict:
     return msg
 
 
+@functools.cache
+def fingerprint(model: str) -> str:
+    """system_fingerprint: the same for one model on one build (with the seed, what decides
+    the output, as OpenAI means it)."""
+    return "fp_" + hashlib.sha256(f"superfluid {__version__} {model}".encode()).hexdigest()[:12]
+
+
 def chat_response(rid: str, model: str, choices: list[Choice], want_logprobs: bool) -> dict:
     return {
         "id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
@@ -178,7 +199,7 @@ def chat_response(rid: str, model: str, choices: list[Choice], want_logprobs: bo
                     for i, c in enumerate(choices)],
         "usage": usage(choices[0].prompt_tokens, sum(c.completion_tokens for c in choices),
                        choices[0].cached_tokens),
-        "system_fingerprint": "superfluid",
+        "system_fingerprint": fingerprint(model),
     }
 
 
@@ -197,7 +218,7 @@ def completion_response(rid: str, model: str, choices: list[Choice], want_logpro
 def chat_chunk(rid: str, model: str, created: int, index: int, delta: dict,
                finish: str | None = None, logprobs: dict | None = None) -> dict:
     return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-            "system_fingerprint": "superfluid",
+            "system_fingerprint": fingerprint(model),
             "choices": [{"index": index, "delta": delta, "logprobs": logprobs,
                          "finish_reason": finish}]}
 

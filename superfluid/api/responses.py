@@ -22,6 +22,7 @@ from ..errors import BadRequest, SuperfluidError
 from ..ids import new_id
 from ..limits import check_metadata
 from ..request import FinishReason, GenRequest, SamplingParams
+from ..sampling_defaults import for_api
 from . import resume
 from .policy import may_see, owner_of
 from .prompt import chat_prompt, response_format_grammar, template_options
@@ -272,8 +273,10 @@ def add_routes(app: FastAPI, models, qos_for, body_of, store: ResponseStore) -> 
         mt = body.get("max_output_tokens")
         if mt is not None and (isinstance(mt, bool) or not isinstance(mt, int) or mt < 1):
             raise BadRequest("max_output_tokens must be a positive integer", param="max_output_tokens")
-        sp = SamplingParams(temperature=number_in(body, "temperature", 0, 2, 1.0, allow_null=True),
-                            top_p=number_in(body, "top_p", 0.001, 1, 1.0, allow_null=True),
+        d = for_api({"temperature": 1.0, "top_p": 1.0}, eng.sampling_defaults)  # OpenAI's under the engine's
+        sp = SamplingParams(**{**d, "temperature": number_in(body, "temperature", 0, 2, d["temperature"],
+                                                             allow_null=True),
+                               "top_p": number_in(body, "top_p", 0.001, 1, d["top_p"], allow_null=True)},
                             seed=eng.new_seed() if seed is None else seed % (1 << 63),
                             grammar=cp.grammar)
         rid = "resp_" + new_id("r").split("-", 1)[1]

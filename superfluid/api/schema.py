@@ -62,9 +62,9 @@ class Sampling(_Body):
     seed: int | None = None
     stop: Stop = None
     n: int = Field(1, ge=1, le=16)
-    presence_penalty: float = Field(0.0, ge=-2, le=2)
-    frequency_penalty: float = Field(0.0, ge=-2, le=2)
-    repeat_penalty: float = Field(1.0, gt=0, le=100)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    repeat_penalty: float | None = Field(None, gt=0, le=100)
     repetition_penalty: float | None = Field(None, gt=0, le=100)  # vLLM's name for repeat_penalty
     typical_p: float | None = Field(None, gt=0, le=1)
     repeat_last_n: int | None = Field(None, ge=-1, le=MAX_REPEAT_LAST_N)  # the penalties' window; -1 all

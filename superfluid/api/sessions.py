@@ -76,7 +76,7 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
     async def create(request: Request):
         body = parse(SessionCreate, await request.body())
         eng = await models.get(body.model)
-        sp = {**sampling_dict(SamplingParams()), **body.overrides()}
+        sp = {**sampling_dict(SamplingParams()), **eng.sampling_defaults, **body.overrides()}
         if body.seed is None:
             sp["seed"] = eng.new_seed()
         params = {"sampling": sp, "stop": list(body.stops() or ()), "raw": body.raw}

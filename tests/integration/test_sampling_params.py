@@ -68,7 +68,7 @@ def test_chat_logit_bias_bans_the_greedy_first_token(d, oa):
     first_id = tokens(d, first.token)[0]
     banned = oa.chat.completions.create(**kw, logit_bias={str(first_id): -100})
     assert banned.choices[0].logprobs.content[0].token != first.token
-    assert plain.system_fingerprint and plain.system_fingerprint == banned.system_fingerprint
+    assert plain.system_fingerprint.startswith("fp_") and plain.system_fingerprint == banned.system_fingerprint
 
 
 @pytest.mark.parametrize("bias", [{"5": 101}, {"5": -100.5}, {"99999999": 1}, {"word": 1},
