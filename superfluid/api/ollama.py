@@ -22,7 +22,7 @@ from ..errors import BadRequest, Forbidden
 from ..ids import new_id
 from ..request import Calls, Chunk, GenRequest, Qos
 from .embeddings import embed_texts, embedding_engine, shorten
-from .ollama_options import sampling
+from .ollama_options import logprobs_out, refuse_template, sampling, think_options, top_logprobs
 from .schema import MAX_EMBED_INPUTS, json_object
 from ..codec import fim, grammar
 from ..codec.tools import new_call_id
@@ -127,7 +127,7 @@ async def lines(model: str, chat: bool, stream, t0: float, wall: bool = False) -
             yield orjson.dumps({"error": c.error.message}) + b"\n"
             return
         piece: dict | str = {"role": "assistant", "content": c.text} if chat else c.text
-        out = {"model": model, "created_at": _now(), key: piece, "done": False}
+        out: dict = {"model": model, "created_at": _now(), key: piece, "done": False}
         if c.reasoning:
             if chat:
                 piece["thinking"] = c.reasoning  # type: ignore[index]
@@ -137,6 +137,8 @@ async def lines(model: str, chat: bool, stream, t0: float, wall: bool = False) -
         calls.add(c.calls)
         if chat and len(calls.done) > before:
             piece["tool_calls"] = ollama_calls(calls.done[before:])  # type: ignore[index]
+        if c.logprobs:
+            out["logprobs"] = logprobs_out(c.logprobs)
         if c.finish is not None:
             out.update(final_fields(c, (time.time() if wall else time.monotonic()) - t0))
         yield orjson.dumps(out) + b"\n"
@@ -259,8 +261,9 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
         eng = await models.get(body.get("model"))
         refuse_unsupported(body)
         g = format_grammar(body.get("format"))
-        think = body.get("think")
-        kw = template_options(enable_thinking=bool(think) if think is not None else None)
+        refuse_template(body)
+        kw = template_options(**think_options(body.get("think")))
+        top = top_logprobs(body)
         channels = None
         fill = None if chat else body.get("suffix")
         if fill is not None and not isinstance(fill, str):
@@ -285,7 +288,7 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
             cp = await asyncio.to_thread(lambda: chat_prompt(eng, conv, grammar=g, template_kwargs=kw))
             bodies, prompt, channels = cp.bodies, cp.prompt, cp.channels
         sp, num_predict, stops = sampling(body.get("options"), eng.new_seed(), eng.sampling_defaults)
-        sp = replace(sp, grammar=g)
+        sp = replace(sp, grammar=g, top_logprobs=top)
         room = max(1, eng.n_ctx - len(prompt))  # Ollama cuts num_predict to the window; the engine checks it
         req = GenRequest(new_id("ollama"), prompt, sp, min(num_predict or room, room), stops,
                          qos_for(request, Qos.COMPLETION if fill else None), channels=channels)
@@ -307,6 +310,8 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
                      **final_fields(c.last, time.monotonic() - t0)}
         if chat and c.tool_calls:
             out[key]["tool_calls"] = ollama_calls(c.tool_calls)
+        if c.logprobs:
+            out["logprobs"] = logprobs_out(c.logprobs)
         if thinking:
             if chat:
                 out[key]["thinking"] = thinking

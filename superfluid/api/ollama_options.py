@@ -1,4 +1,5 @@
-"""Ollama's `options` → the canonical sampling params, with Ollama's names and defaults.
+"""Ollama's `options` → the canonical sampling params, with Ollama's names and defaults; and
+the request fields around them: `think` (levels too), `logprobs` / `top_logprobs`, `template`.
 
 A key Ollama does not know is a 400 naming `options.<key>` (a typo'd option silently doing
 nothing is worse). The valid names are Ollama's Options and Runner structs (api/types.go);
@@ -8,8 +9,8 @@ the runner's own settings (num_ctx, num_gpu, ...) and samplers Ollama has since 
 from __future__ import annotations
 
 from ..errors import BadRequest
-from ..limits import MAX_REPEAT_LAST_N, MAX_STOPS
-from ..request import SamplingParams
+from ..limits import MAX_REPEAT_LAST_N, MAX_STOPS, MAX_TOP_LOGPROBS
+from ..request import SamplingParams, TokenLogprob
 from ..sampling_defaults import for_api
 
 # Ollama's documented defaults (api/types.go DefaultOptions), but repeat_penalty 1.0, not 1.1:
@@ -23,6 +24,7 @@ IGNORED = ("num_keep", "num_ctx", "num_batch", "num_gpu", "main_gpu", "use_mmap"
            "tfs_z", "mirostat", "mirostat_tau", "mirostat_eta", "penalize_newline", "numa", "low_vram",
            "f16_kv", "logits_all", "vocab_only", "use_mlock", "num_gqa")
 KNOWN = frozenset(SAMPLING + IGNORED)
+THINK_LEVELS = ("low", "medium", "high")
 
 
 def _num(opts: dict, key: str, kind, default=None):
@@ -80,3 +82,40 @@ def sampling(opts, seed: int, defaults: dict | None = None) -> tuple[SamplingPar
         presence_penalty=get["presence_penalty"], frequency_penalty=get["frequency_penalty"],
         repeat_penalty=get["repeat_penalty"], typical_p=get["typical_p"], repeat_last_n=last_n)
     return sp, (n if n is not None and n >= 0 else None), tuple(stop)
+
+
+def think_options(think: object) -> dict:
+    """Ollama's `think`: true/false, or a level ("low", "medium", "high") that models with
+    reasoning levels (gpt-oss) take as their template's reasoning_effort."""
+    if think is None:
+        return {}
+    if isinstance(think, bool):
+        return {"enable_thinking": think}
+    if think in THINK_LEVELS:
+        return {"enable_thinking": True, "reasoning_effort": think}
+    raise BadRequest('think must be true, false, "low", "medium" or "high"', param="think")
+
+
+def top_logprobs(body: dict) -> int:
+    """SamplingParams.top_logprobs from Ollama's `logprobs` (bool) and `top_logprobs` (0-20)."""
+    want, top = body.get("logprobs"), body.get("top_logprobs")
+    if want is not None and not isinstance(want, bool):
+        raise BadRequest("logprobs must be true or false", param="logprobs")
+    if top is not None and (isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS):
+        raise BadRequest(f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}]", param="top_logprobs")
+    return (top or 0) if want else -1
+
+
+def logprobs_out(lps: list[TokenLogprob]) -> list[dict]:
+    """Ollama's logprobs: per token {token, logprob, bytes, top_logprobs}."""
+    def one(text: bytes, logprob: float) -> dict:
+        return {"token": text.decode("utf-8", "replace"), "logprob": logprob, "bytes": list(text)}
+    return [{**one(lp.text, lp.logprob), "top_logprobs": [one(t, v) for _, t, v in lp.top]} for lp in lps]
+
+
+def refuse_template(body: dict) -> None:
+    """Ollama's `template` (a Go template replacing the model's): refused, not ignored."""
+    if body.get("template") not in (None, ""):
+        raise BadRequest("template (a Go template) is not supported: the model's own jinja chat template is used; "
+                         "send raw: true with a prompt you formatted, or serve with --chat-template-file",
+                         param="template")

@@ -1,6 +1,10 @@
 """Sampling parameters clients send, by their effect on greedy output on a real daemon:
-logit_bias on OpenAI chat/completions and llama-server's /completion, its limits as typed
-400s, and seed reproducibility."""
+logit_bias on OpenAI chat/completions and llama-server's /completion, penalties over the
+context (and repeat_last_n) on OpenAI, /completion and Ollama, typical_p, seed
+reproducibility, Ollama's options checking, logprobs, think levels, template and raw, and
+each new field's limits as typed 400s."""
+
+import json
 
 import httpx
 import openai
@@ -174,3 +178,49 @@ def test_ollama_accepts_runner_options_and_old_ones(d):
     r = httpx.post(d.url + "/api/generate", json={"model": "x", "prompt": "Hi", "stream": False, "options": {
         "num_predict": 1, "num_ctx": 2048, "num_thread": 2, "tfs_z": 1.0, "mirostat": 0}}, timeout=60)
     assert r.status_code == 200, r.text
+
+
+# -- Ollama logprobs, think, template ------------------------------------------------------
+
+def ollama_post(d, path: str, **body) -> httpx.Response:
+    return httpx.post(d.url + path, json={"model": "x", **body}, timeout=120)
+
+
+def test_ollama_logprobs_whole_and_streamed(d):
+    opts = {"temperature": 0, "num_predict": 4}
+    r = ollama_post(d, "/api/generate", prompt="Hi", stream=False, options=opts, logprobs=True, top_logprobs=3)
+    assert r.status_code == 200, r.text
+    lps = r.json()["logprobs"]
+    assert 1 <= len(lps) <= 4 and "".join(lp["token"] for lp in lps) == r.json()["response"]
+    for lp in lps:
+        assert lp["logprob"] <= 0 and bytes(lp["bytes"]).decode("utf-8", "replace") == lp["token"]
+        tops = lp["top_logprobs"]
+        assert len(tops) == 3 and tops[0]["logprob"] >= tops[-1]["logprob"]
+        assert tops[0]["token"] == lp["token"]  # greedy: the chosen token is the likeliest
+    lines = [json.loads(x) for x in ollama_post(d, "/api/chat", messages=CHAT, options=opts,
+                                                logprobs=True).text.splitlines()]
+    streamed = [lp for line in lines for lp in line.get("logprobs", [])]
+    assert streamed and all(lp["top_logprobs"] == [] for lp in streamed)
+    plain = ollama_post(d, "/api/generate", prompt="Hi", stream=False, options=opts)
+    assert "logprobs" not in plain.json()
+
+
+@pytest.mark.parametrize("body,param", [({"logprobs": "yes"}, "logprobs"), ({"logprobs": True, "top_logprobs": 21},
+                                                                           "top_logprobs"),
+                                        ({"think": "extreme"}, "think"), ({"template": "{{ .Prompt }}"}, "template")])
+def test_ollama_bad_fields_are_400s_naming_them(d, body, param):
+    r = ollama_post(d, "/api/generate", prompt="Hi", stream=False, options={"num_predict": 1}, **body)
+    assert r.status_code == 400 and param in r.json()["error"], r.text
+
+
+def test_ollama_think_levels_are_accepted(d):
+    for think in ("low", "high", False):
+        r = ollama_post(d, "/api/chat", messages=CHAT, stream=False, think=think, options={"num_predict": 2})
+        assert r.status_code == 200, r.text
+
+
+def test_ollama_raw_sends_the_prompt_without_the_template(d):
+    r = ollama_post(d, "/api/generate", prompt="One, two, three,", raw=True, stream=False,
+                    options={"num_predict": 1})
+    templated = ollama_post(d, "/api/generate", prompt="One, two, three,", stream=False, options={"num_predict": 1})
+    assert r.json()["prompt_eval_count"] < templated.json()["prompt_eval_count"]
