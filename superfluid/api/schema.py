@@ -222,12 +222,15 @@ class SessionSampling(_Body):
     seed: int | None = Field(None, ge=0)
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
-    repeat_penalty: float | None = Field(None, gt=0)
+    repeat_penalty: float | None = Field(None, gt=0, le=100)
+    typical_p: float | None = Field(None, gt=0, le=1)
+    repeat_last_n: int | None = Field(None, ge=-1, le=MAX_REPEAT_LAST_N)
     stop: Stop = None
 
     def overrides(self) -> dict:
         return {k: v for k in ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
-                               "frequency_penalty", "repeat_penalty") if (v := getattr(self, k)) is not None}
+                               "frequency_penalty", "repeat_penalty", "typical_p", "repeat_last_n")
+                if (v := getattr(self, k)) is not None}
 
     def stops(self) -> tuple[str, ...] | None:
         return None if self.stop is None else ((self.stop,) if isinstance(self.stop, str) else tuple(self.stop))

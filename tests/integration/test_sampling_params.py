@@ -224,3 +224,12 @@ def test_ollama_raw_sends_the_prompt_without_the_template(d):
                     options={"num_predict": 1})
     templated = ollama_post(d, "/api/generate", prompt="One, two, three,", stream=False, options={"num_predict": 1})
     assert r.json()["prompt_eval_count"] < templated.json()["prompt_eval_count"]
+
+
+def test_session_api_takes_typical_p_and_repeat_last_n(d):
+    r = httpx.post(d.url + "/v1/sessions", json={"typical_p": 0.5, "repeat_last_n": 8, "repeat_penalty": 1.2},
+                   timeout=60)
+    assert r.status_code == 201, r.text
+    for bad, param in (({"repeat_last_n": -2}, "repeat_last_n"), ({"typical_p": 0}, "typical_p")):
+        r = httpx.post(d.url + "/v1/sessions", json=bad, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
