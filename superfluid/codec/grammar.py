@@ -40,20 +40,67 @@ def json_object(param: str = "response_format") -> str:
     return json_schema({"type": "object"}, param)
 
 
-def call_schema(tools: list[dict], name: str | None = None) -> dict:
+def call_schema(tools: list[dict], name: str | None = None, avoid: str = "") -> dict:
     """The JSON schema of one call `{"name": ..., "arguments": {...}}` to one of `tools`
-    (OpenAI-shaped: {"type": "function", "function": {"name", "parameters"}})."""
+    (OpenAI-shaped: {"type": "function", "function": {"name", "parameters"}}); its strings
+    never contain `avoid` (the dialect's closing marker, see guarded)."""
     options = []
     for t in tools:
         fn = t.get("function") or {}
         if name is not None and fn.get("name") != name:
             continue
-        params = fn.get("parameters") or {"type": "object"}
+        params = guarded(fn.get("parameters") or {"type": "object"}, avoid)
         options.append({"type": "object", "properties": {"name": {"const": fn.get("name")}, "arguments": params},
                         "required": ["name", "arguments"], "additionalProperties": False})
     if not options:
         raise BadRequest(f"tool_choice names a function that is not in tools: {name}", param="tool_choice")
     return options[0] if len(options) == 1 else {"anyOf": options}
+
+
+def avoiding(marker: str) -> str:
+    """A regex of the strings that do not contain marker (whose first character occurs in it
+    only once, as in every closing marker the dialects use): after each run of its first
+    character, a proper prefix of the rest, then a character that breaks it."""
+    if not marker or marker[0] in marker[1:]:
+        raise ValueError(f"cannot exclude {marker!r}")
+    c0 = _rx(marker[0])
+
+    def rest(k: int) -> str:
+        broken = f"[^{c0}{_rx(marker[k])}][^{c0}]*"
+        return f"(?:{broken})?" if k == len(marker) - 1 else f"(?:{broken}|{_rx(marker[k])}{rest(k + 1)})?"
+    return f"^[^{c0}]*(?:{c0}+{rest(1)})*$" if len(marker) > 1 else f"^[^{c0}]*$"
+
+
+def _rx(ch: str) -> str:
+    return f"\\x{{{ord(ch):x}}}"
+
+
+_SUBSCHEMAS = ("items", "additionalProperties", "not", "if", "then", "else", "contains")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
+
+
+def guarded(schema: object, avoid: str) -> object:
+    """schema with every free string (one with no pattern, format, enum or const of its own)
+    unable to contain `avoid`, so a call cannot be "closed" from inside an argument. JSON
+    itself already keeps raw newlines and control characters out of strings."""
+    if not avoid or not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    t = out.get("type")
+    if (t == "string" or (isinstance(t, list) and "string" in t)) and \
+            not any(k in out for k in ("pattern", "format", "enum", "const")):
+        out["pattern"] = avoiding(avoid)
+    for k in _SUBSCHEMAS:
+        if isinstance(out.get(k), dict):
+            out[k] = guarded(out[k], avoid)
+    for k in _SCHEMA_LISTS:
+        if isinstance(out.get(k), list):
+            out[k] = [guarded(v, avoid) for v in out[k]]
+    for k in _SCHEMA_MAPS:
+        if isinstance(out.get(k), dict):
+            out[k] = {n: guarded(v, avoid) for n, v in out[k].items()}
+    return out
 
 
 def json_rule(schema: dict) -> str:
@@ -83,7 +130,24 @@ def gbnf(source: str, param: str = "grammar") -> str:
     return _checked(LLMatcher.grammar_from_lark(text), param)
 
 
-def tool_call(tools: list[dict], name: str | None, open_tag: str, close_tag: str) -> str:
-    """Exactly one JSON call {"name", "arguments"} wrapped in markers (Hermes: <tool_call>...</tool_call>)."""
-    return lark(f"start: {lit(open_tag)} call {lit(close_tag)}\n"
-                f"call: {json_rule(call_schema(tools, name))}\n")
+def tool_call(tools: list[dict], name: str | None, open_tag: str, close_tag: str, avoid: str = "") -> str:
+    """Exactly one JSON call {"name", "arguments"} wrapped in markers (Granite: <|tool_call|>[...])."""
+    return tool_calls(tools, name, open_tag, close_tag, avoid=avoid)
+
+
+def tool_calls(tools: list[dict], name: str | None, open_tag: str, close_tag: str, *, avoid: str = "",
+               parallel: bool = False, lazy: bool = False, sep: str = "\n") -> str:
+    """JSON calls {"name", "arguments"} wrapped in markers (Hermes: <tool_call>\\n...\\n</tool_call>).
+    One call, or with `parallel` one or more (`sep` between them). `lazy` (tool_choice auto):
+    any text, which may end in the call-opening marker (open_tag without its trailing
+    whitespace); from the marker on, the calls are enforced. Strings never contain `avoid`."""
+    trigger = open_tag.rstrip()
+    # after a call: another one, or the end (a separator the model writes first does not force one)
+    more = f"({lit(sep + trigger)} call)* {lit(sep)}?" if parallel else f"{lit(sep)}?"
+    if lazy:
+        head = f"start: TEXT | head call {more}\nhead[lazy]: TEXT {lit(trigger)}\nTEXT: /(.|\\n)*/\n"
+    else:
+        head = f"start: {lit(trigger)} call {more}\n"
+    opened = open_tag[len(trigger):]
+    return lark(head + f"call: {lit(opened) if opened else ''} body {lit(close_tag)}\n"
+                f"body: {json_rule(call_schema(tools, name, avoid))}\n")

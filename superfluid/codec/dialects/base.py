@@ -9,7 +9,8 @@ Every dialect gives:
 - `parser()`: an incremental reader of one reply: text in, content / reasoning / tool-call
   pieces (request.CallDelta) out, whatever the pieces the text arrives in;
 - `grammar(tools, name)`: an llguidance grammar for exactly one call in the dialect's own
-  syntax (tool_choice "required" or a named function);
+  syntax (tool_choice "required" or a named function); `calls_grammar` adds one-or-more
+  calls (parallel_tool_calls) and the lazy grammar of tool_choice "auto";
 - `markers`: special tokens the reader must see as text (they are detokenized as their names);
 - `structured`: the reader runs on every reply, tools or not (the reply's markup is the
   dialect's: Harmony channels, Functionary recipients, Granite's <response>)."""
@@ -167,6 +168,13 @@ class Dialect:
 
     def grammar(self, tools: list[dict], name: str | None) -> str:
         raise NotImplementedError
+
+    def calls_grammar(self, tools: list[dict], name: str | None, *, parallel: bool, lazy: bool) -> str:
+        """The grammar for a turn with tools: `lazy` (tool_choice auto) free text that turns into
+        calls at the dialect's call-opening marker, otherwise calls from the first token;
+        `parallel`: one or more calls, else exactly one. The default: one forced call, and an
+        unconstrained auto turn (dialects with a lazy grammar override this)."""
+        return "" if lazy else self.grammar(tools, name)
 
     # -- rendering ----------------------------------------------------------------------
     def call_text(self, calls: list[dict]) -> str:

@@ -181,7 +181,12 @@ class Hermes(Dialect):
         return ToolStream()
 
     def grammar(self, tools: list[dict], name: str | None) -> str:
-        return gr.tool_call(tools, name, "<tool_call>\n", "\n</tool_call>")
+        return self.calls_grammar(tools, name, parallel=False, lazy=False)
+
+    def calls_grammar(self, tools: list[dict], name: str | None, *, parallel: bool, lazy: bool) -> str:
+        # an argument string cannot hold "</tool_call>": the call cannot be closed from inside it
+        return gr.tool_calls(tools, name, "<tool_call>\n", "\n</tool_call>", avoid="</tool_call>",
+                             parallel=parallel, lazy=lazy)
 
     def call_text(self, calls: list[dict]) -> str:
         return "\n".join("<tool_call>\n" + json.dumps({"name": c["function"]["name"],
