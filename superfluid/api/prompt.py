@@ -39,10 +39,13 @@ def parse_tool_choice(choice: object, tools: list[dict]) -> tuple[str, str | Non
 
 
 def chat_prompt(engine, messages: list[dict], *, tools: list | None = None, tool_choice: object = None,
-                grammar: str = "", template_kwargs: dict | None = None) -> ChatPrompt:
+                grammar: str = "", template_kwargs: dict | None = None,
+                parallel_tool_calls: bool = False) -> ChatPrompt:
     check_chat(messages, tools)
     tools = tool_list(tools) if tools else []
     mode, name = parse_tool_choice(tool_choice, tools)
+    # parallel_tool_calls: several calls only when asked for (llama-server's default too): a
+    # small model allowed more keeps calling until its budget runs out
     if mode == "required" and not tools:
         raise BadRequest("tool_choice requires tools", param="tool_choice")
     use_tools = tools if mode != "none" else []
@@ -50,8 +53,10 @@ def chat_prompt(engine, messages: list[dict], *, tools: list | None = None, tool
     msgs, extra = fmt.render(messages, use_tools)
     kwargs = {**(template_kwargs or {}), **extra}
     bodies, prompt = prelude(engine, msgs, **kwargs)
-    if mode == "required":
-        grammar = fmt.grammar(use_tools, name)  # one call in the model's dialect
+    if mode == "required":  # calls in the model's dialect from the first token
+        grammar = fmt.calls_grammar(use_tools, name, parallel=parallel_tool_calls, lazy=False)
+    elif mode == "auto" and use_tools and not grammar:  # text, or calls once the model opens one
+        grammar = fmt.calls_grammar(use_tools, None, parallel=parallel_tool_calls, lazy=True)
     opener = context_text(engine.tokenizer, list(bodies[-1].span)) if bodies else ""
     # a structured dialect (Harmony, Functionary, Granite) reads every reply, tools or not
     return ChatPrompt(bodies, prompt, spec_for(fmt if use_tools or fmt.structured else None, engine.reasoning, opener),

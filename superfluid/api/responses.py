@@ -268,7 +268,8 @@ def add_routes(app: FastAPI, models, qos_for, body_of, store: ResponseStore) -> 
         effort = body.get("reasoning", {}).get("effort") if isinstance(body.get("reasoning"), dict) else None
         cp = await asyncio.to_thread(  # rendering and tokenizing: off the event loop
             lambda: chat_prompt(eng, msgs, tools=tools, tool_choice=choice, grammar=grammar,
-                                template_kwargs=template_options(reasoning_effort=effort)))
+                                template_kwargs=template_options(reasoning_effort=effort),
+                                parallel_tool_calls=body.get("parallel_tool_calls") is True))
         room = max(1, eng.n_ctx - len(cp.prompt))  # the engine's check refuses what does not fit
         mt = body.get("max_output_tokens")
         if mt is not None and (isinstance(mt, bool) or not isinstance(mt, int) or mt < 1):
