@@ -167,7 +167,7 @@ class Scheduler(KvTiers, Results):
             g = job.sampling.grammar
             if opens and g and g not in grammars and sum(map(len, grammars)) + len(g) > STEP_GRAMMAR_CHARS:
                 continue  # its grammar would make the step too big to send: it opens next step
-            if full and job.qos.rank > Qos.COMPLETION and not (self._short(job) and srpt.victim(
+            if full and job.qos.rank > Qos.COMPLETION and not (self._takes(job) and srpt.victim(
                     job, self.running.values(), pinned, self.waiting.aging_steps)):
                 continue  # only interactive and completion jobs preempt, and short jobs longer ones
             if not self._admissible(job):
@@ -219,8 +219,13 @@ class Scheduler(KvTiers, Results):
     def _short(self, job: Job) -> bool:
         return self.srpt and srpt.short(job, self.prefill_budget)
 
+    def _takes(self, job: Job) -> bool:
+        """May this job take a lane of its class? A short one, when a KV slot is to spare (else
+        the victim's KV would be evicted at once, to be prefilled again)."""
+        return self._short(job) and len(self.slots) > self.max_lanes
+
     def _preempt_for(self, job: Job, step: int, pinned: set[int]) -> bool:
-        victim, short = srpt.preemptee(job, self.running.values(), pinned, self.waiting.aging_steps, self._short(job))
+        victim, short = srpt.preemptee(job, self.running.values(), pinned, self.waiting.aging_steps, self._takes(job))
         if victim is None:
             return False
         self.counters.short_preemptions += short

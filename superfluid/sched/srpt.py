@@ -14,7 +14,8 @@ the job with the least work left first:
 - A short job that finds every lane busy takes the lane of the running job of its class (or
   a lower one) with the most remaining work, if that is more than its own. The preemption
   is lossless, as a better class's is: the victim's KV stays in its slot, it goes back to the
-  front of its queue and continues exactly where it was.
+  front of its queue and continues exactly where it was. Only with a KV slot to spare
+  (`--kv-slots` above `--max-batch`, the default): else the newcomer would evict the victim's KV.
 - Waiting jobs of one effective class: short ones first, then first come. Prefill chunks of
   one class: least remaining work first.
 - No thrash: a job taken this way cannot be taken again by a short job before it has moved

@@ -80,6 +80,16 @@ def test_without_srpt_the_same_class_newcomer_waits():
     assert plan.closes == () and "chat" not in running_ids(s) and s.counters.preemptions == 0
 
 
+def test_no_preemption_without_a_spare_kv_slot():
+    s = sched(lanes=2, slots=2)  # the victim's KV would be evicted by the newcomer at once
+    s.add(job("doc_a", 900, base=1000))
+    s.add(job("doc_b", 900, base=2000))
+    run(s, 1)
+    s.add(job("chat", 20, max_tokens=16, base=9000))
+    plan = s.schedule()
+    assert plan.closes == () and running_ids(s) == ["doc_a", "doc_b"] and s.counters.preemptions == 0
+
+
 def test_a_long_newcomer_does_not_preempt():
     s = sched(lanes=2, slots=4, budget=64)
     s.add(job("doc_a", 900, base=1000))
