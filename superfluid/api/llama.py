@@ -19,6 +19,7 @@ from .. import __version__
 from ..errors import BadRequest, NotSupported, QueueFull, SuperfluidError
 from ..ids import new_id
 from ..request import Chunk, FinishReason, GenRequest, TokenLogprob
+from ..sampling_defaults import for_api
 from . import openai as oa
 from . import resume
 from .llama_params import DEFAULTS, Options, budget, options, prompt_tokens
@@ -76,20 +77,23 @@ def timings(c: Chunk, wall_s: float) -> dict:
             "predicted_per_second": 1e3 * predicted_n / predicted_ms if predicted_ms > 0 else 0.0}
 
 
-def settings(opts: Options | None, n_ctx: int, model: str, seed: int | None = None) -> dict:
-    """generation_settings (and /props' defaults when `opts` is None)."""
+def settings(opts: Options | None, n_ctx: int, model: str, seed: int | None = None,
+             defaults: dict | None = None) -> dict:
+    """generation_settings (and /props' defaults when `opts` is None: llama-server's under the
+    engine's `defaults`, the operator's and the model's)."""
     sp = opts.sampling if opts else None
+    d = for_api(DEFAULTS, defaults or {})
     n_predict = opts.n_predict if opts else -1
     return {"n_ctx": n_ctx, "n_predict": n_predict, "model": model,
             "seed": seed if seed is not None else 0xFFFFFFFF,
-            "temperature": sp.temperature if sp else DEFAULTS["temperature"],
-            "top_k": sp.top_k if sp else DEFAULTS["top_k"], "top_p": sp.top_p if sp else DEFAULTS["top_p"],
-            "min_p": sp.min_p if sp else DEFAULTS["min_p"],
-            "repeat_penalty": sp.repeat_penalty if sp else DEFAULTS["repeat_penalty"],
-            "typical_p": sp.typical_p if sp else DEFAULTS["typical_p"],
-            "repeat_last_n": sp.repeat_last_n if sp else DEFAULTS["repeat_last_n"],
-            "presence_penalty": sp.presence_penalty if sp else 0.0,
-            "frequency_penalty": sp.frequency_penalty if sp else 0.0,
+            "temperature": sp.temperature if sp else d["temperature"],
+            "top_k": sp.top_k if sp else d["top_k"], "top_p": sp.top_p if sp else d["top_p"],
+            "min_p": sp.min_p if sp else d["min_p"],
+            "repeat_penalty": sp.repeat_penalty if sp else d["repeat_penalty"],
+            "typical_p": sp.typical_p if sp else d["typical_p"],
+            "repeat_last_n": sp.repeat_last_n if sp else d["repeat_last_n"],
+            "presence_penalty": sp.presence_penalty if sp else d["presence_penalty"],
+            "frequency_penalty": sp.frequency_penalty if sp else d["frequency_penalty"],
             "stop": list(opts.stop) if opts else [], "max_tokens": n_predict,
             "ignore_eos": sp.ignore_eos if sp else False, "stream": opts.stream if opts else True,
             "n_probs": opts.n_probs if opts else 0, "grammar": sp.grammar if sp else "",
@@ -265,7 +269,7 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
 
 def slot(eng, i: int, processing: bool) -> dict:
     return {"id": i, "id_task": -1, "n_ctx": eng.n_ctx, "speculative": False, "is_processing": processing,
-            "params": settings(None, eng.n_ctx, eng.model_id),
+            "params": settings(None, eng.n_ctx, eng.model_id, defaults=eng.sampling_defaults),
             "next_token": {"has_next_token": processing, "has_new_line": False, "n_remain": -1,
                            "n_decoded": 0, "stopping_word": ""}}
 

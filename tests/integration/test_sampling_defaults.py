@@ -91,3 +91,10 @@ def test_llama_server_and_ollama_take_the_same_defaults(d):
         assert gen().startswith(" cat")  # greedy (the model's temperature), no penalty (the flag)
         assert gen() == gen()
         assert not gen(repeat_last_n=64).startswith(" cat")
+
+
+def test_props_show_the_defaults_a_request_gets(d):
+    params = httpx.get(d.url + "/props", timeout=30).json()["default_generation_settings"]["params"]
+    # the model's temperature and repeat penalty, the flag's window, llama-server's top_k
+    assert (params["temperature"], params["repeat_penalty"], params["repeat_last_n"], params["top_k"]) == \
+        (0.0, 5.0, 0, 40)
