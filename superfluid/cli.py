@@ -9,7 +9,7 @@ import sys
 from dataclasses import replace
 
 from . import __version__
-from .config import DEFAULT_HOST, DEFAULT_PORT, EngineConfig, ServeConfig, default_threads, home
+from .config import DEFAULT_HOST, DEFAULT_PORT, EngineConfig, ServeConfig, home
 from .monitor.logs import setup_logging
 from .net import is_loopback_host
 from .api.policy import KeyPolicy, PolicyError, load_policies
@@ -17,71 +17,7 @@ from .llama_flags import add_flags as add_llama_flags, apply_flags as apply_llam
 from . import sampling_defaults
 from .errors import ModelLoadError, SuperfluidError
 from .request import Qos
-
-
-def _positive(s: str) -> int:
-    v = int(s)
-    if v < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return v
-
-
-def _hostport(s: str) -> tuple[str, int]:
-    host, sep, port = s.rpartition(":")
-    if not sep or not port.isdigit() or int(port) > 65535:
-        raise argparse.ArgumentTypeError("expected HOST:PORT with a port up to 65535")
-    return host.strip("[]") or DEFAULT_HOST, int(port)
-
-
-def _hostports(s: str) -> tuple[tuple[str, int], ...]:
-    return tuple(_hostport(x.strip()) for x in s.split(",") if x.strip())
-
-
-def _qos(s: str) -> Qos:
-    s = s.strip().lower()
-    try:
-        return Qos(int(s)) if s.isdigit() else Qos[s.upper()]
-    except (KeyError, ValueError):
-        raise argparse.ArgumentTypeError("use interactive, completion, agent, background or embedding (0-4)") from None
-
-
-def _class_lanes(s: str) -> tuple[tuple[int, int], ...]:
-    out = []
-    for part in filter(None, s.split(",")):
-        name, sep, n = part.partition("=")
-        if not sep or not n.isdigit() or int(n) < 1:
-            raise argparse.ArgumentTypeError(f"expected CLASS=N, got '{part}'")
-        out.append((int(_qos(name)), int(n)))
-    return tuple(out)
-
-
-def _tool_dialect(s: str) -> str:
-    from .codec.dialects import names
-    if s not in names():
-        raise argparse.ArgumentTypeError(f"unknown dialect '{s}': use one of {', '.join(names())}")
-    return s
-
-
-def _engine_flags(s: argparse.ArgumentParser) -> None:
-    """The flags of a model's engine (serve and node serve)."""
-    s.add_argument("--max-batch", type=_positive, default=8, help="lanes: sequences decoded together (default 8)")
-    s.add_argument("--max-queue", type=_positive, default=512, help="generations a model keeps waiting for a lane; more get 503 queue_full with Retry-After (default 512)")
-    s.add_argument("--max-context", type=_positive, help="tokens per lane (default: the model's trained window, capped to fit memory)")
-    s.add_argument("--threads", type=_positive, default=default_threads(), help="llama.cpp threads (default: cores - 1)")
-    s.add_argument("--runtime", choices=("llamacpp", "transformers"), help="the inference runtime: llama.cpp on a GGUF, or transformers (PyTorch; needs superfluid[hf]) on a Hugging Face folder or a GGUF converted once to one under the home (default: llamacpp for a GGUF, transformers for a folder)")
-    s.add_argument("--step-tokens", type=_positive, default=256, help="token budget of one step: decodes plus prefill chunks (default 256)")
-    s.add_argument("--speculative", choices=("off", "ngram"), default="off", help="speculative decoding: ngram drafts from the lane's own context (prompt lookup), verified losslessly in the step's batch (default off)")
-    s.add_argument("--spec-max-tokens", type=_positive, default=8, help="most drafted tokens a lane verifies in one step (default 8)")
-    s.add_argument("--chat-template-file", metavar="FILE", help="a jinja chat template to use instead of the model's own (tool and reasoning markers are read from it)")
-    s.add_argument("--tool-dialect", type=_tool_dialect, metavar="NAME", help="how the model writes tool calls: hermes, qwen3_coder, llama3, mistral, deepseek, deepseek_v3_1, harmony, granite, gemma, functionary or generic (default: detected from the chat template; docs/tools.md)")
-    s.add_argument("--kv-slots", type=_positive, help="KV sequences in the worker (default 2 x --max-batch); slots beyond the lanes keep finished and preempted prefixes warm")
-    s.add_argument("--class-lanes", type=_class_lanes, default=(), metavar="CLASS=N,...", help="most lanes a class may hold, e.g. background=2,agent=6")
-    s.add_argument("--aging-steps", type=_positive, default=256, help="a waiting job rises one class every N steps (default 256)")
-    s.add_argument("--step-ms", type=_positive, default=250, help="prefill chunks are sized so a step takes about this long (default 250)")
-    s.add_argument("--pooling", choices=("mean", "cls", "last"), help="embeddings from a GGUF: how token states become one vector (default: what the GGUF declares, else mean)")
-    s.add_argument("--matryoshka", action="store_true", help="the model was trained for shortened embeddings: requests may ask for fewer dimensions")
-    s.add_argument("--kv-disk", choices=("on", "off"), default="on", help="keep finished and evicted prefixes' KV on disk under $SUPERFLUID_HOME/kv, restored instead of prefilled, across restarts too (default on; llama.cpp models)")
-    s.add_argument("--kv-disk-mb", type=_positive, metavar="MB", help="most MiB of KV on disk, least recently used evicted first (default: a quarter of the free disk, at most 16 GiB)")
+from .cli_flags import _class_lanes, _engine_flags, _hostport, _hostports, _positive, _qos  # noqa: F401
 
 
 def parser() -> argparse.ArgumentParser:
