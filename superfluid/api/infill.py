@@ -8,24 +8,16 @@ completion class by default: ahead of agents, behind a chat."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import time
-from collections.abc import AsyncIterator
 
-import orjson
 from fastapi import FastAPI, Request
-from fastapi.responses import Response
 
 from ..codec import fim
 from ..errors import BadRequest, ContextLengthExceeded
 from ..ids import new_id
-from ..request import Chunk, GenRequest, Qos
-from ..session.turns import context_text
-from .llama import completion_events, final_body
+from ..request import Qos
+from .llama import answer
 from .llama_params import budget, options
-from .policy import owner_of
 from .schema import InfillRequest, json_object, parse
-from .streams import collect, raise_first_error, record, session_header, sse
 
 
 def build_prompt(engine, body: InfillRequest, reserve: int) -> list[int]:
@@ -52,36 +44,5 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
             raise ContextLengthExceeded(f"This model's maximum context length is {eng.n_ctx} tokens; the infill "
                                         f"prompt alone has {len(prompt)}.", param="input_prefix")
         seed = opts.seed if opts.seed is not None else eng.new_seed()
-        rid = new_id("infill")
-        req = GenRequest(f"{rid}-0", prompt, dataclasses.replace(opts.sampling, seed=seed),
-                         budget(opts.n_predict, len(prompt), eng.n_ctx), opts.stop, qos_for(request, Qos.COMPLETION))
-        t0 = time.monotonic()
-        # recorded as a /completion: a stream resumed with Last-Event-ID goes on in its shape
-        streams = await models.service.submit(eng, [req], api="llama.completion", params={
-            "response_id": rid, "model": eng.model_id}, owner=owner_of(request))
-        rec = request.scope.setdefault("state", {}).setdefault("access", {})
-        rec.update(model=eng.model_id, qos=req.qos.name.lower())
-        text = context_text(eng.tokenizer, prompt)
-
-        def final(c: Chunk, content: str = "", tokens: list[int] | None = None, lps=()) -> dict:
-            record(rec, [c])
-            return final_body(c, content, tokens or [], list(lps), opts=opts, model=eng.model_id, n_ctx=eng.n_ctx,
-                              seed=seed, prompt=text, wall_s=time.monotonic() - t0)
-
-        if opts.stream:
-            return sse(completion_events(streams[0], req.session, final), models.service.on_close(eng, [req]), [req])
-        toks: list[int] = []
-
-        async def tap(it: AsyncIterator[Chunk]) -> AsyncIterator[Chunk]:
-            async for c in it:
-                toks.extend(c.tokens)
-                yield c
-
-        choices = await collect(request, [tap(streams[0])])
-        raise_first_error(choices)
-        ch = choices[0]
-        assert ch.last is not None
-        resp = Response(orjson.dumps(final(ch.last, "".join(ch.text), toks, ch.logprobs)),
-                        media_type="application/json")
-        resp.headers.update(session_header([req]))
-        return resp
+        return await answer(models, eng, request, prompt, opts, seed, budget(opts.n_predict, len(prompt), eng.n_ctx),
+                            qos_for(request, Qos.COMPLETION), new_id("infill"))

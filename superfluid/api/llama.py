@@ -18,7 +18,7 @@ from fastapi.responses import Response
 from .. import __version__
 from ..errors import BadRequest, NotSupported, QueueFull, SuperfluidError
 from ..ids import new_id
-from ..request import Chunk, FinishReason, GenRequest, TokenLogprob
+from ..request import Chunk, FinishReason, GenRequest, Qos, TokenLogprob
 from ..sampling_defaults import for_api
 from . import openai as oa
 from . import resume
@@ -181,6 +181,41 @@ def _replay(sid: str, p: dict, chunks: AsyncIterator[Chunk]) -> AsyncIterator[by
 resume.register("llama.completion", _replay)
 
 
+async def answer(models, eng, request: Request, prompt: list[int], opts: Options, seed: int, n_predict: int,
+                 qos: Qos, rid: str) -> Response:
+    """One generation in /completion's shape (/completion and /infill): its SSE stream or its
+    whole answer. It is recorded as a /completion, so a resumed stream goes on in that shape."""
+    req = GenRequest(f"{rid}-0", prompt, dataclasses.replace(opts.sampling, seed=seed), n_predict, opts.stop, qos)
+    text = context_text(eng.tokenizer, prompt)
+    t0 = time.monotonic()
+    streams = await models.service.submit(eng, [req], api="llama.completion", params={
+        "response_id": rid, "model": eng.model_id}, owner=owner_of(request))
+    rec = request.scope.setdefault("state", {}).setdefault("access", {})
+    rec.update(model=eng.model_id, qos=req.qos.name.lower())
+
+    def final(c: Chunk, content: str = "", tokens: list[int] | None = None, lps=()) -> dict:
+        record(rec, [c])
+        return final_body(c, content, tokens or [], list(lps), opts=opts, model=eng.model_id, n_ctx=eng.n_ctx,
+                          seed=seed, prompt=text, wall_s=time.monotonic() - t0)
+
+    if opts.stream:
+        return sse(completion_events(streams[0], req.session, final), models.service.on_close(eng, [req]), [req])
+    toks: list[int] = []
+
+    async def tap(it: AsyncIterator[Chunk]) -> AsyncIterator[Chunk]:
+        async for c in it:
+            toks.extend(c.tokens)
+            yield c
+
+    choices = await collect(request, [tap(streams[0])])
+    raise_first_error(choices)
+    ch = choices[0]
+    assert ch.last is not None
+    resp = _json(final(ch.last, "".join(ch.text), toks, ch.logprobs))
+    resp.headers.update(session_header([req]))
+    return resp
+
+
 def add_routes(app: FastAPI, models, qos_for) -> None:
     @app.post("/completion")
     async def completion(request: Request):
@@ -195,42 +230,12 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
         if not prompt:
             raise BadRequest("the prompt is empty", param="prompt")
         seed = opts.seed if opts.seed is not None else eng.new_seed()
-        text = context_text(eng.tokenizer, prompt)
         n_predict = budget(opts.n_predict, len(prompt), eng.n_ctx)
         if n_predict == 0:  # llama-server: the prompt is only evaluated; nothing to generate here
             c = Chunk("", finish=FinishReason.LENGTH, prompt_tokens=len(prompt))
             return _json(final_body(c, "", [], [], opts=opts, model=eng.model_id, n_ctx=eng.n_ctx, seed=seed,
-                                    prompt=text, wall_s=0.0))
-        rid = new_id("cmpl")
-        req = GenRequest(f"{rid}-0", prompt, dataclasses.replace(opts.sampling, seed=seed), n_predict, opts.stop,
-                         qos_for(request))
-        t0 = time.monotonic()
-        streams = await models.service.submit(eng, [req], api="llama.completion", params={
-            "response_id": rid, "model": eng.model_id}, owner=owner_of(request))
-        rec = request.scope.setdefault("state", {}).setdefault("access", {})
-        rec.update(model=eng.model_id, qos=req.qos.name.lower())
-
-        def final(c: Chunk, content: str = "", tokens: list[int] | None = None, lps=()) -> dict:
-            record(rec, [c])
-            return final_body(c, content, tokens or [], list(lps), opts=opts, model=eng.model_id, n_ctx=eng.n_ctx,
-                              seed=seed, prompt=text, wall_s=time.monotonic() - t0)
-
-        if opts.stream:
-            return sse(completion_events(streams[0], req.session, final), models.service.on_close(eng, [req]), [req])
-        toks: list[int] = []
-
-        async def tap(it: AsyncIterator[Chunk]) -> AsyncIterator[Chunk]:
-            async for c in it:
-                toks.extend(c.tokens)
-                yield c
-
-        choices = await collect(request, [tap(streams[0])])
-        raise_first_error(choices)
-        ch = choices[0]
-        assert ch.last is not None
-        resp = _json(final(ch.last, "".join(ch.text), toks, ch.logprobs))
-        resp.headers.update(session_header([req]))
-        return resp
+                                    prompt=context_text(eng.tokenizer, prompt), wall_s=0.0))
+        return await answer(models, eng, request, prompt, opts, seed, n_predict, qos_for(request), new_id("cmpl"))
 
     @app.post("/apply-template")
     async def apply_template(request: Request):
