@@ -69,9 +69,11 @@ def kv_key(tokens: Sequence[int]) -> int:
 # Where SamplingParams.to_wire puts the grammar: a plan sends each grammar's text once and
 # its lanes the text's index (eight choices of one request share one schema)
 GRAMMAR_AT = 10
-# The grammars a step may carry, in characters (a frame holds 16 MiB): lanes past it open
-# in a later step
-STEP_GRAMMAR_CHARS = 2 << 20
+# What a step's opens may carry (a frame holds 16 MiB): their grammars' characters (each
+# grammar once) and their tokens (history, penalty context) at TOKEN_BYTES each, the most a
+# msgpack int takes here. Lanes past it open in a later step.
+STEP_OPEN_BYTES = 4 << 20
+TOKEN_BYTES = 5
 
 # A restored token costs about this fraction of a prefilled one (a 1,500-token entry of the
 # embedded model: 37 ms to load against 17 s to prefill): the step budget counts it so

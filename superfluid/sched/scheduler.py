@@ -26,7 +26,7 @@ recomputes them, and greedy or seeded sampling (keyed by position) draws the sam
 
 from __future__ import annotations
 
-from ..plan import RESTORE_COST, STEP_GRAMMAR_CHARS, Copy, EmbedItem, LaneOpen, Load, Run, Save, StepPlan
+from ..plan import RESTORE_COST, STEP_OPEN_BYTES, TOKEN_BYTES, Copy, EmbedItem, LaneOpen, Load, Run, Save, StepPlan
 from ..request import FinishReason, Qos
 from .embeds import EmbedJob, EmbedQueue
 from .jobs import Counters, Job, JobStatus
@@ -162,11 +162,14 @@ class Scheduler(KvTiers, Results):
             self._save(seq, tokens, step, saves, drops)
         self._to_save.clear()
         grammars: set[str] = set()  # the grammars this plan's opens carry (each sent once)
+        carried = 0  # what the opens carry: grammar characters, and bytes of tokens (penalty context, history)
         for job in self.waiting.ordered(step, self._short if self.srpt else None):
             full = len(self.running) >= self.max_lanes
             g = job.sampling.grammar
-            if opens and g and g not in grammars and sum(map(len, grammars)) + len(g) > STEP_GRAMMAR_CHARS:
-                continue  # its grammar would make the step too big to send: it opens next step
+            cost = (0 if g in grammars else len(g) if g.isascii() else 4 * len(g)) + TOKEN_BYTES * (
+                len(job.output) + len(job.prior) + (len(job.prompt) if job.sampling.penalized else 0))
+            if opens and carried + cost > STEP_OPEN_BYTES:
+                continue  # it would make the step too big to send (a frame holds 16 MiB): it opens next step
             if full and job.qos.rank > Qos.COMPLETION and not (self._takes(job) and srpt.victim(
                     job, self.running.values(), pinned, self.waiting.aging_steps)):
                 continue  # only interactive and completion jobs preempt, and short jobs longer ones
@@ -178,8 +181,8 @@ class Scheduler(KvTiers, Results):
             if full and not self._preempt_for(job, step, pinned):
                 continue
             self._admit(job, step, opens, copies, pinned, restore, loads, saves, drops)
-            if g:
-                grammars.add(g)
+            carried += cost
+            grammars.add(g)
         closes = tuple(self._to_close)
         self._to_close.clear()
         embeds: list[EmbedItem] = []

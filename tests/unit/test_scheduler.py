@@ -395,33 +395,39 @@ def test_update_refuses_a_result_for_another_step():
         s.update(p1, result(p2))
 
 
-def test_big_grammars_spread_over_steps_so_no_step_is_over_the_frame_cap():
-    """Sixteen lanes, each with its own grammar at the request limit: a step carries at most
-    STEP_GRAMMAR_CHARS of them and the rest open in the next steps; lanes sharing one grammar
-    (the choices of one request) carry it once. Every plan encodes under the frame cap."""
+def test_big_opens_spread_over_steps_so_no_step_is_over_the_frame_cap():
+    """Sixteen lanes, each with its own grammar at the request limit, and lanes whose
+    penalties need their long prompts: a step's opens carry at most STEP_OPEN_BYTES and the
+    rest open in the next steps; lanes sharing one grammar (the choices of one request)
+    carry it once. Every plan encodes under the frame cap."""
     import msgpack
 
     from superfluid.limits import MAX_GRAMMAR_BYTES
     from superfluid.link.frame import MAX_FRAME
-    from superfluid.plan import STEP_GRAMMAR_CHARS
-    s = sched(lanes=24, n_ctx=256, step_tokens=512)
+    from superfluid.plan import STEP_OPEN_BYTES
+    s = sched(lanes=40, n_ctx=400_000, step_tokens=512)
     for i in range(16):
         s.add(job(f"g{i}", grammar=f"start: \"{i}\" | " + "x" * (MAX_GRAMMAR_BYTES - 20)))
     shared = "start: " + "y" * (MAX_GRAMMAR_BYTES - 10)
     for i in range(8):
         s.add(job(f"n{i}", grammar=shared))
+    for i in range(8):  # a repeat penalty over the whole context: the prompt goes with the open
+        s.add(Job(f"p{i}", [100 + i] * 300_000, SamplingParams(repeat_penalty=1.1, repeat_last_n=-1), 10))
     opened: list[str] = []
-    for _ in range(12):
+    for _ in range(20):
         plan = s.schedule()
+        if plan is None:
+            break
         opened += [s.running[o.seq].id for o in plan.opens]
         s.update(plan, result(plan))
         wire = msgpack.packb(plan.to_wire())
         assert len(wire) < MAX_FRAME
-        carried = len({o.sampling.grammar for o in plan.opens}) * MAX_GRAMMAR_BYTES
-        assert carried <= STEP_GRAMMAR_CHARS + MAX_GRAMMAR_BYTES
-        back = StepPlan.from_wire(msgpack.unpackb(wire))
-        assert back == plan
-    assert sorted(opened) == sorted([f"g{i}" for i in range(16)] + [f"n{i}" for i in range(8)])
+        carried = len({o.sampling.grammar for o in plan.opens}) * MAX_GRAMMAR_BYTES + \
+            5 * sum(len(o.context) for o in plan.opens)
+        assert carried <= STEP_OPEN_BYTES + 5 * 300_000
+        assert StepPlan.from_wire(msgpack.unpackb(wire)) == plan
+    assert sorted(opened) == sorted([f"g{i}" for i in range(16)] + [f"n{i}" for i in range(8)] +
+                                    [f"p{i}" for i in range(8)])
 
 
 def test_penalty_context_is_the_prompt_before_this_turn_within_repeat_last_n():
