@@ -80,6 +80,8 @@ def srpt_compare(a: argparse.Namespace, model_id: str, extra: list[str]) -> None
                 print(f"round {r + 1} {name}: no-header chat TTFT {res[name]['plain'][-1]:.2f} s, agents' total "
                       f"{total:.1f} s, interactive chat TTFT {ttft:.2f} s", flush=True)
         shorts = {n: metric(d.url, "superfluid_short_preemptions_total") for n, d in daemons.items()}
+        # work done, free of the machine's load: tokens prefilled (a lossy preemption would add some)
+        prefilled = {n: metric(d.url, "superfluid_prefill_tokens_total") for n, d in daemons.items()}
     finally:
         for d in daemons.values():
             d.stop()
@@ -88,7 +90,7 @@ def srpt_compare(a: argparse.Namespace, model_id: str, extra: list[str]) -> None
     for name, r in res.items():
         print(f"  {name:<9} no-header chat TTFT {statistics.median(r['plain']):7.2f} s   agents' total "
               f"{statistics.median(r['total']):7.1f} s   interactive chat TTFT {statistics.median(r['header']):6.2f} s"
-              f"   (short preemptions {shorts[name]:.0f})")
+              f"   (short preemptions {shorts[name]:.0f}, tokens prefilled {prefilled[name]:.0f})")
     on, off = (statistics.median(res[n]["total"]) for n in daemons)
     print(f"  agents' total, on / off: {on / off:.3f}")
 
