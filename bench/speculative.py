@@ -21,7 +21,7 @@ import statistics
 import time
 
 import httpx
-from common import Daemon, LlamaServer
+from common import Daemon, LlamaServer, metric
 
 from superfluid.runtime.registry import embedded_model
 
@@ -42,9 +42,12 @@ def source_file(lines: int = 300) -> str:
     return "\n".join(out[:lines])
 
 
-EDIT = [{"role": "user", "content": "Return this file unchanged except that the function parse_line_3 is renamed "
-                                    "to read_line_3. Output only the code.\n\n" + source_file()}]
-FREE = [[{"role": "user", "content": q}] for q in (
+CODE = source_file()
+# The embedded 135M model answers a chat "rename this function" with a code fence and stops,
+# so the edit is asked as a completion it continues: the file again, its first lines given.
+EDIT = {"prompt": "Here is a Python file:\n\n" + CODE + "\n\nHere is the same file with parse_line_3 renamed to "
+                  "read_line_3:\n\n" + "\n".join(CODE.splitlines()[:2]) + "\n"}
+FREE = [{"messages": [{"role": "user", "content": q}]} for q in (
     "Why do cats purr? Answer in a paragraph.",
     "Describe a walk through a forest in autumn.",
     "What makes a good team leader? Give some thoughts.")]
@@ -55,25 +58,31 @@ def ngram(p, x) -> None:
     p.speculative.types = [x.common_speculative_type.COMMON_SPECULATIVE_TYPE_NGRAM_SIMPLE]
 
 
-def decode_rate(url: str, messages: list[dict], tokens: int) -> tuple[float, int]:
-    """(decode tok/s, completion tokens) of one greedy streamed chat."""
-    body = {"model": MODEL, "messages": messages, "max_tokens": tokens, "temperature": 0, "stream": True,
+def decode_rate(url: str, body: dict, tokens: int) -> tuple[float, int]:
+    """(decode tok/s, completion tokens) of one greedy streamed chat (body has messages) or
+    completion (body has a prompt)."""
+    path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+    body = {"model": MODEL, **body, "max_tokens": tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}}
     first = last = None
     n = 0
-    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=600) as r:
+    with httpx.stream("POST", url + path, json=body, timeout=600) as r:
         for line in r.iter_lines():
             if not line.startswith("data: {"):
                 continue
             d = json.loads(line[6:])
             if d.get("usage"):
                 n = d["usage"]["completion_tokens"]
-            if any((c.get("delta") or {}).get("content") for c in d.get("choices") or []):
+            if any((c.get("delta") or {}).get("content") or c.get("text") for c in d.get("choices") or []):
                 last = time.perf_counter()
                 first = first or last
     if first is None or last is None or last <= first or n < 2:
         return float("nan"), n
     return (n - 1) / (last - first), n
+
+
+def acceptance(url: str) -> tuple[float, float]:
+    return metric(url, "superfluid_draft_tokens_total"), metric(url, "superfluid_draft_accepted_tokens_total")
 
 
 def main() -> None:
@@ -92,11 +101,17 @@ def main() -> None:
     try:
         for url in urls.values():  # warm: the edit prompt prefilled and cached everywhere
             decode_rate(url, EDIT, 8)
+        drafts = {"edit": [0.0, 0.0], "free": [0.0, 0.0]}
         for _ in range(a.rounds):
             for name, url in urls.items():  # interleaved: a noisy moment hits every server alike
-                rates.setdefault(("edit", name), []).append(decode_rate(url, EDIT, a.tokens)[0])
-                rates.setdefault(("free", name), []).append(
-                    statistics.median(decode_rate(url, m, a.tokens)[0] for m in FREE))
+                for work, bodies in (("edit", [EDIT]), ("free", FREE)):
+                    before = acceptance(url) if name == "ngram" else (0.0, 0.0)
+                    rates.setdefault((work, name), []).append(
+                        statistics.median(decode_rate(url, b, a.tokens)[0] for b in bodies))
+                    if name == "ngram":
+                        after = acceptance(url)
+                        drafts[work][0] += after[0] - before[0]
+                        drafts[work][1] += after[1] - before[1]
     finally:
         for d in servers.values():
             d.stop()
@@ -106,7 +121,8 @@ def main() -> None:
         row = "  ".join(f"{name} {med[(work, name)]:.1f}" for name in urls)
         print(f"{work:5s} {row}")
         print(f"      ngram / off = {med[(work, 'ngram')] / med[(work, 'off')]:.2f}x, "
-              f"ngram / llama-server ngram = {med[(work, 'ngram')] / med[(work, 'llama-server ngram')]:.2f}x")
+              f"ngram / llama-server ngram = {med[(work, 'ngram')] / med[(work, 'llama-server ngram')]:.2f}x; "
+              f"ours drafted {drafts[work][0]:.0f}, accepted {drafts[work][1] / max(1.0, drafts[work][0]):.0%}")
 
 
 if __name__ == "__main__":
