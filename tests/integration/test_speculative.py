@@ -166,7 +166,8 @@ def test_the_daemon_speculates_and_answers_as_one_without_it(spec_daemon, daemon
     want = httpx.post(daemon.url + "/v1/chat/completions", json=body, timeout=120).json()
     got = httpx.post(spec_daemon.url + "/v1/chat/completions", json=body, timeout=120).json()
     assert got["choices"][0]["message"]["content"] == want["choices"][0]["message"]["content"]
-    assert got["usage"] == want["usage"]
+    for k in ("prompt_tokens", "completion_tokens"):  # cached_tokens: the shared daemon may hold the prefix
+        assert got["usage"][k] == want["usage"][k]
     assert _metric(spec_daemon, "superfluid_draft_tokens_total") > 0
     assert _metric(spec_daemon, "superfluid_draft_accepted_tokens_total") > 0
     assert 0 < _metric(spec_daemon, "superfluid_draft_acceptance_rate") <= 1

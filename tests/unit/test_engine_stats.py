@@ -185,7 +185,8 @@ def test_both_engines_meet_the_contract_and_neither_inherits_from_the_other():
     assert not issubclass(FleetEngine, Engine) and not issubclass(Engine, FleetEngine)
     members = [k for k in EngineAPI.__dict__ if not k.startswith("_")] + list(EngineAPI.__annotations__)
     assert {"submit", "cancel", "stats", "n_ctx", "model_kind"} <= set(members)
-    instance_attrs = {"model_id", "cfg", "tokenizer", "template", "tool_format", "reasoning", "info", "last_used"}
+    instance_attrs = {"model_id", "cfg", "tokenizer", "template", "tool_format", "reasoning", "info", "last_used",
+                      "sampling_defaults"}
     for cls in (Engine, FleetEngine):
         missing = [k for k in members if k not in instance_attrs and not hasattr(cls, k)]
         assert not missing, (cls, missing)
