@@ -58,9 +58,13 @@ def call_schema(tools: list[dict], name: str | None = None, avoid: str = "") -> 
 
 
 def avoiding(marker: str) -> str:
-    """A regex of the strings that do not contain marker (whose first character occurs in it
-    only once, as in every closing marker the dialects use): after each run of its first
-    character, a proper prefix of the rest, then a character that breaks it."""
+    """A regex of the strings that do not contain marker, for the two shapes of closing marker
+    the dialects use: one whose first character occurs in it only once (after each run of that
+    character, a proper prefix of the rest, then a character that breaks it), or a run of one
+    character (Functionary's ">>>": shorter runs, each followed by another character)."""
+    if marker and marker == marker[0] * len(marker):
+        c, n = _rx(marker[0]), len(marker)
+        return f"^(?:[^{c}]|{c}{{1,{n - 1}}}[^{c}])*{c}{{0,{n - 1}}}$" if n > 1 else f"^[^{c}]*$"
     if not marker or marker[0] in marker[1:]:
         raise ValueError(f"cannot exclude {marker!r}")
     c0 = _rx(marker[0])
@@ -103,7 +107,7 @@ def guarded(schema: object, avoid: str) -> object:
     return out
 
 
-def json_rule(schema: dict) -> str:
+def json_rule(schema: object) -> str:
     """A lark rule body: one JSON value that matches schema, laid out as JSON_OPTIONS says."""
     return (f"%json {{\"x-guidance\": {json.dumps(JSON_OPTIONS)}, "
             f"\"allOf\": [{json.dumps(schema, separators=(',', ':'), ensure_ascii=False)}]}}")
@@ -128,26 +132,3 @@ def gbnf(source: str, param: str = "grammar") -> str:
     except Exception as e:  # GbnfToLarkError, RecursionError, and a bare Exception for an undefined rule
         raise BadRequest(f"the grammar cannot be enforced: {e}", param=param) from None
     return _checked(LLMatcher.grammar_from_lark(text), param)
-
-
-def tool_call(tools: list[dict], name: str | None, open_tag: str, close_tag: str, avoid: str = "") -> str:
-    """Exactly one JSON call {"name", "arguments"} wrapped in markers (Granite: <|tool_call|>[...])."""
-    return tool_calls(tools, name, open_tag, close_tag, avoid=avoid)
-
-
-def tool_calls(tools: list[dict], name: str | None, open_tag: str, close_tag: str, *, avoid: str = "",
-               parallel: bool = False, lazy: bool = False, sep: str = "\n") -> str:
-    """JSON calls {"name", "arguments"} wrapped in markers (Hermes: <tool_call>\\n...\\n</tool_call>).
-    One call, or with `parallel` one or more (`sep` between them). `lazy` (tool_choice auto):
-    any text, which may end in the call-opening marker (open_tag without its trailing
-    whitespace); from the marker on, the calls are enforced. Strings never contain `avoid`."""
-    trigger = open_tag.rstrip()
-    # after a call: another one, or the end (a separator the model writes first does not force one)
-    more = f"({lit(sep + trigger)} call)* {lit(sep)}?" if parallel else f"{lit(sep)}?"
-    if lazy:
-        head = f"start: TEXT | head call {more}\nhead[lazy]: TEXT {lit(trigger)}\nTEXT: /(.|\\n)*/\n"
-    else:
-        head = f"start: {lit(trigger)} call {more}\n"
-    opened = open_tag[len(trigger):]
-    return lark(head + f"call: {lit(opened) if opened else ''} body {lit(close_tag)}\n"
-                f"body: {json_rule(call_schema(tools, name, avoid))}\n")

@@ -8,9 +8,10 @@ Every dialect gives:
   results and, for templates that do not list tools themselves, a system note);
 - `parser()`: an incremental reader of one reply: text in, content / reasoning / tool-call
   pieces (request.CallDelta) out, whatever the pieces the text arrives in;
-- `grammar(tools, name)`: an llguidance grammar for exactly one call in the dialect's own
-  syntax (tool_choice "required" or a named function); `calls_grammar` adds one-or-more
-  calls (parallel_tool_calls) and the lazy grammar of tool_choice "auto";
+- `calls_grammar(tools, name, parallel=, lazy=)`: an llguidance grammar for calls in the
+  dialect's own syntax, built by `calls_lark`: calls from the first token (tool_choice
+  "required" or a named function) or lazy (tool_choice "auto": free text until the call-opening
+  marker), one call or with `parallel` one or more; `grammar(tools, name)` is exactly one;
 - `markers`: special tokens the reader must see as text (they are detokenized as their names);
 - `structured`: the reader runs on every reply, tools or not (the reply's markup is the
   dialect's: Harmony channels, Functionary recipients, Granite's <response>)."""
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 
 from ...errors import BadRequest
 from ...request import CallDelta, ToolCall
+from .. import grammar as gr
 from ..tools import args_obj, call_from, instructions, new_call_id, parse_json, partial_suffix
 
 
@@ -167,14 +169,16 @@ class Dialect:
         raise NotImplementedError
 
     def grammar(self, tools: list[dict], name: str | None) -> str:
-        raise NotImplementedError
+        """Exactly one call, from the first token."""
+        return self.calls_grammar(tools, name, parallel=False, lazy=False)
 
     def calls_grammar(self, tools: list[dict], name: str | None, *, parallel: bool, lazy: bool) -> str:
         """The grammar for a turn with tools: `lazy` (tool_choice auto) free text that turns into
         calls at the dialect's call-opening marker, otherwise calls from the first token;
-        `parallel`: one or more calls, else exactly one. The default: one forced call, and an
-        unconstrained auto turn (dialects with a lazy grammar override this)."""
-        return "" if lazy else self.grammar(tools, name)
+        `parallel`: one or more calls, else exactly one. A dialect that cannot be lazy returns ""
+        for `lazy` (an unconstrained auto turn). Argument strings never hold the marker that
+        ends a call (the reader would end the call there)."""
+        raise NotImplementedError
 
     # -- rendering ----------------------------------------------------------------------
     def call_text(self, calls: list[dict]) -> str:
@@ -239,4 +243,48 @@ def tool_names(tools: list[dict], name: str | None) -> list[tuple[str, dict]]:
     return out
 
 
-__all__ = ["Delimited", "Dialect", "Parser", "Parts", "json_calls", "new_call_id", "tool_names", "with_system_note"]
+ANY_TEXT = r"(.|\n)*"
+
+
+def calls_lark(call: str, rules: str, *, opener: str, again: str, closer: str = "", tail: str = "",
+               trigger: str | None = None, text: str = ANY_TEXT, bare: bool = False,
+               parallel: bool, lazy: bool) -> str:
+    """Every dialect's call grammar: `opener call (again call)* closer tail?`, where `call` is a
+    lark expression over `rules` (one call) and the repetition is there only with `parallel`
+    (otherwise exactly one call). `tail`: layout the model may write after the calls (a
+    separator written in expectation of another call does not force one).
+
+    `lazy` (tool_choice auto): any text (the regex `text`), which may end in `trigger` (default:
+    the opener without its trailing whitespace); from the trigger on, the rest of the opener
+    and the calls are enforced, and after them the reply ends. `bare`: the calls may also start
+    the reply with the opener and no trigger (Llama 3's bare JSON, Functionary's recipient)."""
+    more = f"({_seq(gr.lit(again), call)})*" if parallel else ""
+    calls = _seq(call, more, _lit(closer), f"{gr.lit(tail)}?" if tail else "")
+    body = f"calls: {calls}\n{rules}\n"
+    if not lazy:
+        return gr.lark(f"start: {_seq(_lit(opener), 'calls')}\n{body}")
+    trigger = opener.rstrip() if trigger is None else trigger
+    if not trigger:
+        raise ValueError("a lazy call grammar needs a call-opening marker")
+    at = opener.find(trigger)
+    after = opener[at + len(trigger):] if at >= 0 else opener
+    alts = ["TEXT", _seq("head", _lit(after), "calls")] + ([_seq(_lit(opener), "calls")] if bare else [])
+    return gr.lark(f"start: {' | '.join(alts)}\nhead[lazy]: TEXT {gr.lit(trigger)}\nTEXT: /{text}/\n{body}")
+
+
+def one_of(bodies: list[str], prefix: str = "c") -> tuple[str, str]:
+    """A lark choice between rule bodies (one per tool): the expression and its rules."""
+    names = [f"{prefix}{i}" for i in range(len(bodies))]
+    return f"({' | '.join(names)})", "\n".join(f"{n}: {b}" for n, b in zip(names, bodies, strict=True))
+
+
+def _lit(text: str) -> str:
+    return gr.lit(text) if text else ""
+
+
+def _seq(*parts: str) -> str:
+    return " ".join(p for p in parts if p)
+
+
+__all__ = ["ANY_TEXT", "Delimited", "Dialect", "Parser", "Parts", "calls_lark", "json_calls", "new_call_id", "one_of",
+           "tool_names", "with_system_note"]

@@ -14,10 +14,11 @@ import re
 from ...request import ToolCall
 from .. import grammar as gr
 from ..tools import new_call_id, parse_json
-from .base import Delimited, Dialect, Parser, tool_names
+from .base import Delimited, Dialect, Parser, calls_lark, one_of, tool_names
 
 BEGIN, END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
 CALL, CALL_END, SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
+AVOID = "<｜tool▁call"  # the start of both closing markers (a call's and the block's)
 _CALL = re.compile(re.escape(CALL) + "(.*?)" + re.escape(CALL_END), re.S)
 _FENCED = re.compile(r"\s*([^\n]+?)\s*\n```(?:json)?\n(.*?)\n?```\s*$", re.S)
 
@@ -67,12 +68,14 @@ class DeepSeek(Dialect):
         return f"function{SEP}{fn}\n```json\n"
 
     _tail = "\n```"
+    _again = "\n" + CALL  # R1's template writes each further call on a new line
 
-    def grammar(self, tools: list[dict], name: str | None) -> str:
-        alts = [f"{gr.lit(self._head(fn))} {gr.json_rule(params)}" for fn, params in tool_names(tools, name)]
-        rules = "\n".join(f"c{i}: {a}" for i, a in enumerate(alts))
-        return gr.lark(f"start: {gr.lit(BEGIN + CALL)} call {gr.lit(self._tail + CALL_END + END)}\n"
-                       f"call: {' | '.join(f'c{i}' for i in range(len(alts)))}\n{rules}\n")
+    def calls_grammar(self, tools: list[dict], name: str | None, *, parallel: bool, lazy: bool) -> str:
+        # an argument string cannot hold a closing marker: the reader would end the call there
+        call, rules = one_of([f"{gr.lit(self._head(fn))} {gr.json_rule(gr.guarded(params, AVOID))} "
+                              f"{gr.lit(self._tail + CALL_END)}" for fn, params in tool_names(tools, name)])
+        return calls_lark(call, rules, opener=BEGIN + CALL, again=self._again, closer=END, trigger=BEGIN,
+                          parallel=parallel, lazy=lazy)
 
 
 class DeepSeekV31(DeepSeek):
@@ -93,6 +96,7 @@ class DeepSeekV31(DeepSeek):
         return f"{fn}{SEP}"
 
     _tail = ""
+    _again = CALL  # V3.1's template writes the calls one after the other
 
 
 DEEPSEEK = DeepSeek()

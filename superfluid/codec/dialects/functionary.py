@@ -10,9 +10,10 @@ import re
 
 from .. import grammar as gr
 from ..tools import call_from, parse_json, partial_suffix
-from .base import Dialect, Parser, Parts, tool_names
+from .base import Dialect, Parser, Parts, calls_lark, one_of, tool_names
 
 SEP = ">>>"
+_PROSE = r"all\n(.|\n)*"  # a message to the user
 _RECIPIENT = re.compile(r"[A-Za-z0-9_.\-]+")
 
 
@@ -95,11 +96,14 @@ class Functionary(Dialect):
     def parser(self) -> Parser:
         return _Reader()
 
-    def grammar(self, tools: list[dict], name: str | None) -> str:
-        # the opener ends with ">>>": the grammar starts at the recipient
-        alts = [f"{gr.lit(fn + chr(10))} {gr.json_rule(params)}" for fn, params in tool_names(tools, name)]
-        rules = "\n".join(f"c{i}: {a}" for i, a in enumerate(alts))
-        return gr.lark(f"start: {' | '.join(f'c{i}' for i in range(len(alts)))}\n{rules}\n")
+    def calls_grammar(self, tools: list[dict], name: str | None, *, parallel: bool, lazy: bool) -> str:
+        """The opener ends with ">>>": the reply starts at a recipient, a call's name or (lazy)
+        `all` and text, which may end in ">>>" and calls. Every message after a call is another
+        call. A call's arguments end at the next ">>>", so an argument string cannot hold it."""
+        call, rules = one_of([f"{gr.lit(fn + chr(10))} {gr.json_rule(gr.guarded(params, SEP))}"
+                              for fn, params in tool_names(tools, name)])
+        return calls_lark(call, rules, opener="", again=SEP, trigger=SEP, text=_PROSE, bare=True,
+                          parallel=parallel, lazy=lazy)
 
 
 FUNCTIONARY = Functionary()

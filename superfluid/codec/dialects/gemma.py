@@ -17,7 +17,7 @@ import json
 from ...request import ToolCall
 from .. import grammar as gr
 from ..tools import args_obj, new_call_id
-from .base import Delimited, Dialect, Parser, tool_names
+from .base import Delimited, Dialect, Parser, calls_lark, tool_names
 
 OPEN, CLOSE = "```tool_code\n", "\n```"
 _NAMES = {"true": True, "false": False, "null": None}
@@ -114,7 +114,9 @@ class Gemma(Dialect):
                 turns.insert(0, {"role": "user", "content": head})
         return turns, extra
 
-    def grammar(self, tools: list[dict], name: str | None) -> str:
+    def calls_grammar(self, tools: list[dict], name: str | None, *, parallel: bool, lazy: bool) -> str:
+        """Calls one a line in one tool_code block. Values are JSON, which holds no raw newline,
+        so no value can hold the block's closing marker ("\\n```")."""
         rules, alts = [], []
         for i, (fn, params) in enumerate(tool_names(tools, name)):
             kws = []
@@ -125,8 +127,8 @@ class Gemma(Dialect):
             args = f"(({kw}) (\", \" ({kw}))*)?" if kws else ""
             rules.append(f"c{i}: {gr.lit(fn + '(')} {args} \")\"")
             alts.append(f"c{i}")
-        return gr.lark(f"start: {gr.lit(OPEN)} call {gr.lit(CLOSE)}\ncall: {' | '.join(alts)}\n"
-                       + "\n".join(rules) + "\n")
+        return calls_lark(f"({' | '.join(alts)})", "\n".join(rules), opener=OPEN, again="\n", closer=CLOSE,
+                          parallel=parallel, lazy=lazy)
 
 
 GEMMA = Gemma()

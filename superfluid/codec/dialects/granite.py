@@ -11,7 +11,7 @@ import json
 
 from .. import grammar as gr
 from ..tools import args_obj
-from .base import Delimited, Dialect, Parser, json_calls
+from .base import Delimited, Dialect, Parser, calls_lark, json_calls
 
 TOOL_CALL = "<|tool_call|>"
 RESPONSE = ("<response>", "</response>")
@@ -34,8 +34,11 @@ class Granite(Dialect):
                                         "arguments": args_obj(c["function"]["arguments"])} for c in calls],
                                       ensure_ascii=False)
 
-    def grammar(self, tools: list[dict], name: str | None) -> str:
-        return gr.tool_call(tools, name, TOOL_CALL + "[", "]")
+    def calls_grammar(self, tools: list[dict], name: str | None, *, parallel: bool, lazy: bool) -> str:
+        # the call list runs to the end of the turn: no closing marker to keep out of strings
+        call = gr.json_rule(gr.call_schema(tools, name))
+        return calls_lark("call", f"call: {call}", opener=TOOL_CALL + "[", again=", ", closer="]",
+                          trigger=TOOL_CALL, parallel=parallel, lazy=lazy)
 
 
 GRANITE = Granite()

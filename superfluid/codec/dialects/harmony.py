@@ -16,7 +16,7 @@ import re
 
 from .. import grammar as gr
 from ..tools import call_from, parse_json, partial_suffix
-from .base import Dialect, Parser, Parts, tool_names
+from .base import Dialect, Parser, Parts, calls_lark, one_of, tool_names
 
 CHANNEL, MESSAGE, START, END = "<|channel|>", "<|message|>", "<|start|>", "<|end|>"
 CALL, RETURN, CONSTRAIN = "<|call|>", "<|return|>", "<|constrain|>"
@@ -117,12 +117,21 @@ class Harmony(Dialect):
     def parser(self) -> Parser:
         return _Reader()
 
-    def grammar(self, tools: list[dict], name: str | None) -> str:
-        alts = [f"{gr.lit(fn + ' ' + CONSTRAIN + 'json' + MESSAGE)} {gr.json_rule(params)}"
-                for fn, params in tool_names(tools, name)]
-        rules = "\n".join(f"c{i}: {a}" for i, a in enumerate(alts))
-        return gr.lark(f"start: {gr.lit(CHANNEL + 'commentary to=functions.')} call\n"
-                       f"call: {' | '.join(f'c{i}' for i in range(len(alts)))}\n{rules}\n")
+    def calls_grammar(self, tools: list[dict], name: str | None, *, parallel: bool, lazy: bool) -> str:
+        """One call whatever `parallel` says: a Harmony call ends the turn (`<|call|>` is a stop
+        token, and the template renders one call per assistant message). Every marker that ends
+        a message starts with "<|", so an argument string cannot hold "<|".
+
+        No lazy form: the text before a call is itself markup (`<|channel|>analysis<|message|>
+        ...<|end|><|start|>assistant...`), special tokens in gpt-oss's vocabulary, and a lazy
+        grammar's free text is a lexeme, which cannot hold a special token: it would mask the
+        channel tokens from the first one on. tool_choice auto stays unconstrained."""
+        if lazy:
+            return ""
+        call, rules = one_of([f"{gr.lit(fn + ' ' + CONSTRAIN + 'json' + MESSAGE)} {gr.json_rule(gr.guarded(p, '<|'))}"
+                              for fn, p in tool_names(tools, name)])
+        return calls_lark(call, rules, opener=CHANNEL + "commentary to=functions.", again="",
+                          parallel=False, lazy=False)
 
 
 HARMONY = Harmony()

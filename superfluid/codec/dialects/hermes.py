@@ -14,8 +14,9 @@ import re
 from ...request import CallDelta
 from .. import grammar as gr
 from ..tools import args_obj, call_from, new_call_id, parse_json, partial_suffix
-from .base import Dialect, Parser, Parts
+from .base import Dialect, Parser, Parts, calls_lark
 
+CLOSE = "\n</tool_call>"
 _HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*(?=\{)')
 
 
@@ -180,13 +181,11 @@ class Hermes(Dialect):
     def parser(self) -> Parser:
         return ToolStream()
 
-    def grammar(self, tools: list[dict], name: str | None) -> str:
-        return self.calls_grammar(tools, name, parallel=False, lazy=False)
-
     def calls_grammar(self, tools: list[dict], name: str | None, *, parallel: bool, lazy: bool) -> str:
         # an argument string cannot hold "</tool_call>": the call cannot be closed from inside it
-        return gr.tool_calls(tools, name, "<tool_call>\n", "\n</tool_call>", avoid="</tool_call>",
-                             parallel=parallel, lazy=lazy)
+        body = gr.json_rule(gr.call_schema(tools, name, avoid="</tool_call>"))
+        return calls_lark(f"body {gr.lit(CLOSE)}", f"body: {body}", opener="<tool_call>\n",
+                          again="\n<tool_call>\n", tail="\n", parallel=parallel, lazy=lazy)
 
     def call_text(self, calls: list[dict]) -> str:
         return "\n".join("<tool_call>\n" + json.dumps({"name": c["function"]["name"],

@@ -9,9 +9,11 @@ import json
 from ...request import ToolCall
 from .. import grammar as gr
 from ..tools import call_from
-from .base import Delimited, Dialect, Parser, Parts
+from .base import Delimited, Dialect, Parser, Parts, calls_lark
 
 PYTHON_TAG = "<|python_tag|>"
+# prose: a reply that does not start with "{" (one that does is read as calls)
+_PROSE = r"(\s*[^{\s](.|\n)*)?"
 
 
 def json_objects(body: str) -> list[ToolCall] | None:
@@ -80,13 +82,18 @@ class Llama3(Dialect):
     def parser(self) -> Parser:
         return _Reply()
 
-    def grammar(self, tools: list[dict], name: str | None) -> str:
+    def calls_grammar(self, tools: list[dict], name: str | None, *, parallel: bool, lazy: bool) -> str:
+        """Bare JSON calls `{"name": ..., "parameters": {...}}` separated by "; ". Lazy: a reply
+        that starts with "{" is calls, and so is what follows `<|python_tag|>` after prose. The
+        calls run to the end of the reply: no closing marker to keep out of strings."""
         schema = gr.call_schema(tools, name)
         opts = schema.get("anyOf", [schema])
         for o in opts:
             o["properties"]["parameters"] = o["properties"].pop("arguments")
             o["required"] = ["name", "parameters"]
-        return gr.json_schema(opts[0] if len(opts) == 1 else {"anyOf": opts}, "tool_choice")
+        call = gr.json_rule(opts[0] if len(opts) == 1 else {"anyOf": opts})
+        return calls_lark("call", f"call: {call}", opener="", again="; ", trigger=PYTHON_TAG, text=_PROSE, bare=True,
+                          parallel=parallel, lazy=lazy)
 
 
 LLAMA3 = Llama3()

@@ -8,7 +8,7 @@ import hashlib
 import re
 
 from .. import grammar as gr
-from .base import Delimited, Dialect, Parser, json_calls, tool_names
+from .base import Delimited, Dialect, Parser, calls_lark, json_calls, tool_names
 
 TOOL_CALLS = "[TOOL_CALLS]"
 _ID = re.compile(r"[a-zA-Z0-9]{9}")
@@ -38,13 +38,15 @@ class Mistral(Dialect):
     def tool_result(self, message: dict) -> dict:
         return {**message, "tool_call_id": short_id(str(message.get("tool_call_id") or ""))}
 
-    def grammar(self, tools: list[dict], name: str | None) -> str:
+    def calls_grammar(self, tools: list[dict], name: str | None, *, parallel: bool, lazy: bool) -> str:
+        # the call list runs to the end of the turn: no closing marker to keep out of strings
         opts = [{"type": "object", "properties": {"name": {"const": n}, "arguments": params,
                                                   "id": {"type": "string", "pattern": "^[a-zA-Z0-9]{9}$"}},
                  "required": ["name", "arguments"], "additionalProperties": False}
                 for n, params in tool_names(tools, name)]
         schema = opts[0] if len(opts) == 1 else {"anyOf": opts}
-        return gr.lark(f"start: {gr.lit(TOOL_CALLS + '[')} call \"]\"\ncall: {gr.json_rule(schema)}\n")
+        return calls_lark("call", f"call: {gr.json_rule(schema)}", opener=TOOL_CALLS + "[", again=", ", closer="]",
+                          trigger=TOOL_CALLS, parallel=parallel, lazy=lazy)
 
 
 MISTRAL = Mistral()

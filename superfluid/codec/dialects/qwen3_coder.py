@@ -20,7 +20,7 @@ import re
 from ...request import ToolCall
 from .. import grammar as gr
 from ..tools import new_call_id
-from .base import Delimited, Dialect, Parser, tool_names
+from .base import Delimited, Dialect, Parser, calls_lark, tool_names
 
 _FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.S)
 _PARAM = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.S)
@@ -52,7 +52,9 @@ class Qwen3Coder(Dialect):
     def parser(self) -> Parser:
         return Delimited("<tool_call>", "</tool_call>", read_xml)
 
-    def grammar(self, tools: list[dict], name: str | None) -> str:
+    def calls_grammar(self, tools: list[dict], name: str | None, *, parallel: bool, lazy: bool) -> str:
+        """Each call its own <tool_call> block, the blocks a line apart (as the template writes
+        them). A value is text without "<", so it cannot hold "</tool_call>" (nor "</parameter>")."""
         rules, funcs = [], []
         for i, (fn, params) in enumerate(tool_names(tools, name)):
             props = list((params.get("properties") or {}).keys())
@@ -64,8 +66,8 @@ class Qwen3Coder(Dialect):
             body = f"({' | '.join(ps)})*" if ps else ""
             funcs.append(f"f{i}")
             rules.append(f"f{i}: {gr.lit(f'<function={fn}>' + chr(10))} {body} {gr.lit('</function>' + chr(10))}")
-        return gr.lark("start: \"<tool_call>\\n\" call \"</tool_call>\"\n"
-                       f"call: {' | '.join(funcs)}\n" + "\n".join(rules) + "\n")
+        return calls_lark(f"({' | '.join(funcs)}) \"</tool_call>\"", "\n".join(rules), opener="<tool_call>\n",
+                          again="\n<tool_call>\n", tail="\n", parallel=parallel, lazy=lazy)
 
 
 QWEN3_CODER = Qwen3Coder()
