@@ -1,0 +1,138 @@
+"""Every dialect's lazy and parallel call grammars (issue 17, item 1), run by llguidance over a
+byte-level vocabulary: tool_choice "auto" accepts free text followed by the dialect's own call
+and refuses a malformed call once the call-opening marker is written; parallel_tool_calls
+false allows exactly one call and true more than one; an argument string cannot hold the
+marker that would end the call; and what the grammars accept reads back as those calls."""
+
+import json
+import re
+
+import pytest
+
+from superfluid.codec import grammar as gr
+from superfluid.codec.channels import Channels, ChannelSpec
+from superfluid.codec.dialects import BY_NAME
+from superfluid.request import Calls
+
+from .test_dialect_grammars import EXAMPLES, TOOLS, accepts
+from .test_tool_grammars import is_prefix
+
+B, E = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
+C, CE, S = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
+HERMES_TIME = '<tool_call>\n{"name": "get_time", "arguments": {"tz": "UTC"}}\n</tool_call>'
+
+# each dialect's own call (test_dialect_grammars.EXAMPLES) and a second one after it, as the
+# model's template writes several calls
+TWO = {
+    "hermes": EXAMPLES["hermes"] + "\n" + HERMES_TIME,
+    "generic": EXAMPLES["generic"] + "\n" + HERMES_TIME,
+    "qwen3_coder": EXAMPLES["qwen3_coder"] + "\n<tool_call>\n<function=get_time>\n<parameter=tz>\nUTC\n"
+                                             "</parameter>\n</function>\n</tool_call>",
+    "llama3": EXAMPLES["llama3"] + '; {"name": "get_time", "parameters": {"tz": "UTC"}}',
+    "mistral": EXAMPLES["mistral"][:-1] + ', {"name": "get_time", "arguments": {"tz": "UTC"}}]',
+    "deepseek": EXAMPLES["deepseek"].removesuffix(E) + f'\n{C}function{S}get_time\n```json\n{{"tz": "UTC"}}\n```'
+                                                      f"{CE}{E}",
+    "deepseek_v3_1": EXAMPLES["deepseek_v3_1"].removesuffix(E) + f'{C}get_time{S}{{"tz": "UTC"}}{CE}{E}',
+    "granite": EXAMPLES["granite"][:-1] + ', {"name": "get_time", "arguments": {"tz": "UTC"}}]',
+    "gemma": EXAMPLES["gemma"].removesuffix("\n```") + '\nget_time(tz="UTC")\n```',
+    "functionary": EXAMPLES["functionary"] + '>>>get_time\n{"tz": "UTC"}',
+}
+# the free text a lazy grammar allows before the call, ending where the call starts
+LEAD = {name: "Let me check.\n" for name in TWO}
+LEAD["llama3"] = "Let me check. <|python_tag|>"
+LEAD["functionary"] = "all\nLet me check.\n>>>"
+# free text, the call-opening marker, and then something that is not a call
+BAD = {name: "Let me check.\n" + opening + "hello" for name, opening in [
+    ("hermes", "<tool_call>\n"), ("generic", "<tool_call>\n"), ("qwen3_coder", "<tool_call>\n"),
+    ("llama3", "<|python_tag|>"), ("mistral", "[TOOL_CALLS]["), ("deepseek", B + C), ("deepseek_v3_1", B + C),
+    ("granite", "<|tool_call|>["), ("gemma", "```tool_code\n")]}
+BAD["functionary"] = "all\nLet me check.\n>>>hello\n{}"
+LAZY = sorted(TWO)
+
+
+def grammar(name: str, *, parallel: bool, lazy: bool) -> str:
+    return BY_NAME[name].calls_grammar(TOOLS, None, parallel=parallel, lazy=lazy)
+
+
+def read(name: str, text: str) -> tuple[str, list[tuple[str, dict]]]:
+    ch = Channels(ChannelSpec(BY_NAME[name]))
+    p, end = ch.feed(text), ch.finish()
+    calls = Calls()
+    calls.add(p.calls + end.calls)
+    return p.content + end.content, [(c.name, json.loads(c.arguments)) for c in calls.done]
+
+
+def test_every_dialect_is_covered():
+    assert set(TWO) | {"harmony"} == set(BY_NAME)
+
+
+@pytest.mark.parametrize("name", LAZY)
+def test_the_lazy_grammar_accepts_text_then_the_dialects_own_call(name):
+    for parallel in (False, True):
+        g = grammar(name, parallel=parallel, lazy=True)
+        assert accepts(g, "") or name == "functionary", name  # Functionary's reply names a recipient
+        assert accepts(g, "all\nThe weather is fine." if name == "functionary" else "The weather is fine."), name
+        assert accepts(g, LEAD[name] + EXAMPLES[name]), name
+    assert accepts(grammar(name, parallel=True, lazy=True), LEAD[name] + TWO[name])
+    assert not accepts(grammar(name, parallel=False, lazy=True), LEAD[name] + TWO[name])
+
+
+@pytest.mark.parametrize("name", LAZY)
+def test_the_lazy_grammar_refuses_a_malformed_call_after_the_marker(name):
+    g = grammar(name, parallel=True, lazy=True)
+    assert not is_prefix(g, BAD[name]), name
+    assert not accepts(g, LEAD[name] + EXAMPLES[name].replace("get_weather", "get_wether")), name
+    assert not accepts(g, LEAD[name] + EXAMPLES[name][:-1]), name  # unfinished
+
+
+@pytest.mark.parametrize("name", sorted(BY_NAME))
+def test_without_parallel_calls_exactly_one_call(name):
+    g = grammar(name, parallel=False, lazy=False)
+    assert accepts(g, EXAMPLES[name])
+    assert not accepts(g, TWO.get(name, EXAMPLES[name] + "<|call|>" + EXAMPLES[name]))
+
+
+@pytest.mark.parametrize("name", LAZY)
+def test_with_parallel_calls_one_call_or_more(name):
+    g = grammar(name, parallel=True, lazy=False)
+    assert accepts(g, EXAMPLES[name]) and accepts(g, TWO[name])
+    assert not accepts(g, "Sure. " + EXAMPLES[name])  # forced: calls from the first token
+
+
+def test_harmony_has_no_lazy_form_and_one_call_per_turn():
+    # its free text is special-token markup a lazy lexeme cannot hold: auto stays unconstrained
+    assert grammar("harmony", parallel=True, lazy=True) == ""
+    two = EXAMPLES["harmony"] + "<|call|><|start|>assistant" + EXAMPLES["harmony"]
+    assert not accepts(grammar("harmony", parallel=True, lazy=False), two)
+
+
+def test_llama3_a_reply_that_starts_with_a_brace_is_a_call():
+    g = grammar("llama3", parallel=False, lazy=True)
+    assert accepts(g, EXAMPLES["llama3"])
+    assert not is_prefix(g, '{"answer": 42}')
+    assert accepts(g, "The answer is {42}.")
+
+
+@pytest.mark.parametrize("name", LAZY)
+def test_what_the_grammars_accept_reads_back_as_the_calls(name):
+    weather = ("get_weather", {"city": "Paris", "days": 3} if name in ("qwen3_coder", "gemma") else {"city": "Paris"})
+    content, calls = read(name, TWO[name])
+    assert content == "" and calls == [weather, ("get_time", {"tz": "UTC"})], name
+    content, calls = read(name, LEAD[name] + EXAMPLES[name])
+    assert content.strip() == "Let me check." and calls == [weather], name
+
+
+@pytest.mark.parametrize("name, marker", [
+    ("deepseek", CE), ("deepseek", E), ("deepseek_v3_1", CE), ("functionary", ">>>"), ("harmony", "<|call|>"),
+    ("hermes", "</tool_call>")])
+def test_an_argument_string_cannot_hold_the_marker_that_ends_the_call(name, marker):
+    g = grammar(name, parallel=False, lazy=False)
+    assert accepts(g, EXAMPLES[name].replace('"Paris"', '"Pa<ri>s"'))
+    assert not accepts(g, EXAMPLES[name].replace('"Paris"', f'"Pa{marker}ris"'))
+
+
+def test_avoiding_a_run_of_one_character():
+    rx = re.compile(re.sub(r"\\x\{([0-9a-f]+)\}", r"\\x\1", gr.avoiding(">>>")))
+    for s, ok in [("", True), (">", True), (">>", True), ("a>>b>>", True), ("> > >", True), (">>>", False),
+                  ("a>>>", False), (">>>>b", False), (">>a>>>", False)]:
+        assert bool(rx.match(s)) == ok, s
