@@ -17,7 +17,7 @@ from .llama_flags import add_flags as add_llama_flags, apply_flags as apply_llam
 from . import sampling_defaults
 from .errors import ModelLoadError, SuperfluidError
 from .request import Qos
-from .cli_flags import _class_lanes, _engine_flags, _hostport, _hostports, _positive, _qos  # noqa: F401
+from .cli_flags import _class_lanes, _engine_flags, _hostport, _hostports, _positive, _proportions, _qos  # noqa: F401
 
 
 def parser() -> argparse.ArgumentParser:
@@ -56,6 +56,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--fleet-grace", type=float, default=1.0, metavar="S", help="a gone node's generations move to another node after S seconds (default 1)")
     s.add_argument("--pipeline", type=_hostports, default=(), metavar="HOST:PORT,...", help="run the model split by layers over these stage nodes (superfluid node serve --stage), in layer order; needs superfluid[hf] on the stages")
     s.add_argument("--pipeline-spares", type=_hostports, default=(), metavar="HOST:PORT,...", help="stage nodes that take the place of a lost stage; requests running on the pipeline then continue after a re-prefill")
+    s.add_argument("--rpc-nodes", type=_hostports, default=(), metavar="HOST:PORT,...", help="split the GGUF by layers over this host's CPU and these llama.cpp RPC nodes (superfluid node serve --rpc), over Link F; weights stay quantized")
+    s.add_argument("--rpc-split", type=_proportions, default=(), metavar="P,P,...", help="the layers' proportions: this host first, then each --rpc-nodes node (default: by each one's free memory)")
     s.add_argument("--pipeline-split", choices=("even", "memory"), default="even", help="how the stages share the layers: evenly (default) or in proportion to the memory each reports")
     s.add_argument("--fleet-local", action="store_true", help="this head also serves its default model as one of the fleet's nodes")
     s.add_argument("--no-mdns", action="store_true", help="do not advertise --fleet-listen on mDNS (_superfluid-fleet._tcp)")
@@ -73,6 +75,7 @@ def parser() -> argparse.ArgumentParser:
     ns.add_argument("--listen", type=_hostport, default=("127.0.0.1", 8454), metavar="HOST:PORT", help="where heads dial in (default 127.0.0.1:8454)")
     ns.add_argument("--auth-file", metavar="TOKENFILE", help="the fleet token file; required to listen off loopback")
     ns.add_argument("--stage", action="store_true", help="serve as a pipeline stage: hold the layers a head assigns (superfluid serve --pipeline), on transformers (needs superfluid[hf])")
+    ns.add_argument("--rpc", action="store_true", help="offer this host's CPU and memory to heads that split a GGUF (superfluid serve --rpc-nodes), through llama.cpp's RPC engine inside Link F")
     ns.add_argument("--lease", type=float, default=10.0, metavar="S", help="a head silent for S seconds loses its generations here (default 10)")
     ns.add_argument("--name", help="this node's name in the fleet (default: the host name); a node that joins again under its name gets its generations back")
     _engine_flags(ns)
@@ -222,14 +225,20 @@ def _serve(args: argparse.Namespace) -> int:
     if args.fleet_listen and args.fleet_auth is None and not is_loopback_host(args.fleet_listen[0]):
         print("superfluid: --fleet-listen off loopback needs --fleet-auth (a fleet token)", file=sys.stderr)
         return 2
-    if args.pipeline and (args.fleet or args.fleet_listen):
-        print("superfluid: --pipeline and --fleet/--fleet-listen are two ways to serve the model: pick one",
+    if sum(map(bool, (args.pipeline, args.fleet or args.fleet_listen, args.rpc_nodes))) > 1:
+        print("superfluid: --pipeline, --rpc-nodes and --fleet/--fleet-listen are ways to serve the model: pick one",
               file=sys.stderr)
         return 2
-    if args.pipeline:
+    if args.rpc_nodes and ec.runtime != "llamacpp":
+        print("superfluid: --rpc-nodes splits a GGUF on llama.cpp; for a Hugging Face model use --pipeline",
+              file=sys.stderr)
+        return 2
+    if args.pipeline or args.rpc_nodes:
         from .fleet_cli import read_token
-        if args.fleet_auth is None and not all(is_loopback_host(h) for h, _ in args.pipeline + args.pipeline_spares):
-            print("superfluid: --pipeline stages off loopback need --fleet-auth (a fleet token): the link would be "
+        flag = "--pipeline stages" if args.pipeline else "--rpc-nodes"
+        if args.fleet_auth is None and not all(is_loopback_host(h) for h, _ in
+                                               args.pipeline + args.pipeline_spares + args.rpc_nodes):
+            print(f"superfluid: {flag} off loopback need --fleet-auth (a fleet token): the link would be "
                   "plaintext", file=sys.stderr)
             return 2
         try:
@@ -237,8 +246,19 @@ def _serve(args: argparse.Namespace) -> int:
         except (OSError, ValueError) as e:
             print(f"superfluid: cannot read --fleet-auth: {e}", file=sys.stderr)
             return 2
-        cfg = replace(cfg, engine=replace(ec, runtime="pipeline", stages=tuple(args.pipeline), stage_psk=psk,
-                                          stage_split=args.pipeline_split, stage_spares=tuple(args.pipeline_spares)))
+        if args.rpc_nodes:
+            from .runtime.rpc import RpcUnavailable, library
+            try:
+                library()  # a llama-cpp-python built without RPC: say so now, with the fix
+            except RpcUnavailable as e:
+                print(f"superfluid: {e.message}", file=sys.stderr)
+                return 2
+            cfg = replace(cfg, engine=replace(ec, rpc_nodes=tuple(args.rpc_nodes), stage_psk=psk,
+                                              rpc_split=tuple(args.rpc_split)))
+        else:
+            cfg = replace(cfg, engine=replace(ec, runtime="pipeline", stages=tuple(args.pipeline), stage_psk=psk,
+                                              stage_split=args.pipeline_split,
+                                              stage_spares=tuple(args.pipeline_spares)))
     if args.fleet or args.fleet_listen:
         from .fleet_cli import read_token
         if args.fleet_auth is None and not all(is_loopback_host(h) for h, _ in args.fleet):
@@ -300,7 +320,7 @@ def _node(args: argparse.Namespace) -> int:
             return 2
         return node_join(ec, head_host, head_port, args.token, args.auth_file, args.lease, name=args.name)
     host, port = args.listen
-    return node_serve(ec, host, port, args.auth_file, args.lease, name=args.name, stage=args.stage)
+    return node_serve(ec, host, port, args.auth_file, args.lease, name=args.name, stage=args.stage, rpc=args.rpc)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,6 +27,16 @@ def _hostports(s: str) -> tuple[tuple[str, int], ...]:
     return tuple(_hostport(x.strip()) for x in s.split(",") if x.strip())
 
 
+def _proportions(s: str) -> tuple[float, ...]:
+    try:
+        out = tuple(float(x) for x in s.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError("use comma-separated numbers, e.g. 1,2,2") from None
+    if not out or any(x < 0 for x in out) or sum(out) <= 0:
+        raise argparse.ArgumentTypeError("use non-negative numbers, not all zero")
+    return out
+
+
 def _qos(s: str) -> Qos:
     s = s.strip().lower()
     try:

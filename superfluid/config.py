@@ -43,6 +43,8 @@ class EngineConfig:
     stage_spares: tuple = ()  # pipeline: stage nodes that take the place of a lost one
     stage_psk: bytes | None = None  # pipeline: the fleet token's PSK for the stage links
     stage_split: str = "even"  # pipeline: layers split evenly or by the memory each stage reports
+    rpc_nodes: tuple = ()  # llama.cpp RPC nodes (host, port) the GGUF is split over (stage_psk: their token)
+    rpc_split: tuple = ()  # the layers' proportions: this host's CPU first, then each node (): by memory
     pooling: str | None = None  # embeddings on llama.cpp: mean, cls or last (None: the GGUF's, else mean)
     matryoshka: bool = False  # embeddings may be cut to `dimensions` (a model trained for it)
     kv_dir: str = ""  # the disk tier of the KV cache ("": none); each model file gets its own folder in it

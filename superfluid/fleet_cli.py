@@ -66,7 +66,7 @@ def node_join(ec: EngineConfig, host: str | None, port: int, token: str | None, 
 
 
 def node_serve(ec: EngineConfig, host: str, port: int, auth_file: str | None, lease_s: float, *,
-               name: str | None = None, stage: bool = False) -> int:
+               name: str | None = None, stage: bool = False, rpc: bool = False) -> int:
     if auth_file is None and not is_loopback_host(host):
         print(f"superfluid: a node listening on {host} needs --auth-file (a fleet token); without one it may only "
               f"listen on loopback", file=sys.stderr)
@@ -77,7 +77,10 @@ def node_serve(ec: EngineConfig, host: str, port: int, auth_file: str | None, le
         print(f"superfluid: cannot read --auth-file: {e}", file=sys.stderr)
         return 2
     try:
-        asyncio.run(_stage(ec, host, port, psk, name) if stage else _node(ec, host, port, psk, lease_s, name=name))
+        if rpc:
+            asyncio.run(_rpc(ec, host, port, psk, lease_s, name))
+        else:
+            asyncio.run(_stage(ec, host, port, psk, name) if stage else _node(ec, host, port, psk, lease_s, name=name))
     except SuperfluidError as e:
         print(f"superfluid: {e.message}", file=sys.stderr)
         return 1
@@ -104,6 +107,22 @@ async def _stage(ec: EngineConfig, host: str, port: int, psk: bytes | None, name
     bound = server.sockets[0].getsockname()
     print(f"superfluid node {node.node_id}: serving {ec.model_id} as a pipeline stage ({node.n_layer} layers) on "
           f"{bound[0]}:{bound[1]} ({'encrypted' if psk else 'plaintext, loopback only'})", flush=True)
+    await _until_signal()
+    server.close()
+    node.close()
+
+
+async def _rpc(ec: EngineConfig, host: str, port: int, psk: bytes | None, lease_s: float, name: str | None) -> None:
+    """A llama.cpp RPC node: no model of its own, the layers heads place here."""
+    from .config import home
+    from .fleet.rpc_node import RpcNodeServer
+    node = RpcNodeServer(psk, str(home() / "rpc-cache"), threads=ec.threads, node_id=name, lease_s=lease_s)
+    server = await node.serve(host, port)
+    bound = server.sockets[0].getsockname()
+    offer = node.offer()
+    print(f"superfluid node {node.node_id}: serving llama.cpp RPC ({offer['free'] >> 20} MiB free, "
+          f"{node.threads} thread{'s' if node.threads != 1 else ''}) on {bound[0]}:{bound[1]} "
+          f"({'encrypted' if psk else 'plaintext, loopback only'})", flush=True)
     await _until_signal()
     server.close()
     node.close()

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .errors import ProtocolError
+from .link import messages as lm
 from .link.conn import KEEPALIVE, Connection, Liveness, Protocol
 from .link.noise import SecureChannel
 
@@ -197,3 +198,112 @@ class Doorman:
     def _evict(self, writer: asyncio.StreamWriter) -> None:
         self._waiting.pop(writer, None)
         writer.close()  # its handshake ends with a ConnectionError
+
+
+WINDOW = 4 << 20  # bytes of a tunnelled stream in flight (sent, not yet acknowledged)
+CHUNK = 256 << 10  # one RPC_DATA's bytes at most
+
+
+class _Stream:
+    def __init__(self, sid: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self.sid, self.reader, self.writer = sid, reader, writer
+        self.credit = WINDOW  # what we may still send before the peer acknowledges
+        self.more = asyncio.Event()
+        self.unacked = 0  # received and written on, not yet acknowledged to the peer
+        self.acking: asyncio.Task | None = None
+        self.pump: asyncio.Task | None = None
+
+
+class Tunnels:
+    """Byte streams (TCP connections on this host) carried over one Link F as RPC_OPEN /
+    RPC_DATA / RPC_ACK / RPC_CLOSE (link/messages.py), so a local socket's bytes travel inside
+    the link's secure channel. Flow control per stream: a sender has at most WINDOW bytes
+    that the other end has not yet written on; more is the peer's ProtocolError, so one
+    stream can neither exhaust memory nor stall the link's other messages.
+
+    `attach` starts carrying a local connection; `on_message` takes the link's RPC_DATA /
+    RPC_ACK / RPC_CLOSE (True when it was one); `close` ends every stream."""
+
+    def __init__(self, link: Link, *, max_streams: int = 16):
+        self.link, self.max_streams = link, max_streams
+        self.streams: dict[int, _Stream] = {}
+        self.bytes_in = self.bytes_out = 0  # payload carried, each way
+
+    def attach(self, sid: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if sid in self.streams or len(self.streams) >= self.max_streams:
+            raise ProtocolError(f"stream {sid} is open already or past {self.max_streams} streams")
+        st = self.streams[sid] = _Stream(sid, reader, writer)
+        st.pump = asyncio.create_task(self._pump(st))
+
+    async def _pump(self, st: _Stream) -> None:
+        """The local connection's bytes to the peer, within the window."""
+        error = ""
+        try:
+            while True:
+                while st.credit <= 0:
+                    st.more.clear()
+                    await st.more.wait()
+                data = await st.reader.read(min(CHUNK, st.credit))
+                if not data:
+                    break
+                st.credit -= len(data)
+                self.bytes_out += len(data)
+                self.link.send(lm.RpcData(st.sid, data))
+                await self.link.drain()
+        except (ConnectionError, OSError) as e:
+            error = f"{type(e).__name__}: {e}"
+        if self.streams.pop(st.sid, None) is not None:
+            st.writer.close()
+            with contextlib.suppress(ConnectionError):
+                self.link.send(lm.RpcClose(st.sid, error))
+
+    async def _ack(self, st: _Stream) -> None:
+        try:
+            while st.unacked:
+                await st.writer.drain()
+                n, st.unacked = st.unacked, 0
+                self.link.send(lm.RpcAck(st.sid, n))
+        except (ConnectionError, OSError):
+            self._end(st.sid, "")
+        finally:
+            st.acking = None
+
+    def on_message(self, kind: int, body: Any) -> bool:
+        if kind == lm.RPC_DATA:
+            st = self.streams.get(body.stream)
+            if st is None:
+                return True  # a stream that just ended here: its last bytes have nowhere to go
+            st.unacked += len(body.data)
+            if st.unacked > WINDOW:
+                raise ProtocolError(f"stream {body.stream} sent past its window of {WINDOW} bytes")
+            self.bytes_in += len(body.data)
+            st.writer.write(body.data)
+            if st.acking is None:
+                st.acking = asyncio.create_task(self._ack(st))
+        elif kind == lm.RPC_ACK:
+            st = self.streams.get(body.stream)
+            if st is not None:
+                if body.n <= 0 or st.credit + body.n > WINDOW:
+                    raise ProtocolError(f"stream {body.stream} acknowledged bytes it was not sent")
+                st.credit += body.n
+                st.more.set()
+        elif kind == lm.RPC_CLOSE:
+            self._end(body.stream, body.error, tell=False)
+        else:
+            return False
+        return True
+
+    def _end(self, sid: int, error: str, *, tell: bool = True) -> None:
+        st = self.streams.pop(sid, None)
+        if st is None:
+            return
+        if st.pump is not None:
+            st.pump.cancel()
+        st.writer.close()
+        if tell and not self.link.closed:
+            with contextlib.suppress(ConnectionError):
+                self.link.send(lm.RpcClose(sid, error))
+
+    def close(self) -> None:
+        for sid in list(self.streams):
+            self._end(sid, "", tell=False)

@@ -24,6 +24,12 @@ node -> head: STAGE_READY {first, last, n_params, n_layer, n_vocab, n_ctx_train}
               STAGE_FORWARD_RESP {id, outs: [array | None]} or {id, error}
 A stage's sessions are the head's lanes; each keeps its KV for the stage's layers.
 
+llama.cpp RPC (`node serve --rpc`; transport.Tunnels carries byte streams, the head's worker
+dials, runtime/rpc_link.py): HELLO_ACK's `rpc` {free, total, threads} says the node offers it.
+head -> node: RPC_OPEN {stream} (a connection to the node's loopback ggml RPC server)
+both ways:    RPC_DATA {stream, data}, RPC_ACK {stream, n} (n bytes written on: the sender may
+              have at most transport.WINDOW bytes unacknowledged), RPC_CLOSE {stream, error}
+
 TOKEN_EVENTS are numbered densely per (generation, epoch) from 0; the head accepts only the
 next one and acknowledges a watermark; the node keeps what is not acknowledged and
 resends it after RECONCILE."""
@@ -48,6 +54,7 @@ RECONCILE, RECONCILE_ACK, SESSION_REVOKE = 14, 15, 16
 EMBED_REQ, EMBED_RESP = 17, 18  # idempotent: a batch whose node is lost is simply sent to another
 NODE_STATUS, NODE_PREFIXES = 0x8000 | 20, 0x8000 | 22  # optional (KEEPALIVE too): a peer may ignore them
 STAGE_LOAD, STAGE_READY, STAGE_FORWARD_REQ, STAGE_FORWARD_RESP, STAGE_COPY, STAGE_DROP = 30, 31, 32, 33, 34, 35
+RPC_OPEN, RPC_DATA, RPC_ACK, RPC_CLOSE = 40, 41, 42, 43
 
 
 # -- the typed messages (link/records.py: a map of the fields by name on the wire) --------
@@ -86,6 +93,7 @@ class NodeStatus(Record):
     stages: list | None = None  # a pipeline stage: the layer ranges it holds
     tokens_fed: int | None = None
     sessions: int | None = None
+    rpc: dict | None = None  # a llama.cpp RPC node: {free, total, threads, bytes_in, streams}
 
     def report(self) -> dict:
         return self.to_wire()
@@ -99,6 +107,7 @@ class HelloAck(Record):
     models: tuple[ModelOffer, ...] = ()
     status: NodeStatus = field(default_factory=NodeStatus)
     stage: dict | None = None  # a pipeline stage: {model, n_layer, mem}
+    rpc: dict | None = None  # a llama.cpp RPC node: {free, total, threads} (bytes of memory)
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,8 +244,37 @@ class NodePrefixes(Record):
     prefix_tokens: int | None = None  # tokens per block
 
 
+# A tunnelled byte stream (transport.Tunnels).
+@dataclass(frozen=True, slots=True)
+class RpcOpen(Record):
+    TYPE = RPC_OPEN
+    stream: int
+
+
+@dataclass(frozen=True, slots=True)
+class RpcData(Record):
+    TYPE = RPC_DATA
+    stream: int
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class RpcAck(Record):
+    TYPE = RPC_ACK
+    stream: int
+    n: int
+
+
+@dataclass(frozen=True, slots=True)
+class RpcClose(Record):
+    TYPE = RPC_CLOSE
+    stream: int
+    error: str = ""
+
+
 RECORDS: list[type[Record]] = [Hello, HelloAck, NodeStatus, GenerateReq, GenerateCancel, TokenEvents,
-                               WatermarkAck, Reconcile, ReconcileAck, SessionRevoke, EmbedReq, EmbedResp]
+                               WatermarkAck, Reconcile, ReconcileAck, SessionRevoke, EmbedReq, EmbedResp,
+                               RpcOpen, RpcData, RpcAck, RpcClose]
 STAGE_RECORDS: tuple[type[Record], ...] = (StageLoad, StageReady, StageForwardReq, StageForwardResp, StageCopy,
                                            StageDrop)
 TABLE = Table({**{r.TYPE: r for r in RECORDS}, KEEPALIVE: None}, deferred=(*STAGE_RECORDS, NodePrefixes))

@@ -47,16 +47,47 @@ def model_params():
     return mp
 
 
+def split_params(path: str, nodes, split: list[float]):
+    """Model parameters for a GGUF split by layers over this host's CPU and llama.cpp RPC
+    nodes (runtime/rpc_link.py): the devices in order, each with its share of the layers."""
+    from . import rpc
+    from .rpc_link import check_fits, shares
+    nodes.require()
+    devs = [rpc.cpu_device()] + [d for n in nodes.nodes for d in rpc.devices(n.endpoint)]
+    offers = [rpc.memory(d) for d in devs]
+    parts = shares(offers, split)
+    check_fits(os.path.getsize(path), offers, parts, ["this host"] + [n.addr for n in nodes.nodes])
+    mp = model_params()
+    mp._devices = (ctypes.c_void_p * (len(devs) + 1))(*devs, None)  # NULL-terminated; kept alive with mp
+    mp.devices = ctypes.cast(mp._devices, ctypes.c_void_p)
+    mp._split = (ctypes.c_float * 128)(*parts)
+    mp.tensor_split = ctypes.cast(mp._split, ctypes.POINTER(ctypes.c_float))
+    mp.split_mode = ll.LLAMA_SPLIT_MODE_LAYER
+    return mp
+
+
 
 
 class LlamaCppRuntime(Runtime):
     def __init__(self, path: str, *, lanes: int, n_ctx: int, threads: int, batch_tokens: int,
-                 pooling: str | None = None):
+                 pooling: str | None = None, rpc_nodes: list | None = None, rpc_psk: bytes | None = None,
+                 rpc_split: list[float] | None = None):
         super().__init__()
         quiet_llama_logs()
         ll.llama_backend_init()
-        self.model = ll.llama_model_load_from_file(path.encode(), model_params())
+        self.rpc = None  # the RPC nodes the model is split over (runtime/rpc_link.py)
+        params = model_params()
+        if rpc_nodes:
+            from .rpc_link import RpcNodes
+            self.rpc = RpcNodes(rpc_nodes, rpc_psk)
+            try:
+                params = split_params(path, self.rpc, rpc_split or [])
+            except BaseException:
+                self.close()
+                raise
+        self.model = ll.llama_model_load_from_file(path.encode(), params)
         if not self.model:
+            self.close()
             raise ModelLoadError(f"llama.cpp could not load {path}")
         self.vocab = ll.llama_model_get_vocab(self.model)
         cp = ll.llama_context_default_params()
@@ -207,3 +238,6 @@ class LlamaCppRuntime(Runtime):
         if getattr(self, "model", None):
             ll.llama_model_free(self.model)
             self.model = None
+        nodes, self.rpc = getattr(self, "rpc", None), None
+        if nodes is not None:
+            nodes.close()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import ctypes
+import os
 import signal
 import socket
 import sys
@@ -50,6 +51,28 @@ def _error(e: BaseException) -> WorkerError:
     return WorkerError(getattr(e, "message", None) or f"{type(e).__name__}: {e}", str(code) if code else None)
 
 
+STAGE_LOST_EXIT = 75
+
+
+def _watch_rpc(nodes, link: Link) -> None:
+    """A model split over RPC nodes (runtime/rpc_link.py) cannot go on without one of them:
+    the daemon hears `stage_unavailable` (its running requests fail with it, and a new worker
+    loads the model on the nodes still there) and this process ends. Both ways a lost node
+    shows: its link ends while we wait (the links' thread says so), or llama.cpp's call to it
+    fails mid-step (ggml aborts the process: its abort hook says so first)."""
+    from ..runtime import rpc
+
+    def die(why: str) -> None:
+        try:
+            link.send(WorkerError(why, "stage_unavailable"))
+        except (ConnectionError, OSError, RuntimeError):
+            pass
+        os._exit(STAGE_LOST_EXIT)
+    loop = asyncio.get_running_loop()
+    nodes.fatal = lambda why: loop.call_soon_threadsafe(die, why)
+    rpc.on_abort(lambda msg: die(nodes.lost or f"llama.cpp's RPC backend failed: {msg}"))
+
+
 async def serve(sock: socket.socket) -> int:
     link = await Link.over(sock, LINK_W)
     runtime: Any = None
@@ -66,6 +89,8 @@ async def serve(sock: socket.socket) -> int:
             link.send(_error(e))
             await link.drain()
             return 3
+        if getattr(runtime, "rpc", None) is not None:
+            _watch_rpc(runtime.rpc, link)
         link.send(HelloAck(VERSION, runtime.info.to_wire(), _attach_kv_store(runtime, hello.settings)))
 
         def on_message(kind: int, body: Any) -> None:

@@ -41,6 +41,8 @@ class WorkerSettings(Record):
     spares: tuple[tuple[str, int], ...] = ()  # stage nodes that stand in for unreachable ones
     stage_psk: bytes | None = None  # their fleet token's PSK (over the socketpair: never in argv)
     split: str = "even"  # how the stages share the layers: even or memory
+    rpc_nodes: tuple[tuple[str, int], ...] = ()  # llama.cpp RPC nodes the model is split over (stage_psk)
+    rpc_split: tuple[float, ...] = ()  # their shares of the layers, this host's CPU first (): by memory
     pooling: str | None = None  # llama.cpp embeddings: mean, cls or last (None: the GGUF's)
     kv_dir: str = ""  # the disk tier of the KV cache ("" : none)
     kv_disk_mb: float = 0.0  # its size cap

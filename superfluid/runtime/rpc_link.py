@@ -1,0 +1,163 @@
+"""The head's side of a model split over llama.cpp RPC nodes (`serve --rpc-nodes`), in the
+worker process.
+
+Each node (`superfluid node serve --rpc`) is dialed over Link F: the fleet token's
+authenticated, encrypted channel. Its HELLO_ACK says what it offers (memory, threads). For
+each node a listener on 127.0.0.1 (a port the OS picks) stands in for its RPC server:
+llama.cpp's RPC client connects there, and every connection is carried to the node as a
+tunnelled stream (transport.Tunnels), which the node hands to its loopback-only ggml server.
+No RPC port is reachable from the network, and nothing travels in the clear.
+
+The links run on an event loop in a background thread. A node whose link ends is fatal to
+this worker: `fatal(message)` (set by worker/main.py) reports `stage_unavailable` to the
+daemon and ends the process, and the daemon starts a new worker, which loads the model on
+the nodes that still answer."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import secrets
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import ModelLoadError, SuperfluidError
+from ..link import messages as m
+from ..transport import Link, Tunnels
+
+log = logging.getLogger("superfluid.rpc")
+
+DIAL_TIMEOUT = 5.0
+
+
+@dataclass(eq=False)
+class RpcNode:
+    addr: str
+    link: Link
+    offer: dict  # HELLO_ACK's rpc: {free, total, threads}
+    tunnels: Tunnels
+    server: asyncio.Server | None = None
+    port: int = 0
+    sids: Any = field(default_factory=lambda: itertools.count(1))
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
+class RpcNodes:
+    def __init__(self, addrs: list[tuple[str, int]], psk: bytes | None, *, timeout: float = DIAL_TIMEOUT):
+        self.fatal: Callable[[str], None] = lambda msg: os._exit(75)
+        self.lost: str | None = None  # why this worker cannot go on
+        self.closing = False
+        self.psk, self.timeout = psk, timeout
+        self.instance = secrets.token_hex(8)
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="rpc-links", daemon=True)
+        self._thread.start()
+        self.nodes: list[RpcNode] = []
+        self.refused: list[str] = []  # nodes that did not answer, and why
+        got = asyncio.run_coroutine_threadsafe(self._connect_all(addrs), self.loop).result()
+        self.nodes = [n for n in got if n is not None]
+
+    async def _connect_all(self, addrs: list[tuple[str, int]]) -> list[RpcNode | None]:
+        return list(await asyncio.gather(*(self._connect(h, p) for h, p in addrs)))
+
+    async def _connect(self, host: str, port: int) -> RpcNode | None:
+        addr = f"{host}:{port}"
+        try:
+            link = await Link.dial(host, port, m.LINK_F, self.psk, self.timeout)
+            ack = await link.greet(m.Hello((m.VERSION,), head=self.instance), self.timeout)
+        except SuperfluidError as e:  # a wrong fleet token, a peer that is not a node
+            self.refused.append(f"{addr}: {e.message}")
+            return None
+        except (TimeoutError, ConnectionError, OSError) as e:
+            self.refused.append(f"{addr}: {type(e).__name__} {e}".strip())
+            return None
+        if not ack.rpc:
+            link.close()
+            self.refused.append(f"{addr}: not an RPC node (start it with `superfluid node serve --rpc`)")
+            return None
+        node = RpcNode(addr, link, dict(ack.rpc), Tunnels(link))
+        node.server = await asyncio.start_server(lambda r, w: self._on_local(node, r, w), "127.0.0.1", 0)
+        node.port = node.server.sockets[0].getsockname()[1]
+        asyncio.ensure_future(self._serve(node))
+        return node
+
+    def _on_local(self, node: RpcNode, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """llama.cpp's RPC client connected: carry the connection to the node."""
+        if node.link.closed:
+            writer.close()
+            return
+        sid = next(node.sids)
+        node.link.send(m.RpcOpen(sid))
+        node.tunnels.attach(sid, reader, writer)
+
+    async def _serve(self, node: RpcNode) -> None:
+        def on_message(kind: int, body: Any) -> None:
+            node.tunnels.on_message(kind, body)  # anything else (NODE_STATUS) is not ours
+        why = "its link closed"
+        try:
+            await node.link.serve(on_message)
+        except SuperfluidError as e:
+            why = e.message
+        except (ConnectionError, OSError) as e:
+            why = str(e) or type(e).__name__
+        if not self.closing:
+            self._lose(f"the RPC node {node.addr} went away ({why})")
+
+    def _lose(self, why: str) -> None:
+        if self.lost is None:
+            self.lost = why
+            log.error("%s", why)
+        for n in self.nodes:  # llama.cpp's calls to it fail now (ggml aborts: see fatal)
+            n.tunnels.close()
+            n.link.close()
+        self.fatal(why)
+
+    def close(self) -> None:
+        self.closing = True
+
+        def stop() -> None:
+            for n in self.nodes:
+                n.tunnels.close()
+                n.link.close()
+                if n.server is not None:
+                    n.server.close()
+            self.loop.stop()
+        self.loop.call_soon_threadsafe(stop)
+        self._thread.join(timeout=2.0)
+
+    def require(self) -> None:
+        """ModelLoadError when no node answered: the model waits for them (the daemon answers
+        503 and tries again at the next request)."""
+        if not self.nodes:
+            raise ModelLoadError("no RPC node answered: " + "; ".join(self.refused or ["none given"]))
+
+
+def shares(offers: list[tuple[int, int]], split: list[float]) -> list[float]:
+    """Each device's share of the layers, this host's CPU first: `split` (--rpc-split) when
+    given, else in proportion to each device's free memory (llama.cpp's own rule for
+    devices); `offers` are (free, total) bytes per device."""
+    if split:
+        if len(split) != len(offers) or any(x < 0 for x in split) or sum(split) <= 0:
+            raise ModelLoadError(f"--rpc-split needs {len(offers)} non-negative proportions (this host "
+                                 f"first, then each node), not {len(split)}")
+        w = [float(x) for x in split]
+    else:
+        w = [float(free) for free, _ in offers]
+    total = sum(w) or 1.0
+    return [x / total for x in w]
+
+
+def check_fits(model_bytes: int, offers: list[tuple[int, int]], parts: list[float], names: list[str]) -> None:
+    """ModelLoadError when a device's share of the weights is over its free memory: the model
+    then waits for the node to come back instead of being loaded where it cannot run."""
+    for (free, _), share, name in zip(offers, parts, names, strict=True):
+        if free and model_bytes * share > free:
+            raise ModelLoadError(f"{name} has {free >> 20} MiB free, less than its share of the model "
+                                 f"({int(model_bytes * share) >> 20} MiB)")
