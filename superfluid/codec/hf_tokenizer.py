@@ -69,6 +69,11 @@ class HfTokenizer(Vocab):
             if added.special:
                 specials[int(i)] = added.content
         self._specials = specials
+        # the tokens llguidance's tokenizer.json reader holds as special: special added tokens,
+        # and other added tokens shaped like <...> (see Vocab.special_id)
+        self._grammar_specials = {a.content: int(i) for i, a in self._tok.get_added_tokens_decoder().items()
+                                  if a.special or (a.content.startswith("<") and a.content.endswith(">"))}
+        self._grammar_specials.update({s: t for t, s in specials.items()})
         spec = _json(d / "tokenizer.json")
         self._byte_level = "ByteLevel" in json.dumps([spec.get("decoder"), spec.get("pre_tokenizer")])
         self.pieces: list[bytes] = [self._piece(t) for t in range(self.n_vocab)]
@@ -119,6 +124,9 @@ class HfTokenizer(Vocab):
     def token_text(self, token: int) -> bytes:
         """Bytes of a token as shown to a user: special tokens by name."""
         return self.pieces[token] or self.special_pieces.get(token, b"")
+
+    def special_id(self, text: str) -> int | None:
+        return self._grammar_specials.get(text)
 
     def encode(self, text: str, *, add_special: bool = False, parse_special: bool = False) -> list[int]:
         """Token ids of `text`; add_special adds the post-processor's specials (BERT: [CLS] ... [SEP])."""

@@ -63,6 +63,14 @@ class Vocab:
     def valid(self, token: int) -> bool:
         return 0 <= token < self.n_vocab
 
+    def special_id(self, text: str) -> int | None:
+        """The id of the one token `text` is, when the grammar engine holds that token as
+        special (llguidance never matches a special token against quoted text, so a grammar
+        must name it by id: grammar.Literals); None for text that is several tokens or an
+        ordinary one. The rule is llguidance's own: a control token, or an added token shaped
+        like <...> (Qwen's <tool_call>, DeepSeek's <｜tool▁calls▁begin｜>)."""
+        return None
+
 
 class Tokenizer(Vocab):
     def __init__(self, path: str):
@@ -82,6 +90,7 @@ class Tokenizer(Vocab):
         # every token's bytes, once: detokenizing is then a list lookup
         self.pieces: list[bytes] = [self._piece(t, special=False) for t in range(self.n_vocab)]
         self.special_pieces: dict[int, bytes] = {}
+        self._special_ids: dict[str, int | None] = {}
         self.chat_template = self.meta("tokenizer.chat_template")
         arch = self.meta("general.architecture") or "llama"
         m = self.meta
@@ -116,6 +125,19 @@ class Tokenizer(Vocab):
         if token not in self.special_pieces:
             self.special_pieces[token] = self._piece(token, special=True)
         return self.pieces[token] or self.special_pieces[token]
+
+    def special_id(self, text: str) -> int | None:
+        # llguidance.llamacpp.lltokenizer_from_vocab's rule, on the same vocab
+        if text not in self._special_ids:
+            ids = self.encode(text, parse_special=True)
+            t = ids[0] if len(ids) == 1 else -1
+            name = self.token_text(t) if t >= 0 else b""
+            attr = ll.llama_vocab_get_attr(self._vocab, t) if t >= 0 else 0
+            special = name == text.encode() and bool(
+                attr & ll.LLAMA_TOKEN_ATTR_CONTROL
+                or (attr & ll.LLAMA_TOKEN_ATTR_USER_DEFINED and name.startswith(b"<") and name.endswith(b">")))
+            self._special_ids[text] = t if special else None
+        return self._special_ids[text]
 
     def encode(self, text: str, *, add_special: bool = False, parse_special: bool = False) -> list[int]:
         data = text.encode("utf-8")
