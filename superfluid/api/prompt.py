@@ -53,10 +53,12 @@ def chat_prompt(engine, messages: list[dict], *, tools: list | None = None, tool
     msgs, extra = fmt.render(messages, use_tools)
     kwargs = {**(template_kwargs or {}), **extra}
     bodies, prompt = prelude(engine, msgs, **kwargs)
+    # the dialect's markers as the model's special tokens where its vocabulary has them
+    lits = gr.Literals.of(engine.tokenizer, fmt.markers, engine.reasoning or ()) if use_tools else gr.PLAIN
     if mode == "required":  # calls in the model's dialect from the first token
-        grammar = fmt.calls_grammar(use_tools, name, parallel=parallel_tool_calls, lazy=False)
+        grammar = fmt.calls_grammar(use_tools, name, parallel=parallel_tool_calls, lazy=False, lits=lits)
     elif mode == "auto" and use_tools and not grammar:  # text, or calls once the model opens one
-        grammar = fmt.calls_grammar(use_tools, None, parallel=parallel_tool_calls, lazy=True)
+        grammar = fmt.calls_grammar(use_tools, None, parallel=parallel_tool_calls, lazy=True, lits=lits)
     opener = context_text(engine.tokenizer, list(bodies[-1].span)) if bodies else ""
     # a structured dialect (Harmony, Functionary, Granite) reads every reply, tools or not
     return ChatPrompt(bodies, prompt, spec_for(fmt if use_tools or fmt.structured else None, engine.reasoning, opener),

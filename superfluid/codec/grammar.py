@@ -6,6 +6,9 @@ anything runs, never an unconstrained answer."""
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Iterable, Mapping
+from typing import Protocol
 
 from llguidance import LLMatcher
 from llguidance.gbnf_to_lark import gbnf_to_lark
@@ -116,6 +119,52 @@ def json_rule(schema: object) -> str:
 def lit(text: str) -> str:
     """A lark string literal."""
     return json.dumps(text, ensure_ascii=False)
+
+
+class SpecialTokens(Protocol):
+    def special_id(self, text: str) -> int | None: ...
+
+
+class Literals:
+    """Text as a lark expression for one model's vocabulary: the one owner of "marker →
+    grammar literal". A marker the vocabulary holds as one special token (Vocab.special_id:
+    Qwen's <tool_call>, Llama 3's <|python_tag|>, Mistral's [TOOL_CALLS]) is that token, by id
+    (`<[151657]>`): llguidance never matches a special token against quoted text, so a quoted
+    marker would make the model spell it byte by byte. Everything else is a string literal.
+    `free`: the special tokens a lazy grammar's free text may hold (the reasoning markers:
+    free text is a lexeme, and a lexeme cannot hold a special token)."""
+
+    def __init__(self, tokens: Mapping[str, int] | None = None, free: Iterable[int] = ()):
+        self.tokens = {m: t for m, t in (tokens or {}).items() if m}
+        self.free = tuple(sorted(set(free)))
+        longest = sorted(self.tokens, key=len, reverse=True)
+        self._split = re.compile("(" + "|".join(map(re.escape, longest)) + ")") if longest else None
+
+    @classmethod
+    def of(cls, vocab: SpecialTokens, markers: Iterable[str], free: Iterable[str] = ()) -> Literals:
+        """The literals for `markers` (and the `free` ones, which free text may also hold) in
+        `vocab`: each that is one special token there is that token, the rest text."""
+        free = tuple(free)
+        found = {m: vocab.special_id(m) for m in (*markers, *free) if m}
+        tokens = {m: t for m, t in found.items() if t is not None}
+        return cls(tokens, (tokens[m] for m in free if m in tokens))
+
+    def token(self, text: str) -> int | None:
+        """The special token `text` is (None: it is text)."""
+        return self.tokens.get(text)
+
+    def __call__(self, text: str) -> str:
+        """A lark sequence that is `text` ("" for none): its markers as tokens, the rest quoted."""
+        if self._split is None:
+            return lit(text) if text else ""
+        return " ".join(f"<[{self.tokens[p]}]>" if p in self.tokens else lit(p) for p in self._split.split(text) if p)
+
+    def any_free(self) -> str:
+        """A lark expression for one of the `free` tokens."""
+        return f"<[{','.join(map(str, self.free))}]>"
+
+
+PLAIN = Literals()  # every marker as text (a vocabulary with no special markers, tests)
 
 
 def lark(text: str, param: str = "tool_choice") -> str:

@@ -8,7 +8,7 @@ Every dialect gives:
   results and, for templates that do not list tools themselves, a system note);
 - `parser()`: an incremental reader of one reply: text in, content / reasoning / tool-call
   pieces (request.CallDelta) out, whatever the pieces the text arrives in;
-- `calls_grammar(tools, name, parallel=, lazy=)`: an llguidance grammar for calls in the
+- `calls_grammar(tools, name, parallel=, lazy=, lits=)`: an llguidance grammar for calls in the
   dialect's own syntax, built by `calls_lark`: calls from the first token (tool_choice
   "required" or a named function) or lazy (tool_choice "auto": free text until the call-opening
   marker), one call or with `parallel` one or more; `grammar(tools, name)` is exactly one;
@@ -168,16 +168,19 @@ class Dialect:
     def parser(self) -> Parser:
         raise NotImplementedError
 
-    def grammar(self, tools: list[dict], name: str | None) -> str:
+    def grammar(self, tools: list[dict], name: str | None, lits: gr.Literals = gr.PLAIN) -> str:
         """Exactly one call, from the first token."""
-        return self.calls_grammar(tools, name, parallel=False, lazy=False)
+        return self.calls_grammar(tools, name, parallel=False, lazy=False, lits=lits)
 
-    def calls_grammar(self, tools: list[dict], name: str | None, *, parallel: bool, lazy: bool) -> str:
+    def calls_grammar(self, tools: list[dict], name: str | None, *, parallel: bool, lazy: bool,
+                      lits: gr.Literals = gr.PLAIN) -> str:
         """The grammar for a turn with tools: `lazy` (tool_choice auto) free text that turns into
         calls at the dialect's call-opening marker, otherwise calls from the first token;
         `parallel`: one or more calls, else exactly one. A dialect that cannot be lazy returns ""
         for `lazy` (an unconstrained auto turn). Argument strings never hold the marker that
-        ends a call (the reader would end the call there)."""
+        ends a call (the reader would end the call there). `lits` writes every piece of text
+        that may hold a marker (grammar.Literals: the marker as the model's special token when
+        its vocabulary has one)."""
         raise NotImplementedError
 
     # -- rendering ----------------------------------------------------------------------
@@ -248,38 +251,40 @@ ANY_TEXT = r"(.|\n)*"
 
 def calls_lark(call: str, rules: str, *, opener: str, again: str, closer: str = "", tail: str = "",
                trigger: str | None = None, text: str = ANY_TEXT, bare: bool = False,
-               parallel: bool, lazy: bool) -> str:
+               parallel: bool, lazy: bool, lits: gr.Literals = gr.PLAIN) -> str:
     """Every dialect's call grammar: `opener call (again call)* closer tail?`, where `call` is a
     lark expression over `rules` (one call) and the repetition is there only with `parallel`
     (otherwise exactly one call). `tail`: layout the model may write after the calls (a
-    separator written in expectation of another call does not force one).
+    separator written in expectation of another call does not force one). `lits`: how the
+    model's vocabulary holds the markers (as special tokens or as text).
 
     `lazy` (tool_choice auto): any text (the regex `text`), which may end in `trigger` (default:
     the opener without its trailing whitespace); from the trigger on, the rest of the opener
-    and the calls are enforced, and after them the reply ends. `bare`: the calls may also start
-    the reply with the opener and no trigger (Llama 3's bare JSON, Functionary's recipient)."""
-    more = f"({_seq(gr.lit(again), call)})*" if parallel else ""
-    calls = _seq(call, more, _lit(closer), f"{gr.lit(tail)}?" if tail else "")
+    and the calls are enforced, and after them the reply ends. A trigger that is text ends a
+    lazy lexeme; one that is a special token follows the free text (which cannot hold it), as
+    may the reasoning markers (`lits.free`). `bare`: the calls may also start the reply with
+    the opener and no trigger (Llama 3's bare JSON, Functionary's recipient)."""
+    more = f"({_seq(lits(again), call)})*" if parallel else ""
+    calls = _seq(call, more, lits(closer), f"({lits(tail)})?" if tail else "")
     body = f"calls: {calls}\n{rules}\n"
     if not lazy:
-        return gr.lark(f"start: {_seq(_lit(opener), 'calls')}\n{body}")
+        return gr.lark(f"start: {_seq(lits(opener), 'calls')}\n{body}")
     trigger = opener.rstrip() if trigger is None else trigger
     if not trigger:
         raise ValueError("a lazy call grammar needs a call-opening marker")
     at = opener.find(trigger)
     after = opener[at + len(trigger):] if at >= 0 else opener
-    alts = ["TEXT", _seq("head", _lit(after), "calls")] + ([_seq(_lit(opener), "calls")] if bare else [])
-    return gr.lark(f"start: {' | '.join(alts)}\nhead[lazy]: TEXT {gr.lit(trigger)}\nTEXT: /{text}/\n{body}")
+    tok = lits.token(trigger)
+    head = f"head: TEXT <[{tok}]>" if tok is not None else f"head[lazy]: TEXT {gr.lit(trigger)}"
+    alts = ["TEXT", _seq("head", lits(after), "calls")] + ([_seq(lits(opener), "calls")] if bare else [])
+    start = f"free ({' | '.join(alts)})\nfree: (TEXT {lits.any_free()})*" if lits.free else " | ".join(alts)
+    return gr.lark(f"start: {start}\n{head}\nTEXT: /{text}/\n{body}")
 
 
 def one_of(bodies: list[str], prefix: str = "c") -> tuple[str, str]:
     """A lark choice between rule bodies (one per tool): the expression and its rules."""
     names = [f"{prefix}{i}" for i in range(len(bodies))]
     return f"({' | '.join(names)})", "\n".join(f"{n}: {b}" for n, b in zip(names, bodies, strict=True))
-
-
-def _lit(text: str) -> str:
-    return gr.lit(text) if text else ""
 
 
 def _seq(*parts: str) -> str:

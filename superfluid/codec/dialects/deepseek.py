@@ -70,12 +70,13 @@ class DeepSeek(Dialect):
     _tail = "\n```"
     _again = "\n" + CALL  # R1's template writes each further call on a new line
 
-    def calls_grammar(self, tools: list[dict], name: str | None, *, parallel: bool, lazy: bool) -> str:
+    def calls_grammar(self, tools: list[dict], name: str | None, *, parallel: bool, lazy: bool,
+                      lits: gr.Literals = gr.PLAIN) -> str:
         # an argument string cannot hold a closing marker: the reader would end the call there
-        call, rules = one_of([f"{gr.lit(self._head(fn))} {gr.json_rule(gr.guarded(params, AVOID))} "
-                              f"{gr.lit(self._tail + CALL_END)}" for fn, params in tool_names(tools, name)])
+        call, rules = one_of([f"{lits(self._head(fn))} {gr.json_rule(gr.guarded(params, AVOID))} "
+                              f"{lits(self._tail + CALL_END)}" for fn, params in tool_names(tools, name)])
         return calls_lark(call, rules, opener=BEGIN + CALL, again=self._again, closer=END, trigger=BEGIN,
-                          parallel=parallel, lazy=lazy)
+                          parallel=parallel, lazy=lazy, lits=lits)
 
 
 class DeepSeekV31(DeepSeek):

@@ -96,14 +96,15 @@ class Functionary(Dialect):
     def parser(self) -> Parser:
         return _Reader()
 
-    def calls_grammar(self, tools: list[dict], name: str | None, *, parallel: bool, lazy: bool) -> str:
+    def calls_grammar(self, tools: list[dict], name: str | None, *, parallel: bool, lazy: bool,
+                      lits: gr.Literals = gr.PLAIN) -> str:
         """The opener ends with ">>>": the reply starts at a recipient, a call's name or (lazy)
         `all` and text, which may end in ">>>" and calls. Every message after a call is another
         call. A call's arguments end at the next ">>>", so an argument string cannot hold it."""
         call, rules = one_of([f"{gr.lit(fn + chr(10))} {gr.json_rule(gr.guarded(params, SEP))}"
                               for fn, params in tool_names(tools, name)])
         return calls_lark(call, rules, opener="", again=SEP, trigger=SEP, text=_PROSE, bare=True,
-                          parallel=parallel, lazy=lazy)
+                          parallel=parallel, lazy=lazy, lits=lits)
 
 
 FUNCTIONARY = Functionary()

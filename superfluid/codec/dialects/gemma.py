@@ -114,7 +114,8 @@ class Gemma(Dialect):
                 turns.insert(0, {"role": "user", "content": head})
         return turns, extra
 
-    def calls_grammar(self, tools: list[dict], name: str | None, *, parallel: bool, lazy: bool) -> str:
+    def calls_grammar(self, tools: list[dict], name: str | None, *, parallel: bool, lazy: bool,
+                      lits: gr.Literals = gr.PLAIN) -> str:
         """Calls one a line in one tool_code block. Values are JSON, which holds no raw newline,
         so no value can hold the block's closing marker ("\\n```")."""
         rules, alts = [], []
@@ -128,7 +129,7 @@ class Gemma(Dialect):
             rules.append(f"c{i}: {gr.lit(fn + '(')} {args} \")\"")
             alts.append(f"c{i}")
         return calls_lark(f"({' | '.join(alts)})", "\n".join(rules), opener=OPEN, again="\n", closer=CLOSE,
-                          parallel=parallel, lazy=lazy)
+                          parallel=parallel, lazy=lazy, lits=lits)
 
 
 GEMMA = Gemma()

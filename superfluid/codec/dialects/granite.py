@@ -34,11 +34,12 @@ class Granite(Dialect):
                                         "arguments": args_obj(c["function"]["arguments"])} for c in calls],
                                       ensure_ascii=False)
 
-    def calls_grammar(self, tools: list[dict], name: str | None, *, parallel: bool, lazy: bool) -> str:
+    def calls_grammar(self, tools: list[dict], name: str | None, *, parallel: bool, lazy: bool,
+                      lits: gr.Literals = gr.PLAIN) -> str:
         # the call list runs to the end of the turn: no closing marker to keep out of strings
         call = gr.json_rule(gr.call_schema(tools, name))
         return calls_lark("call", f"call: {call}", opener=TOOL_CALL + "[", again=", ", closer="]",
-                          trigger=TOOL_CALL, parallel=parallel, lazy=lazy)
+                          trigger=TOOL_CALL, parallel=parallel, lazy=lazy, lits=lits)
 
 
 GRANITE = Granite()

@@ -117,7 +117,8 @@ class Harmony(Dialect):
     def parser(self) -> Parser:
         return _Reader()
 
-    def calls_grammar(self, tools: list[dict], name: str | None, *, parallel: bool, lazy: bool) -> str:
+    def calls_grammar(self, tools: list[dict], name: str | None, *, parallel: bool, lazy: bool,
+                      lits: gr.Literals = gr.PLAIN) -> str:
         """One call whatever `parallel` says: a Harmony call ends the turn (`<|call|>` is a stop
         token, and the template renders one call per assistant message). Every marker that ends
         a message starts with "<|", so an argument string cannot hold "<|".
@@ -128,10 +129,10 @@ class Harmony(Dialect):
         channel tokens from the first one on. tool_choice auto stays unconstrained."""
         if lazy:
             return ""
-        call, rules = one_of([f"{gr.lit(fn + ' ' + CONSTRAIN + 'json' + MESSAGE)} {gr.json_rule(gr.guarded(p, '<|'))}"
+        call, rules = one_of([f"{lits(fn + ' ' + CONSTRAIN + 'json' + MESSAGE)} {gr.json_rule(gr.guarded(p, '<|'))}"
                               for fn, p in tool_names(tools, name)])
         return calls_lark(call, rules, opener=CHANNEL + "commentary to=functions.", again="",
-                          parallel=False, lazy=False)
+                          parallel=False, lazy=False, lits=lits)
 
 
 HARMONY = Harmony()

@@ -181,11 +181,12 @@ class Hermes(Dialect):
     def parser(self) -> Parser:
         return ToolStream()
 
-    def calls_grammar(self, tools: list[dict], name: str | None, *, parallel: bool, lazy: bool) -> str:
+    def calls_grammar(self, tools: list[dict], name: str | None, *, parallel: bool, lazy: bool,
+                      lits: gr.Literals = gr.PLAIN) -> str:
         # an argument string cannot hold "</tool_call>": the call cannot be closed from inside it
         body = gr.json_rule(gr.call_schema(tools, name, avoid="</tool_call>"))
-        return calls_lark(f"body {gr.lit(CLOSE)}", f"body: {body}", opener="<tool_call>\n",
-                          again="\n<tool_call>\n", tail="\n", parallel=parallel, lazy=lazy)
+        return calls_lark(f"body {lits(CLOSE)}", f"body: {body}", opener="<tool_call>\n",
+                          again="\n<tool_call>\n", tail="\n", parallel=parallel, lazy=lazy, lits=lits)
 
     def call_text(self, calls: list[dict]) -> str:
         return "\n".join("<tool_call>\n" + json.dumps({"name": c["function"]["name"],

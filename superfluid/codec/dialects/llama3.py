@@ -82,7 +82,8 @@ class Llama3(Dialect):
     def parser(self) -> Parser:
         return _Reply()
 
-    def calls_grammar(self, tools: list[dict], name: str | None, *, parallel: bool, lazy: bool) -> str:
+    def calls_grammar(self, tools: list[dict], name: str | None, *, parallel: bool, lazy: bool,
+                      lits: gr.Literals = gr.PLAIN) -> str:
         """Bare JSON calls `{"name": ..., "parameters": {...}}` separated by "; ". Lazy: a reply
         that starts with "{" is calls, and so is what follows `<|python_tag|>` after prose. The
         calls run to the end of the reply: no closing marker to keep out of strings."""
@@ -93,7 +94,7 @@ class Llama3(Dialect):
             o["required"] = ["name", "parameters"]
         call = gr.json_rule(opts[0] if len(opts) == 1 else {"anyOf": opts})
         return calls_lark("call", f"call: {call}", opener="", again="; ", trigger=PYTHON_TAG, text=_PROSE, bare=True,
-                          parallel=parallel, lazy=lazy)
+                          parallel=parallel, lazy=lazy, lits=lits)
 
 
 LLAMA3 = Llama3()

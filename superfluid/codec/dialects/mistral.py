@@ -38,7 +38,8 @@ class Mistral(Dialect):
     def tool_result(self, message: dict) -> dict:
         return {**message, "tool_call_id": short_id(str(message.get("tool_call_id") or ""))}
 
-    def calls_grammar(self, tools: list[dict], name: str | None, *, parallel: bool, lazy: bool) -> str:
+    def calls_grammar(self, tools: list[dict], name: str | None, *, parallel: bool, lazy: bool,
+                      lits: gr.Literals = gr.PLAIN) -> str:
         # the call list runs to the end of the turn: no closing marker to keep out of strings
         opts = [{"type": "object", "properties": {"name": {"const": n}, "arguments": params,
                                                   "id": {"type": "string", "pattern": "^[a-zA-Z0-9]{9}$"}},
@@ -46,7 +47,7 @@ class Mistral(Dialect):
                 for n, params in tool_names(tools, name)]
         schema = opts[0] if len(opts) == 1 else {"anyOf": opts}
         return calls_lark("call", f"call: {gr.json_rule(schema)}", opener=TOOL_CALLS + "[", again=", ", closer="]",
-                          trigger=TOOL_CALLS, parallel=parallel, lazy=lazy)
+                          trigger=TOOL_CALLS, parallel=parallel, lazy=lazy, lits=lits)
 
 
 MISTRAL = Mistral()

@@ -52,7 +52,8 @@ class Qwen3Coder(Dialect):
     def parser(self) -> Parser:
         return Delimited("<tool_call>", "</tool_call>", read_xml)
 
-    def calls_grammar(self, tools: list[dict], name: str | None, *, parallel: bool, lazy: bool) -> str:
+    def calls_grammar(self, tools: list[dict], name: str | None, *, parallel: bool, lazy: bool,
+                      lits: gr.Literals = gr.PLAIN) -> str:
         """Each call its own <tool_call> block, the blocks a line apart (as the template writes
         them). A value is text without "<", so it cannot hold "</tool_call>" (nor "</parameter>")."""
         rules, funcs = [], []
@@ -66,8 +67,8 @@ class Qwen3Coder(Dialect):
             body = f"({' | '.join(ps)})*" if ps else ""
             funcs.append(f"f{i}")
             rules.append(f"f{i}: {gr.lit(f'<function={fn}>' + chr(10))} {body} {gr.lit('</function>' + chr(10))}")
-        return calls_lark(f"({' | '.join(funcs)}) \"</tool_call>\"", "\n".join(rules), opener="<tool_call>\n",
-                          again="\n<tool_call>\n", tail="\n", parallel=parallel, lazy=lazy)
+        return calls_lark(f"({' | '.join(funcs)}) {lits('</tool_call>')}", "\n".join(rules), opener="<tool_call>\n",
+                          again="\n<tool_call>\n", tail="\n", parallel=parallel, lazy=lazy, lits=lits)
 
 
 QWEN3_CODER = Qwen3Coder()
