@@ -37,19 +37,27 @@ def lib_dir() -> Path:
     return Path(llama_cpp.__file__).parent / "lib"
 
 
+def _loaded(name: str) -> Path:
+    """The file llama.cpp itself loaded for a library: its soname (`.so.0`). The wheel holds
+    copies, not links, under each name, and another copy would be a second ggml, with its
+    own devices and abort hook."""
+    so0 = lib_dir() / f"{name}.so.0"
+    return so0 if so0.exists() else lib_dir() / f"{name}.so"
+
+
 def library() -> tuple[ctypes.CDLL, ctypes.CDLL, ctypes.CDLL]:
     """(libggml-rpc, libggml-base, libggml), typed; RpcUnavailable naming the rebuild when this
     llama-cpp-python has no RPC backend."""
     global _libs
     if _libs is not None:
         return _libs
-    path = lib_dir() / "libggml-rpc.so"
+    path = _loaded("libggml-rpc")
     if not path.exists():
         raise RpcUnavailable(f"this llama-cpp-python was built without llama.cpp's RPC backend "
                              f"(no {path.name} in {path.parent}); rebuild it: {REBUILD}")
     rpc = ctypes.CDLL(str(path))
-    base = ctypes.CDLL(str(lib_dir() / "libggml-base.so"))
-    ggml = ctypes.CDLL(str(lib_dir() / "libggml.so"))
+    base = ctypes.CDLL(str(_loaded("libggml-base")))
+    ggml = ctypes.CDLL(str(_loaded("libggml")))
     try:
         rpc.ggml_backend_rpc_start_server.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t,
                                                       ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p)]

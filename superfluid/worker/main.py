@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 import sys
+import time
 import traceback
 from array import array
 from typing import Any
@@ -65,12 +66,31 @@ def _watch_rpc(nodes, link: Link) -> None:
     def die(why: str) -> None:
         try:
             link.send(WorkerError(why, "stage_unavailable"))
+            _linger(link)
         except (ConnectionError, OSError, RuntimeError):
             pass
         os._exit(STAGE_LOST_EXIT)
     loop = asyncio.get_running_loop()
     nodes.fatal = lambda why: loop.call_soon_threadsafe(die, why)
     rpc.on_abort(lambda msg: die(nodes.lost or f"llama.cpp's RPC backend failed: {msg}"))
+
+
+def _linger(link: Link, timeout: float = 3.0) -> None:
+    """Read and drop what the daemon still sends until it closes its end (it does once it has
+    the error): a process that exits with unread input resets the connection, and the
+    daemon would lose the error it was just sent."""
+    sock = socket.socket(fileno=os.dup(link.writer.get_extra_info("socket").fileno()))
+    sock.settimeout(0.1)
+    deadline = time.monotonic() + timeout
+    with sock:
+        while time.monotonic() < deadline:
+            try:
+                if not sock.recv(65536):
+                    return
+            except TimeoutError:
+                continue
+            except OSError:
+                return
 
 
 async def serve(sock: socket.socket) -> int:
