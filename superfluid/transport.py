@@ -202,6 +202,7 @@ class Doorman:
 
 WINDOW = 4 << 20  # bytes of a tunnelled stream in flight (sent, not yet acknowledged)
 CHUNK = 256 << 10  # one RPC_DATA's bytes at most
+ACK_AT = WINDOW // 4  # bytes taken before they are acknowledged: an RPC's small messages need no RPC_ACK each
 
 
 class _Stream:
@@ -259,7 +260,7 @@ class Tunnels:
 
     async def _ack(self, st: _Stream) -> None:
         try:
-            while st.unacked:
+            while st.unacked >= ACK_AT:
                 await st.writer.drain()
                 n, st.unacked = st.unacked, 0
                 self.link.send(lm.RpcAck(st.sid, n))
@@ -278,7 +279,7 @@ class Tunnels:
                 raise ProtocolError(f"stream {body.stream} sent past its window of {WINDOW} bytes")
             self.bytes_in += len(body.data)
             st.writer.write(body.data)
-            if st.acking is None:
+            if st.acking is None and st.unacked >= ACK_AT:
                 st.acking = asyncio.create_task(self._ack(st))
         elif kind == lm.RPC_ACK:
             st = self.streams.get(body.stream)
