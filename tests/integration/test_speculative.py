@@ -111,29 +111,38 @@ def _chi2_critical(df: int, z: float = 3.09) -> float:
 def test_the_first_sampled_token_follows_the_models_distribution(rt, tok):
     """A context that ends with an n-gram seen before, so every decode verifies drafts: over
     300 seeds the token sampled after it has the model's probabilities (chi-square), not
-    the draft's (accepting the draft more often than p(draft) would fail it)."""
+    the draft's (accepting the draft more often than p(draft) would fail it). The seeds run
+    four at a time, one per lane, each lane holding the same context."""
     words = tok.encode(" the river runs to the sea and the sea runs to the sky", parse_special=False)
     ctx = words * 3  # ...runs to the | sea: the drafter proposes what followed last time
-    seq = 0
-    lane = Lane(rt, seq)
-    lane.step(opens=(LaneOpen(seq, SamplingParams(temperature=0)),))
-    r = lane.step(runs=(Run(seq, 0, tuple(ctx[:-1]), False),))
+    seqs = range(rt.info.n_lanes)
+    lane = Lane(rt, 0)
+    lane.step(opens=tuple(LaneOpen(s, SamplingParams(temperature=0)) for s in seqs))
+    lane.step(runs=tuple(Run(s, 0, tuple(ctx[:-1]), False) for s in seqs))
     # the model's distribution after the whole context (one plain forward, then dropped)
-    logits = rt.forward((Run(seq, len(ctx) - 1, (ctx[-1],), True),))[seq].astype(np.float64)
-    rt.drop_tail(seq, len(ctx) - 1)
-    rt.lanes.keep(seq, len(ctx) - 1)
+    logits = rt.forward((Run(0, len(ctx) - 1, (ctx[-1],), True),))[0].astype(np.float64)
+    rt.drop_tail(0, len(ctx) - 1)
+    rt.lanes.keep(0, len(ctx) - 1)
     p = np.exp(logits - logits.max())
     p /= p.sum()
     counts: dict[int, int] = {}
     n = 300
     drafted = 0
-    for seed in range(n):
-        rt.step(StepPlan(10_000 + seed, opens=(LaneOpen(seq, SamplingParams(temperature=1.0, seed=seed),
-                                                        keep=len(ctx) - 1),)))
-        r = rt.step(StepPlan(20_000 + seed, runs=(Run(seq, len(ctx) - 1, (ctx[-1],), True, 4),)))
+    for first in range(0, n, len(seqs)):
+        batch = list(zip(seqs, range(first, min(n, first + len(seqs))), strict=False))
+        rt.step(StepPlan(10_000 + first, opens=tuple(
+            LaneOpen(s, SamplingParams(temperature=1.0, seed=seed), keep=len(ctx) - 1) for s, seed in batch)))
+        r = rt.step(StepPlan(20_000 + first, runs=tuple(Run(s, len(ctx) - 1, (ctx[-1],), True, 4) for s, _ in batch)))
+        assert not r.errors, r.errors
+        assert sorted(s for s, k in r.drafted if k > 0) == [s for s, _ in batch]  # every decode verified drafts
         drafted += sum(k for _, k in r.drafted)
-        counts[r.sampled[0].token] = counts.get(r.sampled[0].token, 0) + 1
-    assert drafted >= n  # every decode verified drafts
+        firsts: dict[int, int] = {}
+        for sm in r.sampled:  # a lane's first Sampled is its token after the context
+            firsts.setdefault(sm.seq, sm.token)
+        assert sorted(firsts) == [s for s, _ in batch]
+        for t in firsts.values():
+            counts[t] = counts.get(t, 0) + 1
+    assert drafted >= n and sum(counts.values()) == n
     big = [t for t in np.argsort(-p) if p[t] * n >= 5]
     observed = [counts.get(int(t), 0) for t in big] + [n - sum(counts.get(int(t), 0) for t in big)]
     expected = [p[t] * n for t in big] + [n * (1 - sum(p[t] for t in big))]
@@ -141,7 +150,7 @@ def test_the_first_sampled_token_follows_the_models_distribution(rt, tok):
     chi2 = sum((o - e) ** 2 / e for o, e in pairs)
     assert len(pairs) >= 3
     assert chi2 < _chi2_critical(len(pairs) - 1), (chi2, observed, [round(e, 1) for e in expected])
-    lane.step(closes=(seq,))
+    lane.step(closes=tuple(seqs))
 
 
 # -- through the daemon ---------------------------------------------------------------------
