@@ -38,19 +38,31 @@ EOG = (0, 2, 4)
 
 def generate(tokens: list[int], n: int) -> list[int]:
     """Plain greedy `model.generate` on the converted weights; stops after an end-of-generation token."""
+    return list(_generate(tuple(tokens), n))
+
+
+@functools.cache  # greedy on fixed weights: the same prompt gives the same tokens, and tests ask again
+def _generate(tokens: tuple[int, ...], n: int) -> tuple[int, ...]:
     import torch
 
     with torch.inference_mode():
         out = _reference().generate(torch.tensor([tokens]), max_new_tokens=n, do_sample=False,
                                     eos_token_id=list(EOG), pad_token_id=EOG[0])
-    return out[0, len(tokens):].tolist()
+    return tuple(out[0, len(tokens):].tolist())
+
+
+@functools.cache
+def tokenizer():
+    """The embedded model's tokenizer, read from the GGUF once per test session."""
+    from superfluid.codec.tokenizer import Tokenizer
+
+    return Tokenizer(gguf())
 
 
 def chat_prompt(content: str) -> list[int]:
     from superfluid.codec.template import ChatTemplate
-    from superfluid.codec.tokenizer import Tokenizer
 
-    tok = Tokenizer(gguf())
+    tok = tokenizer()
     text = ChatTemplate(tok.chat_template).render([{"role": "user", "content": content}])
     return tok.encode_prompt(text)
 

@@ -53,10 +53,8 @@ def oc(d: Daemon) -> openai.OpenAI:
 
 
 def expected(question: str, n: int = N) -> str:
-    from superfluid.codec.tokenizer import Tokenizer
-
-    toks = hf.generate(hf.chat_prompt(question), n)
-    return Tokenizer(hf.gguf()).decode([t for t in toks if t not in hf.EOG])
+    toks = hf.generate(hf.chat_prompt(question), n)  # memoized: the tests ask for the same answers again
+    return hf.tokenizer().decode([t for t in toks if t not in hf.EOG])
 
 
 def ask(d: Daemon, question: str, **kw):

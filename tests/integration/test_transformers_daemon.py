@@ -28,13 +28,11 @@ def client():
 
 
 def expected(question: str) -> tuple[str, int]:
-    from superfluid.codec.tokenizer import Tokenizer
-
     prompt = hf.chat_prompt(question)
     toks = hf.generate(prompt, N)
     if toks and toks[-1] in hf.EOG:
         toks = toks[:-1]
-    return Tokenizer(hf.gguf()).decode(toks), len(prompt)
+    return hf.tokenizer().decode(toks), len(prompt)
 
 
 def ask(client, question: str) -> openai.types.chat.ChatCompletion:
