@@ -87,6 +87,26 @@ def measure(name: str, url: str, a, pids: dict[str, int]) -> dict:
     return out
 
 
+def split(a, node_args: list[str], head_flag: list[str], head_args: list[str], tok: str | None,
+          idle: list[int]) -> dict:
+    """A head over 2 node processes (`node serve` + node_args), measured; `idle` gets each
+    node's RSS before any head (Python and llama.cpp, no weights)."""
+    nodes = [Node(*node_args, "--threads", str(a.threads), auth_file=tok) for _ in range(2)]
+    idle += [peak_rss(n.proc.pid) for n in nodes]
+    name = "rpc 3-way" if node_args == ["--rpc"] else "pipeline 2"
+    try:
+        head = Daemon(*head_flag, ",".join(f"127.0.0.1:{n.port}" for n in nodes), *head_args, "--sessions-cache",
+                      "--no-tui", max_batch=2, threads=a.threads)
+        try:
+            return measure(name, head.url, a, {"head": head.proc.pid, "node1": nodes[0].proc.pid,
+                                               "node2": nodes[1].proc.pid})
+        finally:
+            head.stop()
+    finally:
+        for n in nodes:
+            n.stop()
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--threads", type=int, default=1)
@@ -105,33 +125,10 @@ def main() -> None:
         results["one machine"] = measure("one machine", one.url, a, {"daemon": one.proc.pid})
     finally:
         one.stop()
-    nodes = [Node("--rpc", "--threads", str(a.threads), auth_file=tok) for _ in range(2)]
-    idle = [peak_rss(n.proc.pid) for n in nodes]  # a node before any head: Python and llama.cpp, no weights
-    try:
-        head = Daemon("--rpc-nodes", ",".join(f"127.0.0.1:{n.port}" for n in nodes), "--fleet-auth", tok,
-                      "--sessions-cache", "--no-tui", max_batch=2, threads=a.threads)
-        try:
-            results["rpc 3-way"] = measure("rpc 3-way", head.url, a, {"head": head.proc.pid, "node1": nodes[0].proc.pid,
-                                                                   "node2": nodes[1].proc.pid})
-        finally:
-            head.stop()
-    finally:
-        for n in nodes:
-            n.stop()
+    idle: list[int] = []
+    results["rpc 3-way"] = split(a, ["--rpc"], ["--rpc-nodes"], ["--fleet-auth", tok], tok, idle)
     if not a.no_pipeline:
-        stages = [Node("--stage", "--threads", str(a.threads)) for _ in range(2)]
-        try:
-            head = Daemon("--pipeline", ",".join(f"127.0.0.1:{n.port}" for n in stages), "--sessions-cache",
-                          "--no-tui", max_batch=2, threads=a.threads)
-            try:
-                results["pipeline 2"] = measure("pipeline 2", head.url, a, {"head": head.proc.pid,
-                                                                            "stage1": stages[0].proc.pid,
-                                                                            "stage2": stages[1].proc.pid})
-            finally:
-                head.stop()
-        finally:
-            for n in stages:
-                n.stop()
+        results["pipeline 2"] = split(a, ["--stage"], ["--pipeline"], [], None, [])
     base = results["one machine"]
     print(f"\nmodel file {size / 2**20:.0f} MiB, {a.threads} thread(s) per process, median of {a.rounds}")
     print("| setup | decode tok/s | ÷ one machine | prefill tok/s | ÷ one machine |")

@@ -11,8 +11,10 @@ from .daemon import free_port
 
 
 class Proxy:
-    def __init__(self, target_port: int):
+    def __init__(self, target_port: int, *, keep: int = 0):
         self.target = ("127.0.0.1", target_port)
+        self.keep = keep  # bytes of what passes (both ways) to keep in `seen`, to look into
+        self.seen = bytearray()
         self.port = free_port()
         self._srv = socket.create_server(("127.0.0.1", self.port))
         self._conns: list[socket.socket] = []
@@ -39,6 +41,8 @@ class Proxy:
     def _pump(self, src: socket.socket, dst: socket.socket) -> None:
         try:
             while data := src.recv(65536):
+                if len(self.seen) < self.keep:
+                    self.seen += data
                 dst.sendall(data)
         except OSError:
             pass

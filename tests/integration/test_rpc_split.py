@@ -12,7 +12,6 @@ import asyncio
 import json
 import os
 import secrets
-import socket
 import time
 
 import httpx
@@ -39,28 +38,6 @@ N = 24
 FIRST: dict[str, int] = {}  # bytes each node was sent for the first load
 
 
-class Recorder(Proxy):
-    """The proxy of proxy.py, keeping what passed (up to 64 MiB) to look into."""
-
-    def __init__(self, target_port: int):
-        self.seen = bytearray()
-        super().__init__(target_port)
-
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(65536):
-                if len(self.seen) < 64 << 20:
-                    self.seen += data
-                dst.sendall(data)
-        except OSError:
-            pass
-        for s in (src, dst):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-
 @pytest.fixture(scope="module")
 def token(tmp_path_factory):
     path = tmp_path_factory.mktemp("fleet") / "token"
@@ -76,7 +53,7 @@ def split(token):
     a = Node("--rpc", auth_file=token)
     b_port = free_port()
     b = Node("--rpc", "--listen", f"0.0.0.0:{b_port}", auth_file=token, port=b_port)
-    rec = Recorder(b.port)
+    rec = Proxy(b.port, keep=64 << 20)  # keeps what passed, to look into
     head = Daemon("--rpc-nodes", f"127.0.0.1:{a.port},127.0.0.1:{rec.port}", "--fleet-auth", token,
                   "--sessions-cache", max_batch=2)
     yield head, a, b, rec
