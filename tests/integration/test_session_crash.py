@@ -136,10 +136,12 @@ def test_a_throwaway_store_keeps_nothing(tmp_path):
 
 def test_a_full_store_fails_requests_with_a_typed_error_and_stays_whole(tmp_path):
     import httpx
-    d = Daemon("--sessions-max-mb", "0.25", home=str(tmp_path))
+    # a small store and a short prompt: it fills up in about twenty requests, the first of
+    # which prefills ~150 tokens (a long prompt's prefill was most of this test's time)
+    d = Daemon("--sessions-max-mb", "0.08", home=str(tmp_path))
     try:
         body = {"model": "SmolLM2-135M-Instruct", "max_tokens": 2, "temperature": 0,
-                "messages": [{"role": "user", "content": "lorem ipsum dolor " * 80}]}
+                "messages": [{"role": "user", "content": "lorem ipsum dolor " * 20}]}
         ok, err = [], None
         for _ in range(200):
             r = httpx.post(d.url + "/v1/chat/completions", json=body, timeout=60)
