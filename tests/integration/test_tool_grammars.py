@@ -4,6 +4,7 @@ sampled at temperature 1 on a tight budget; tool_choice "auto" is lazy (text, or
 the model writes the call-opening marker), streamed and whole; parallel_tool_calls false
 gives exactly one call."""
 
+import concurrent.futures
 import json
 
 from .conftest import MODEL
@@ -26,6 +27,14 @@ def looked_up(account: str, n: int) -> list[dict]:
 HISTORY = looked_up("acct-1111", 1) + looked_up("acct-2222", 2) + ASK
 
 
+def each(fn, seeds) -> list:
+    """fn(seed) for every seed, the requests at once: the daemon batches them (each seed's
+    tokens are its own, keyed by seed and position, whatever else is in the batch)."""
+    seeds = list(seeds)
+    with concurrent.futures.ThreadPoolExecutor(len(seeds)) as pool:
+        return list(pool.map(fn, seeds))
+
+
 def check_calls(c, seed) -> int:
     """The calls of one auto reply are all well-formed; markup never reaches the content."""
     assert "<tool_call>" not in (c.message.content or "") and "</tool_call>" not in (c.message.content or ""), seed
@@ -42,9 +51,10 @@ def test_required_at_temperature_1_on_60_tokens_gives_parsed_calls_and_never_tex
     # measured before: 5 of 10 seeds gave a call; one ended "stop" with no call at all, others
     # "closed" the call inside an argument string
     called = 0
-    for seed in range(10):
-        r = client.chat.completions.create(model=MODEL, messages=ASK, tools=[LOOKUP], tool_choice="required",
-                                           temperature=1.0, seed=seed, max_tokens=60)
+    replies = each(lambda seed: client.chat.completions.create(
+        model=MODEL, messages=ASK, tools=[LOOKUP], tool_choice="required", temperature=1.0, seed=seed,
+        max_tokens=60), range(10))
+    for seed, r in enumerate(replies):
         c = r.choices[0]
         # "length": the budget ran out inside an argument string the model did not end; the
         # call is dropped, never shown as text
@@ -62,16 +72,23 @@ def test_required_at_temperature_1_on_60_tokens_gives_parsed_calls_and_never_tex
 
 def test_parallel_tool_calls_false_gives_exactly_one_call(client):
     several = 0
-    for seed in range(4):
+
+    def ask(case: tuple[int, bool | None]):
+        seed, parallel = case
         kw = dict(model=MODEL, messages=ASK, tools=[LOOKUP], tool_choice="required", temperature=1.0, seed=seed,
                   max_tokens=80)
-        one = client.chat.completions.create(**kw, parallel_tool_calls=False).choices[0]
+        return client.chat.completions.create(**kw, **({} if parallel is None else
+                                                        {"parallel_tool_calls": parallel})).choices[0]
+    cases = [(seed, parallel) for seed in range(4) for parallel in (False, None, True)]
+    got = dict(zip(cases, each(ask, cases), strict=True))
+    for seed in range(4):
+        one = got[seed, False]
         assert len(one.message.tool_calls or []) <= 1 and not one.message.content, (seed, one)
         # the call ends the reply: "tool_calls", unless the model never ended its argument string
         assert one.finish_reason == ("tool_calls" if one.message.tool_calls else "length"), (seed, one)
         # the default is one call too (as llama-server's)
-        assert len(client.chat.completions.create(**kw).choices[0].message.tool_calls or []) <= 1, seed
-        many = client.chat.completions.create(**kw, parallel_tool_calls=True).choices[0]
+        assert len(got[seed, None].message.tool_calls or []) <= 1, seed
+        many = got[seed, True]
         several += len(many.message.tool_calls or []) > 1
     assert several  # the same seeds with parallel calls asked for: the model does make more than one
 
@@ -96,9 +113,11 @@ def test_auto_sampled_calls_are_always_well_formed(client):
     # at temperature 1 the model opens calls it would not finish well-formed; from the marker
     # on the grammar holds it to a call of the tool, with exactly its arguments
     calls = 0
-    for seed in range(12, 20):  # unconstrained, seed 16 wrote a "call" of no tool with no arguments
-        r = client.chat.completions.create(model=MODEL, messages=HISTORY, tools=[LOOKUP], temperature=1.0, seed=seed,
-                                           max_tokens=60, parallel_tool_calls=False)
+    seeds = range(12, 20)  # unconstrained, seed 16 wrote a "call" of no tool with no arguments
+    replies = each(lambda seed: client.chat.completions.create(
+        model=MODEL, messages=HISTORY, tools=[LOOKUP], temperature=1.0, seed=seed, max_tokens=60,
+        parallel_tool_calls=False), seeds)
+    for seed, r in zip(seeds, replies, strict=True):
         calls += check_calls(r.choices[0], seed)
     assert calls >= 4, calls
 
