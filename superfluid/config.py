@@ -12,10 +12,20 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8453
 
 
+# llama.cpp's CPU threads are OpenMP threads. By default they spin at every barrier, so with
+# one thread per core anything else that runs (the daemon's own Python, a client) made decode
+# 30-50x slower (NOTES.md). Waiting passively (asleep on a futex) costs nothing measurable
+# when the machine is idle and removes that penalty (docs/performance.md: 2 threads passive
+# beat 1 thread idle and busy). An operator's own OMP_WAIT_POLICY wins.
+THREAD_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
 def default_threads() -> int:
-    # ggml threads spin at barriers: as many threads as cores makes decode 30-50x slower as
-    # soon as anything else runs (NOTES.md). Leave one core to the daemon.
-    return max(1, (os.cpu_count() or 2) - 1)
+    """Every core this process may run on (its CPU affinity: a container's share)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
 
 
 def home() -> Path:

@@ -113,8 +113,12 @@ async def _stage(ec: EngineConfig, host: str, port: int, psk: bytes | None, name
 
 
 async def _rpc(ec: EngineConfig, host: str, port: int, psk: bytes | None, lease_s: float, name: str | None) -> None:
-    """A llama.cpp RPC node: no model of its own, the layers heads place here."""
-    from .config import home
+    """A llama.cpp RPC node: no model of its own, the layers heads place here. Its ggml
+    server computes in this process: its threads wait passively (config.THREAD_ENV), set
+    before llama.cpp's OpenMP runtime loads and reads it."""
+    from .config import THREAD_ENV, home
+    for k, v in THREAD_ENV.items():
+        os.environ.setdefault(k, v)
     from .fleet.rpc_node import RpcNodeServer
     node = RpcNodeServer(psk, str(home() / "rpc-cache"), threads=ec.threads, node_id=name, lease_s=lease_s)
     server = await node.serve(host, port)

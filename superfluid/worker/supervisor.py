@@ -14,6 +14,7 @@ import sys
 from array import array
 from typing import Any
 
+from ..config import THREAD_ENV
 from ..errors import ProtocolError, WorkerCrashed
 from ..link.conn import Refused
 from ..plan import StepPlan, StepResult
@@ -33,7 +34,7 @@ def worker_env(environ: dict[str, str] | None = None) -> dict[str, str]:
     """The daemon's environment without its secrets (API keys, the fleet token, cloud
     credentials): a worker runs model code and needs none of them."""
     env = os.environ if environ is None else environ
-    return {k: v for k, v in env.items() if not any(w in k.upper() for w in SECRET_WORDS)}
+    return {**THREAD_ENV, **{k: v for k, v in env.items() if not any(w in k.upper() for w in SECRET_WORDS)}}
 
 
 class WorkerProcess:

@@ -1,5 +1,6 @@
 """The front door (ASGI middleware) driven with hand-made scopes: no sockets."""
 
+import os
 import asyncio
 
 import orjson
@@ -219,3 +220,11 @@ def test_the_worker_gets_no_secrets():
     env = worker_env({"PATH": "/bin", "SUPERFLUID_API_KEY": "sk", "SUPERFLUID_FLEET_TOKEN": "t", "HF_TOKEN": "h",
                       "AWS_SECRET_ACCESS_KEY": "s", "SUPERFLUID_HOME": "/h", "OMP_WAIT_POLICY": "PASSIVE"})
     assert env == {"PATH": "/bin", "SUPERFLUID_HOME": "/h", "OMP_WAIT_POLICY": "PASSIVE"}
+
+
+def test_the_workers_threads_wait_passively_unless_the_operator_says_otherwise():
+    from superfluid.config import default_threads
+    from superfluid.worker.supervisor import worker_env
+    assert worker_env({"PATH": "/bin"}) == {"PATH": "/bin", "OMP_WAIT_POLICY": "PASSIVE"}
+    assert worker_env({"OMP_WAIT_POLICY": "ACTIVE"})["OMP_WAIT_POLICY"] == "ACTIVE"
+    assert default_threads() == len(os.sched_getaffinity(0))  # every core this process may use
