@@ -1,3 +1,5 @@
+import concurrent.futures
+
 import openai
 import pytest
 
@@ -16,3 +18,11 @@ def daemon():
 @pytest.fixture(scope="session")
 def client(daemon):
     return openai.OpenAI(base_url=daemon.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def each(fn, seeds) -> list:
+    """fn(seed) for every seed, the requests at once: the daemon batches them (each seed's
+    tokens are its own, keyed by seed and position, whatever else is in the batch)."""
+    seeds = list(seeds)
+    with concurrent.futures.ThreadPoolExecutor(len(seeds)) as pool:
+        return list(pool.map(fn, seeds))

@@ -4,10 +4,9 @@ sampled at temperature 1 on a tight budget; tool_choice "auto" is lazy (text, or
 the model writes the call-opening marker), streamed and whole; parallel_tool_calls false
 gives exactly one call."""
 
-import concurrent.futures
 import json
 
-from .conftest import MODEL
+from .conftest import MODEL, each
 
 LOOKUP = {"type": "function", "function": {
     "name": "lookup_code", "description": "Look up the access code of an account.",
@@ -25,14 +24,6 @@ def looked_up(account: str, n: int) -> list[dict]:
 
 # after two such turns the model writes the next call itself (as text: the template has no tools)
 HISTORY = looked_up("acct-1111", 1) + looked_up("acct-2222", 2) + ASK
-
-
-def each(fn, seeds) -> list:
-    """fn(seed) for every seed, the requests at once: the daemon batches them (each seed's
-    tokens are its own, keyed by seed and position, whatever else is in the batch)."""
-    seeds = list(seeds)
-    with concurrent.futures.ThreadPoolExecutor(len(seeds)) as pool:
-        return list(pool.map(fn, seeds))
 
 
 def check_calls(c, seed) -> int:

@@ -9,7 +9,7 @@ import jsonschema
 import openai
 import pytest
 
-from .conftest import MODEL
+from .conftest import MODEL, each
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city",
@@ -99,20 +99,21 @@ PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength
 
 
 def test_json_schema_output_is_always_valid(client):
-    for seed in range(8):
-        r = client.chat.completions.create(
-            model=MODEL, temperature=1.0, seed=seed, max_tokens=120,
-            messages=[{"role": "user", "content": "Describe a person as JSON."}],
-            response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}})
+    replies = each(lambda seed: client.chat.completions.create(
+        model=MODEL, temperature=1.0, seed=seed, max_tokens=120,
+        messages=[{"role": "user", "content": "Describe a person as JSON."}],
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}), range(8))
+    for r in replies:
         assert r.choices[0].finish_reason == "stop", r.choices[0]
         jsonschema.validate(json.loads(r.choices[0].message.content), PERSON)
 
 
 def test_json_object_output_is_an_object(client):
-    for seed in range(4):
-        r = client.chat.completions.create(model=MODEL, temperature=0.8, seed=seed, max_tokens=80,
-                                           messages=[{"role": "user", "content": "Give me a JSON object."}],
-                                           response_format={"type": "json_object"})
+    replies = each(lambda seed: client.chat.completions.create(
+        model=MODEL, temperature=0.8, seed=seed, max_tokens=80,
+        messages=[{"role": "user", "content": "Give me a JSON object."}], response_format={"type": "json_object"}),
+        range(4))
+    for r in replies:
         if r.choices[0].finish_reason == "stop":
             assert isinstance(json.loads(r.choices[0].message.content), dict)
 
