@@ -89,8 +89,8 @@ class Engine(EngineBase):
         self.sched.n_ctx = min(self.sched.n_ctx, self.info.n_ctx)
         self.sched.embeds.window = self.info.embed_window
         self.sched.embeds.chunks = self.info.embed_chunks
-        speculate = self.cfg.speculative == "ngram" and self.info.speculate
-        self.sched.spec.max_tokens = self.cfg.spec_max_tokens if speculate else 0
+        self.sched.spec.supported = bool(self.info.speculate)  # the runtime verifies drafted rows
+        self.sched.spec.max_tokens = self.cfg.spec_max_tokens if self.cfg.speculative == "ngram" else 0
         self._task = asyncio.create_task(self._supervised(), name="engine-loop")
 
     async def close(self, error: SuperfluidError | None = None) -> None:
@@ -123,7 +123,7 @@ class Engine(EngineBase):
         st = _Stream(req, out)
         self._streams[req.id] = st
         self.sched.add(Job(req.id, list(req.prompt), req.sampling, req.max_tokens, req.qos, prior=tuple(req.history),
-                           session=req.session, cache=req.cache))
+                           session=req.session, cache=req.cache, speculate=req.speculate))
         if self._gave_up:  # a new request is the cue to try the worker again
             self._gave_up, self._failures = False, 0
         self._wake.set()

@@ -104,6 +104,9 @@ class GenRequest:
     # a client's cache hint (Anthropic cache_control): keep the prompt's first n tokens warm
     # for ttl seconds (in memory while a pinned slot is free, on disk in a pinned entry)
     cache: tuple[int, float] | None = None
+    # drafts per step this generation may have verified (speculative decoding): None is the
+    # engine's own setting; a fleet head passes its own to the node that runs the generation
+    speculate: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

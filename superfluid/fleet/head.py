@@ -215,7 +215,14 @@ class FleetEngine(EngineBase):
         self.pool.send(node, m.GenerateReq(
             self.pool.cmds.next(), r.id, r.session or r.id, epoch, tuple(r.prompt) + tuple(p.delivered),
             r.sampling.to_wire(), r.max_tokens - len(p.delivered), tuple(r.stop), int(r.qos),
-            spec_to_wire(r.channels), tuple(r.history) + tuple(p.delivered)))
+            spec_to_wire(r.channels), tuple(r.history) + tuple(p.delivered), self._speculate(r)))
+
+    def _speculate(self, r: GenRequest) -> int:
+        """The drafts per step the node may verify for this generation: the request's own, else
+        this head's --speculative / --spec-max-tokens (a node honours the head's settings)."""
+        if r.speculate is not None:
+            return r.speculate
+        return self.cfg.spec_max_tokens if self.cfg.speculative == "ngram" else 0
 
     async def _watch(self) -> None:
         """Failover: work on a node gone for longer than `grace` moves."""

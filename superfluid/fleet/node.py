@@ -26,6 +26,7 @@ from .stats import node_status
 
 log = logging.getLogger("superfluid.node")
 
+SPEC_MAX = 32  # most drafts per step a head may ask of this node (a verified row costs about a token)
 STATUS_EVERY = 2.0
 STATUS_POLL = 0.25  # how soon a change in its status is reported
 
@@ -267,7 +268,8 @@ class NodeServer:
         buf = self.state.open(gen, epoch, session)
         self._owner[gen] = head
         req = GenRequest(f"{gen}@{epoch}", list(b.prompt), SamplingParams.from_wire(list(b.sampling)),
-                         b.max_tokens, b.stop, Qos(b.qos), channels=spec_from_wire(b.channels), history=b.history)
+                         b.max_tokens, b.stop, Qos(b.qos), channels=spec_from_wire(b.channels), history=b.history,
+                         speculate=None if b.speculate is None else max(0, min(b.speculate, SPEC_MAX)))
         try:
             self.engine.check(req)
             stream = self.engine.submit(req)

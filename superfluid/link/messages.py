@@ -124,6 +124,7 @@ class GenerateReq(Record):
     qos: int = 2
     channels: dict | None = None  # codec.channels.spec_to_wire()
     history: tuple[int, ...] = ()
+    speculate: int | None = None  # drafts per step the node may verify (the head's setting); None: the node's
 
 
 @dataclass(frozen=True, slots=True)

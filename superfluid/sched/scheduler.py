@@ -297,11 +297,10 @@ class Scheduler(KvTiers, Results):
 
     def _runs(self, step: int, embeds: list[EmbedItem], restore_cost: int) -> list[Run]:
         runs: list[Run] = []
-        chat = self.spec.max_tokens > 0 and self._chat_prefilling()
+        chat = self._chat_prefilling()
         for job in self.running.values():
             if job.status == JobStatus.DECODING and self._wants_token(job):
-                draft = self.spec.grant(job, step, self._drafts_in_flight(job), self.n_ctx, chat) \
-                    if self.spec.max_tokens else 0
+                draft = self.spec.grant(job, step, self._drafts_in_flight(job), self.n_ctx, chat)
                 runs.append(self._run(job, 1, draft))
                 self.counters.decode_tokens += 1
         decoded = sum(1 + r.draft for r in runs)  # drafts are verified in the same batch

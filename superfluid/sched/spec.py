@@ -28,19 +28,21 @@ class _Lane:
 
 class SpecPolicy:
     def __init__(self, max_tokens: int = 0) -> None:
-        self.max_tokens = max_tokens  # 0: no speculation
+        self.max_tokens = max_tokens  # a job's default (Job.speculate None); 0: no speculation
+        self.supported = True  # does the runtime verify drafts (the engine says after loading)?
         self._lanes: weakref.WeakKeyDictionary[Job, _Lane] = weakref.WeakKeyDictionary()
 
     def grant(self, job: Job, step: int, in_flight: int, n_ctx: int, chat_prefilling: bool) -> int:
         """Drafts for the decode run about to be planned for `job` (its own token comes on
         top); `in_flight`: drafts granted to its runs still in flight."""
-        if not self.max_tokens or chat_prefilling:
+        cap = self.max_tokens if job.speculate is None else job.speculate
+        if cap <= 0 or not self.supported or chat_prefilling:
             return 0
         lane = self._lanes.get(job)
         if lane is not None and step < lane.off_until:
             return 0
         room = min(job.max_tokens - job.generated, n_ctx - job.planned_len) - 1 - in_flight
-        return max(0, min(self.max_tokens, room))
+        return max(0, min(cap, room))
 
     def observe(self, job: Job, step: int, drafted: int, accepted: int) -> None:
         lane = self._lanes.setdefault(job, _Lane())

@@ -7,6 +7,7 @@ the uncut text, and the drafts counted in /metrics."""
 from __future__ import annotations
 
 import math
+import time
 
 import httpx
 import numpy as np
@@ -22,6 +23,7 @@ from superfluid.runtime.registry import embedded_model
 
 from .conftest import MODEL
 from .daemon import Daemon
+from .fleet import Node
 from .test_typed_resume import _cut_after, _resume
 
 CODE = "\n".join(f"def f{i}(x):\n    return x * {i} + {i * i}\n" for i in range(8))
@@ -196,3 +198,26 @@ def test_a_cut_sampled_stream_resumes_to_the_uncut_text_with_speculation(spec_da
     text = "".join(e["choices"][0]["delta"].get("content") or "" for e in seen + rest
                    if isinstance(e, dict) and e.get("choices"))
     assert text == whole["choices"][0]["message"]["content"]
+
+
+def test_a_fleet_node_speculates_as_its_head_says(daemon):
+    """The node runs with speculation off (its default); the head's --speculative travels
+    with each generation, and the node verifies drafts for it: the same text, drafts counted
+    in the head's /metrics (it sums its nodes' counters)."""
+    node = Node()
+    head = None
+    try:
+        head = Daemon("--fleet", f"127.0.0.1:{node.port}", "--speculative", "ngram", "--spec-max-tokens", "6")
+        body = {"model": MODEL, "messages": EDIT, "max_tokens": 80, "temperature": 0}
+        want = httpx.post(daemon.url + "/v1/chat/completions", json=body, timeout=120).json()
+        got = httpx.post(head.url + "/v1/chat/completions", json=body, timeout=120).json()
+        assert got["choices"][0]["message"]["content"] == want["choices"][0]["message"]["content"]
+        for _ in range(50):  # the node reports its counters within a status interval
+            if _metric(head, "superfluid_draft_tokens_total") > 0:
+                break
+            time.sleep(0.2)
+        assert _metric(head, "superfluid_draft_tokens_total") > 0
+    finally:
+        if head is not None:
+            head.stop()
+        node.stop()

@@ -61,6 +61,27 @@ def test_no_drafts_near_the_window_nor_while_a_chat_prefills():
     assert all(r.draft == 0 for r in plan.runs)
 
 
+def test_a_job_may_carry_its_own_speculation_setting():
+    """A fleet head passes its --speculative setting with each generation (GenRequest.speculate):
+    the node's own default only applies to a job that carries none."""
+    s = sched(spec=0)  # this engine's own setting: off
+    own = job("own", max_tokens=100)
+    own.speculate = 3
+    decoding(s, own)
+    assert s.schedule().runs[0].draft == 3
+    s = sched(spec=8)
+    off = job("off", max_tokens=100)
+    off.speculate = 0
+    decoding(s, off)
+    assert s.schedule().runs[0].draft == 0
+    s = sched(spec=8)
+    s.spec.supported = False  # a runtime that does not verify drafted rows: none, whatever asked
+    asks = job("asks", max_tokens=100)
+    asks.speculate = 4
+    decoding(s, asks)
+    assert s.schedule().runs[0].draft == 0
+
+
 def test_a_token_that_ends_the_job_drops_the_rest_of_the_run():
     s = sched(spec=4)
     j = decoding(s, job("a", max_tokens=20))
