@@ -1,7 +1,8 @@
 """How many draft tokens each decoding lane may have verified in a step (runtime/speculate.py
 drafts and verifies them).
 
-A lane gets up to `max_tokens` drafts, never more than its request may still produce or its
+A lane gets up to `max_tokens` drafts, scaled by the share of its recent drafts that were
+accepted, never more than its request may still produce or its
 window hold (counting drafts of steps still in flight), none while an interactive prompt
 prefills (verification rows would lengthen the steps a chat waits for), and none for a while
 after its drafts were mostly rejected: a lane whose text does not repeat stops paying for
@@ -9,6 +10,7 @@ rows it throws away, and tries again later."""
 
 from __future__ import annotations
 
+import math
 import weakref
 from dataclasses import dataclass
 
@@ -41,6 +43,10 @@ class SpecPolicy:
         lane = self._lanes.get(job)
         if lane is not None and step < lane.off_until:
             return 0
+        # as many rows as the lane's recent acceptance pays for: a row costs about a token
+        # here, so a lane whose drafts are half accepted gets half as many (at least one)
+        if lane is not None:
+            cap = max(1, math.ceil(cap * lane.rate))
         room = min(job.max_tokens - job.generated, n_ctx - job.planned_len) - 1 - in_flight
         return max(0, min(cap, room))
 

@@ -125,3 +125,12 @@ def test_propose_continues_the_most_recent_earlier_ngram():
     held.unknown(2, 3)
     held.fed(2, 3, (8, 9))
     assert held.draft(2, 8, 3) == []  # the restored prefix is unknown: nothing to look up
+
+
+def test_a_lane_gets_as_many_drafts_as_its_acceptance_pays_for():
+    s = sched(spec=8)
+    j = decoding(s, job("a", max_tokens=10_000))
+    plan = s.schedule()
+    assert plan.runs[0].draft == 8  # no history yet: the whole allowance
+    s.update(plan, StepResult(plan.step, (Sampled(j.seq, 11),), drafted=((j.seq, 8),)))  # none accepted
+    assert s.schedule().runs[0].draft == 6  # acceptance average 0.7 -> ceil(8 x 0.7)
