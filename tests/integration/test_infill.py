@@ -86,9 +86,8 @@ def test_input_extra_goes_before_the_prefix(daemon, tok):
     # SmolLM2 has a repo token (<reponame>) but no file separator: llama.cpp's plain snippets
     assert out["prompt"] == ("<reponame>myproject\n\n\n--- snippet ---\n\n" + extra[0]["text"] +
                              "<fim_prefix>" + PREFIX + "return<fim_suffix>" + SUFFIX + "<fim_middle>")
-    # far more extra text than the window (each file alone is more than the window, all of
-    # them ~75 windows): the last of it is kept, to leave n_predict tokens free
-    big = [{"filename": f"f{i}.py", "text": f"# file {i}\n" + "x = 1\n" * 300} for i in range(64)]
+    # far more extra text than the window: the last of it is kept, to leave n_predict tokens free
+    big = [{"filename": f"f{i}.py", "text": f"# file {i}\n" + "x = 1\n" * 3000} for i in range(64)]
     n = CTX - 256
     out = infill(daemon.url, input_prefix=PREFIX, input_suffix=SUFFIX, input_extra=big, n_predict=n,
                  temperature=0).json()
