@@ -93,6 +93,10 @@ class RpcNodes:
         if node.link.closed:
             writer.close()
             return
+        if not own_connection(writer):
+            log.warning("refused a connection to the stand-in for %s from another process", node.addr)
+            writer.close()
+            return
         sid = next(node.sids)
         node.link.send(m.RpcOpen(sid))
         node.tunnels.attach(sid, reader, writer)
@@ -161,3 +165,34 @@ def check_fits(model_bytes: int, offers: list[tuple[int, int]], parts: list[floa
         if free and model_bytes * share > free:
             raise ModelLoadError(f"{name} has {free >> 20} MiB free, less than its share of the model "
                                  f"({int(model_bytes * share) >> 20} MiB)")
+
+
+def own_connection(writer: asyncio.StreamWriter) -> bool:
+    """Is the loopback connection just accepted one of this process's own sockets (llama.cpp's
+    RPC client), not another local user's? A stand-in port tunnels to a node's RPC server,
+    which has no authentication of its own: only this worker may use it. Linux: the client
+    end's socket inode is among this process's descriptors. Elsewhere: True."""
+    try:
+        peer_port = writer.get_extra_info("peername")[1]
+        own_port = writer.get_extra_info("sockname")[1]
+        inode = None
+        with open("/proc/net/tcp") as f:
+            for line in f.readlines()[1:]:
+                parts = line.split()
+                local, remote = parts[1], parts[2]
+                if int(local.split(":")[1], 16) == peer_port and int(remote.split(":")[1], 16) == own_port:
+                    inode = parts[9]
+                    break
+        if inode is None:
+            return False
+        target = f"socket:[{inode}]"
+        return any(_link(f"/proc/self/fd/{fd}") == target for fd in os.listdir("/proc/self/fd"))
+    except (OSError, IndexError, TypeError, ValueError):
+        return not os.path.exists("/proc/net/tcp")
+
+
+def _link(path: str) -> str | None:
+    try:
+        return os.readlink(path)
+    except OSError:  # a descriptor closed meanwhile
+        return None
