@@ -218,6 +218,8 @@ def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Q
         if not any(body.model.lower() == m.lower() for m in models.sources) and not (
                 allow_model_paths and key is not None and key.admin):
             models.resolve_id(body.model)  # a path: the same answer as for an unknown id (nothing of the disk)
+        if body.reload and any(body.model.lower() == m.lower() for m in models.sources):
+            await models.unload(body.model)
         eng = await models.load(body.model)
         return _json(model_card(eng.model_id))
 

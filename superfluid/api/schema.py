@@ -117,6 +117,9 @@ class TokenizeRequest(_Body):
 
 class ModelRequest(_Body):
     model: str
+    # /v1/models/load: unload a loaded model first, so its worker starts afresh (a model split
+    # over llama.cpp RPC nodes takes in the nodes that answer now)
+    reload: bool = False
 
 
 class DetokenizeRequest(_Body):

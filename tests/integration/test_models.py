@@ -88,6 +88,17 @@ def test_idle_models_are_unloaded_but_never_the_default(d):
     assert not c["alpha"]["loaded"] and c[MODEL]["loaded"]
 
 
+def test_load_with_reload_starts_a_loaded_models_worker_afresh(d):
+    def pid() -> int:
+        return httpx.get(d.url + "/health", timeout=10).json()["models"][MODEL]["worker_pid"]
+    before = pid()
+    r = httpx.post(d.url + "/v1/models/load", json={"model": MODEL}, timeout=120)
+    assert r.status_code == 200 and pid() == before  # loaded already: nothing happens
+    r = httpx.post(d.url + "/v1/models/load", json={"model": MODEL.lower(), "reload": True}, timeout=120)
+    assert r.status_code == 200 and r.json()["id"] == MODEL
+    assert pid() != before and chat(d, MODEL).status_code == 200
+
+
 def test_a_path_is_no_model_without_allow_model_paths(d, tmp_path):
     """Only --model and --model-dir models load by default; a path (a real model, a file that
     is not one, nothing at all) gets the answer an unknown id gets, so nothing of the disk

@@ -190,15 +190,14 @@ def test_a_node_killed_mid_stream_is_a_typed_error_then_the_model_serves_on_what
 
 def test_a_restarted_node_takes_its_cached_tensors_instead_of_receiving_them(split, token):
     """b was killed above; it comes back on its port with its home (and tensor cache), and a
-    reload of the model (admin unload + load) takes it into the split again."""
+    reload of the model (admin `/v1/models/load` with `reload`) takes it into the split again."""
     head, a, b, rec = split
     cache = os.path.join(b.home, "rpc-cache")
     assert os.listdir(cache)  # b kept the tensors over 10 MiB it was sent
     back = Node("--rpc", "--listen", f"0.0.0.0:{b.port}", auth_file=token, port=b.port, home=b.home)
     try:
-        for verb in ("unload", "load"):
-            r = httpx.post(f"{head.url}/v1/models/{verb}", json={"model": MODEL}, timeout=180)
-            assert r.status_code == 200, r.text
+        r = httpx.post(f"{head.url}/v1/models/load", json={"model": MODEL, "reload": True}, timeout=180)
+        assert r.status_code == 200, r.text
         greedy(head, n=4)
         got = status(back, psk_of(token))["rpc"]["bytes_in"]
         cached = sum(os.path.getsize(os.path.join(cache, f)) for f in os.listdir(cache))
