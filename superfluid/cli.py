@@ -297,6 +297,9 @@ def _serve(args: argparse.Namespace) -> int:
 def _node(args: argparse.Namespace) -> int:
     from .fleet_cli import node_serve
     from .runtime.registry import resolve
+    if getattr(args, "rpc", False) and getattr(args, "stage", False):
+        print("superfluid: --rpc and --stage are two kinds of node: pick one", file=sys.stderr)
+        return 2
     head = getattr(args, "head", None)
     if head is not None and args.model is None and (head.endswith(".gguf") or os.path.isfile(head)):
         args.model, head = head, None  # `node join MODEL`: the head is found by mDNS
