@@ -149,3 +149,11 @@ def test_a_worker_gets_its_settings_in_hello_and_reports_why_it_cannot_load():
         assert not w.alive and e.value.code == "worker_crashed"  # no code of its own: the default
         return e.value.message
     assert "unknown runtime no-such-runtime" in asyncio.run(start())
+
+
+def test_the_worker_runs_its_threads_waiting_passively(d):
+    """The worker's environment holds OMP_WAIT_POLICY=PASSIVE (its OpenMP threads sleep at a
+    barrier: with every core in use, a spinning thread would stall behind a busy core)."""
+    with open(f"/proc/{d.worker_pid()}/environ", "rb") as f:
+        env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+    assert env.get(b"OMP_WAIT_POLICY") == b"PASSIVE"
