@@ -38,7 +38,6 @@ DIAL_TIMEOUT = 5.0
 class RpcNode:
     addr: str
     link: Link
-    offer: dict  # HELLO_ACK's rpc: {free, total, threads}
     tunnels: Tunnels
     server: asyncio.Server | None = None
     port: int = 0
@@ -82,7 +81,7 @@ class RpcNodes:
             link.close()
             self.refused.append(f"{addr}: not an RPC node (start it with `superfluid node serve --rpc`)")
             return None
-        node = RpcNode(addr, link, dict(ack.rpc), Tunnels(link))
+        node = RpcNode(addr, link, Tunnels(link))
         node.server = await asyncio.start_server(lambda r, w: self._on_local(node, r, w), "127.0.0.1", 0)
         node.port = node.server.sockets[0].getsockname()[1]
         asyncio.ensure_future(self._serve(node))
