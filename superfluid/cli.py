@@ -17,7 +17,7 @@ from .llama_flags import add_flags as add_llama_flags, apply_flags as apply_llam
 from . import sampling_defaults
 from .errors import ModelLoadError, SuperfluidError
 from .request import Qos
-from .cli_flags import _class_lanes, _engine_flags, _hostport, _hostports, _positive, _proportions, _qos  # noqa: F401
+from .cli_flags import _class_lanes, _engine_flags, _hostport, _hostports, _positive, _proportions, _qos, _rpc_nodes  # noqa: F401
 
 
 def parser() -> argparse.ArgumentParser:
@@ -56,7 +56,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--fleet-grace", type=float, default=1.0, metavar="S", help="a gone node's generations move to another node after S seconds (default 1)")
     s.add_argument("--pipeline", type=_hostports, default=(), metavar="HOST:PORT,...", help="run the model split by layers over these stage nodes (superfluid node serve --stage), in layer order; needs superfluid[hf] on the stages")
     s.add_argument("--pipeline-spares", type=_hostports, default=(), metavar="HOST:PORT,...", help="stage nodes that take the place of a lost stage; requests running on the pipeline then continue after a re-prefill")
-    s.add_argument("--rpc-nodes", type=_hostports, default=(), metavar="HOST:PORT,...", help="split the GGUF by layers over this host's CPU and these llama.cpp RPC nodes (superfluid node serve --rpc), over Link F; weights stay quantized")
+    s.add_argument("--rpc-nodes", type=_rpc_nodes, default=((), ()), metavar="HOST:PORT|NAME|auto,...", help="split the GGUF by layers over this host's CPU and these llama.cpp RPC nodes, over Link F (weights stay quantized): HOST:PORT is dialed (superfluid node serve --rpc); NAME is the node that joins under that --name, auto every node that joins (superfluid node join --rpc; needs --fleet-listen)")
     s.add_argument("--rpc-split", type=_proportions, default=(), metavar="P,P,...", help="the layers' proportions: this host first, then each --rpc-nodes node (default: by each one's free memory)")
     s.add_argument("--pipeline-split", choices=("even", "memory"), default="even", help="how the stages share the layers: evenly (default) or in proportion to the memory each reports")
     s.add_argument("--fleet-local", action="store_true", help="this head also serves its default model as one of the fleet's nodes")
@@ -88,6 +88,7 @@ def parser() -> argparse.ArgumentParser:
     nj.add_argument("--lease", type=float, default=10.0, metavar="S", help="a head silent for S seconds loses its generations here (default 10)")
     nj.add_argument("--name", help="this node's name in the fleet (default: the host name); a node that joins again under its name gets its generations back")
     nj.add_argument("--mdns-interface", metavar="IP", help="look for heads by mDNS on the interface with this address only (default: all)")
+    nj.add_argument("--rpc", action="store_true", help="offer this host's CPU and memory to the head, which splits a GGUF over the nodes that join (serve --rpc-nodes auto or NAME --fleet-listen), through llama.cpp's RPC engine inside Link F")
     _engine_flags(nj)
     la = sub.add_parser("launch", help="start a coding agent pointed at this server (serving first if needed)")
     la.add_argument("agent", nargs="?", help="claude, codex, opencode or ollama; none: list them")
@@ -225,19 +226,17 @@ def _serve(args: argparse.Namespace) -> int:
     if args.fleet_listen and args.fleet_auth is None and not is_loopback_host(args.fleet_listen[0]):
         print("superfluid: --fleet-listen off loopback needs --fleet-auth (a fleet token)", file=sys.stderr)
         return 2
-    if sum(map(bool, (args.pipeline, args.fleet or args.fleet_listen, args.rpc_nodes))) > 1:
+    rpc_dialed, rpc_names = args.rpc_nodes
+    rpc = bool(rpc_dialed or rpc_names)
+    if sum(map(bool, (args.pipeline, args.fleet or (args.fleet_listen and not rpc), rpc))) > 1:
         print("superfluid: --pipeline, --rpc-nodes and --fleet/--fleet-listen are ways to serve the model: pick one",
               file=sys.stderr)
         return 2
-    if args.rpc_nodes and ec.runtime != "llamacpp":
-        print("superfluid: --rpc-nodes splits a GGUF on llama.cpp; for a Hugging Face model use --pipeline",
-              file=sys.stderr)
-        return 2
-    if args.pipeline or args.rpc_nodes:
-        from .fleet_cli import read_token
+    if args.pipeline or rpc:
+        from .fleet_cli import read_token, rpc_engine
         flag = "--pipeline stages" if args.pipeline else "--rpc-nodes"
         if args.fleet_auth is None and not all(is_loopback_host(h) for h, _ in
-                                               args.pipeline + args.pipeline_spares + args.rpc_nodes):
+                                               args.pipeline + args.pipeline_spares + rpc_dialed):
             print(f"superfluid: {flag} off loopback need --fleet-auth (a fleet token): the link would be "
                   "plaintext", file=sys.stderr)
             return 2
@@ -246,20 +245,16 @@ def _serve(args: argparse.Namespace) -> int:
         except (OSError, ValueError) as e:
             print(f"superfluid: cannot read --fleet-auth: {e}", file=sys.stderr)
             return 2
-        if args.rpc_nodes:
-            from .runtime.rpc import RpcUnavailable, library
-            try:
-                library()  # a llama-cpp-python built without RPC: say so now, with the fix
-            except RpcUnavailable as e:
-                print(f"superfluid: {e.message}", file=sys.stderr)
-                return 2
-            cfg = replace(cfg, engine=replace(ec, rpc_nodes=tuple(args.rpc_nodes), stage_psk=psk,
-                                              rpc_split=tuple(args.rpc_split)))
+        if rpc:
+            got = rpc_engine(ec, args, psk)
+            if isinstance(got, int):
+                return got
+            cfg = replace(cfg, engine=got, fleet_psk=psk, fleet_listen=None)  # RPC nodes join the worker
         else:
             cfg = replace(cfg, engine=replace(ec, runtime="pipeline", stages=tuple(args.pipeline), stage_psk=psk,
                                               stage_split=args.pipeline_split,
                                               stage_spares=tuple(args.pipeline_spares)))
-    if args.fleet or args.fleet_listen:
+    if args.fleet or (args.fleet_listen and not rpc):
         from .fleet_cli import read_token
         if args.fleet_auth is None and not all(is_loopback_host(h) for h, _ in args.fleet):
             print("superfluid: --fleet nodes off loopback need --fleet-auth (a fleet token): the link would be "
@@ -315,13 +310,14 @@ def _node(args: argparse.Namespace) -> int:
         from .fleet_cli import node_join
         if head is None:
             return node_join(ec, None, 0, args.token, args.auth_file, args.lease, mdns_interface=args.mdns_interface,
-                             name=args.name)
+                             name=args.name, rpc=args.rpc)
         try:
             head_host, head_port = _hostport(head)
         except argparse.ArgumentTypeError as e:
             print(f"superfluid: {e}", file=sys.stderr)
             return 2
-        return node_join(ec, head_host, head_port, args.token, args.auth_file, args.lease, name=args.name)
+        return node_join(ec, head_host, head_port, args.token, args.auth_file, args.lease, name=args.name,
+                         rpc=args.rpc)
     host, port = args.listen
     return node_serve(ec, host, port, args.auth_file, args.lease, name=args.name, stage=args.stage, rpc=args.rpc)
 

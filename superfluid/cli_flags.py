@@ -27,6 +27,28 @@ def _hostports(s: str) -> tuple[tuple[str, int], ...]:
     return tuple(_hostport(x.strip()) for x in s.split(",") if x.strip())
 
 
+NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+
+
+def _rpc_nodes(s: str) -> tuple[tuple[tuple[str, int], ...], tuple[str, ...]]:
+    """--rpc-nodes: HOST:PORT entries are dialed; `auto` takes every RPC node that joins
+    (`node join --rpc`), a NAME the node that joins under that --name."""
+    dialed: list[tuple[str, int]] = []
+    names: list[str] = []
+    for x in (x.strip() for x in s.split(",")):
+        if not x:
+            continue
+        if ":" in x:
+            dialed.append(_hostport(x))
+        elif set(x) <= NAME_CHARS and len(x) <= 64:
+            names.append(x)
+        else:
+            raise argparse.ArgumentTypeError(f"{x!r}: expected HOST:PORT, a node's name, or auto")
+    if not dialed and not names:
+        raise argparse.ArgumentTypeError("expected HOST:PORT, a node's name, or auto")
+    return tuple(dialed), tuple(dict.fromkeys(names))
+
+
 def _proportions(s: str) -> tuple[float, ...]:
     try:
         out = tuple(float(x) for x in s.split(",") if x.strip())

@@ -55,6 +55,8 @@ class EngineConfig:
     stage_split: str = "even"  # pipeline: layers split evenly or by the memory each stage reports
     rpc_nodes: tuple = ()  # llama.cpp RPC nodes (host, port) the GGUF is split over (stage_psk: their token)
     rpc_split: tuple = ()  # the layers' proportions: this host's CPU first, then each node (): by memory
+    rpc_names: tuple = ()  # RPC nodes that join (node join --rpc) by --name; "auto": every one that joins
+    rpc_listen_fd: int = -1  # the socket they join on (--fleet-listen), inherited by each worker
     pooling: str | None = None  # embeddings on llama.cpp: mean, cls or last (None: the GGUF's, else mean)
     matryoshka: bool = False  # embeddings may be cut to `dimensions` (a model trained for it)
     kv_dir: str = ""  # the disk tier of the KV cache ("": none); each model file gets its own folder in it

@@ -132,6 +132,18 @@ def build_fleet_engine(cfg: ServeConfig, store: Store, log: SessionLog | None = 
     return build
 
 
+async def advertise_rpc(cfg: ServeConfig):
+    """Where RPC nodes join (`serve --rpc-nodes auto|NAME --fleet-listen`), on mDNS, so
+    `node join --rpc` finds this head without its address."""
+    fd = cfg.engine.rpc_listen_fd
+    if fd < 0 or not cfg.fleet_mdns:
+        return None
+    from .fleet.discovery import Advertiser
+    with socket.socket(fileno=os.dup(fd)) as s:
+        host, port = s.getsockname()[:2]
+    return await Advertiser.start(host, port, cfg.fleet_psk)
+
+
 async def serve(cfg: ServeConfig, sock: socket.socket, store: Store) -> None:
     sessions = Sessions(store, grace=cfg.resume_grace)  # every engine commits to it (delivery.SessionLog)
 
@@ -141,6 +153,7 @@ async def serve(cfg: ServeConfig, sock: socket.socket, store: Store) -> None:
         return build_engine(ec, sessions)
 
     build = build_fleet_engine(cfg, store, sessions) if cfg.fleet or cfg.fleet_listen else build_local
+    advert = await advertise_rpc(cfg)  # before the model loads: its worker waits for nodes to join
     models = Models(cfg.engine, build, idle_timeout=cfg.idle_timeout)
     models.sessions = sessions
     models.service = Service(sessions)
@@ -157,6 +170,8 @@ async def serve(cfg: ServeConfig, sock: socket.socket, store: Store) -> None:
             await models.load(src.id)
     except BaseException:
         await models.close()
+        if advert is not None:
+            await advert.close()
         raise
     models.announce = True
     engines = models.engines
@@ -196,6 +211,8 @@ async def serve(cfg: ServeConfig, sock: socket.socket, store: Store) -> None:
         await server.serve(sockets=[sock])
     finally:
         reaper.cancel()
+        if advert is not None:
+            await advert.close()
         if monitor is not None:
             monitor.stop()
         await models.close()

@@ -49,7 +49,8 @@ class Engine(EngineBase):
         self.spec = WorkerSpec(cfg.model_path, cfg.slots, n_ctx, cfg.threads, cfg.step_tokens, runtime=cfg.runtime,
                                stages=cfg.stages, spares=cfg.stage_spares, stage_psk=cfg.stage_psk,
                                split=cfg.stage_split, pooling=cfg.pooling, kv_dir=cfg.kv_dir,
-                               kv_disk_mb=cfg.kv_disk_mb, rpc_nodes=cfg.rpc_nodes, rpc_split=cfg.rpc_split)
+                               kv_disk_mb=cfg.kv_disk_mb, rpc_nodes=cfg.rpc_nodes, rpc_split=cfg.rpc_split,
+                               rpc_names=cfg.rpc_names, rpc_listen_fd=cfg.rpc_listen_fd)
         self.worker: WorkerProcess | None = None
         self._new_worker = worker_factory  # a process; tests pass an in-process worker with its face
         self.sched = Scheduler(lanes=cfg.max_batch, n_ctx=n_ctx, step_tokens=cfg.step_tokens,

@@ -9,7 +9,9 @@ import logging
 import os
 import secrets
 import signal
+import socket
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from .config import EngineConfig, home
@@ -44,8 +46,44 @@ def read_token(path: str) -> bytes:
     return psk_of(text)
 
 
+def rpc_engine(ec: EngineConfig, args, psk: bytes | None) -> EngineConfig | int:
+    """The default model's engine split over llama.cpp RPC nodes (`serve --rpc-nodes`): the
+    nodes to dial, the names (or `auto`) of nodes that join, and the socket they join on
+    (--fleet-listen), bound here and handed to each worker, which accepts them itself."""
+    from .runtime.rpc import RpcUnavailable, library
+    dialed, names = args.rpc_nodes
+    if ec.runtime != "llamacpp":
+        print("superfluid: --rpc-nodes splits a GGUF on llama.cpp; for a Hugging Face model use --pipeline",
+              file=sys.stderr)
+        return 2
+    if names and args.fleet_listen is None:
+        print(f"superfluid: --rpc-nodes {','.join(names)}: nodes that join (superfluid node join --rpc) need "
+              "--fleet-listen HOST:PORT to join at", file=sys.stderr)
+        return 2
+    try:
+        library()  # a llama-cpp-python built without RPC: say so now, with the fix
+    except RpcUnavailable as e:
+        print(f"superfluid: {e.message}", file=sys.stderr)
+        return 2
+    fd = -1
+    if args.fleet_listen is not None:
+        host, port = args.fleet_listen
+        try:
+            sock = socket.create_server((host, port), reuse_port=False)
+        except OSError as e:
+            print(f"superfluid: cannot listen on {host}:{port} (--fleet-listen): {e.strerror}", file=sys.stderr)
+            return 1
+        _KEEP.append(sock)  # open for the daemon's life: workers come and go, joins queue meanwhile
+        fd = sock.fileno()
+    return replace(ec, rpc_nodes=tuple(dialed), rpc_names=tuple(names), rpc_listen_fd=fd, stage_psk=psk,
+                   rpc_split=tuple(args.rpc_split))
+
+
+_KEEP: list[socket.socket] = []
+
+
 def node_join(ec: EngineConfig, host: str | None, port: int, token: str | None, auth_file: str | None,
-              lease_s: float, *, mdns_interface: str | None = None, name: str | None = None) -> int:
+              lease_s: float, *, mdns_interface: str | None = None, name: str | None = None, rpc: bool = False) -> int:
     """A node that dials the head (which still initiates the secure channel); without a
     host, the head is found by mDNS (a head of the same fleet token)."""
     if token is None and auth_file is None and host is not None and not is_loopback_host(host):
@@ -58,7 +96,10 @@ def node_join(ec: EngineConfig, host: str | None, port: int, token: str | None, 
         print(f"superfluid: cannot read --auth-file: {e}", file=sys.stderr)
         return 2
     try:
-        asyncio.run(_node(ec, host, port, psk, lease_s, join=True, mdns_interface=mdns_interface, name=name))
+        if rpc:
+            asyncio.run(_rpc(ec, host, port, psk, lease_s, name, join=True, mdns_interface=mdns_interface))
+        else:
+            asyncio.run(_node(ec, host, port, psk, lease_s, join=True, mdns_interface=mdns_interface, name=name))
     except SuperfluidError as e:
         print(f"superfluid: {e.message}", file=sys.stderr)
         return 1
@@ -112,24 +153,48 @@ async def _stage(ec: EngineConfig, host: str, port: int, psk: bytes | None, name
     node.close()
 
 
-async def _rpc(ec: EngineConfig, host: str, port: int, psk: bytes | None, lease_s: float, name: str | None) -> None:
+async def _rpc(ec: EngineConfig, host: str | None, port: int, psk: bytes | None, lease_s: float, name: str | None,
+               *, join: bool = False, mdns_interface: str | None = None) -> None:
     """A llama.cpp RPC node: no model of its own, the layers heads place here. Its ggml
     server computes in this process: its threads wait passively (config.THREAD_ENV), set
-    before llama.cpp's OpenMP runtime loads and reads it."""
+    before llama.cpp's OpenMP runtime loads and reads it. With `join` it dials the head
+    (`node join --rpc`; the head's --rpc-nodes names it, or says auto)."""
     from .config import THREAD_ENV, home
     for k, v in THREAD_ENV.items():
         os.environ.setdefault(k, v)
     from .fleet.rpc_node import RpcNodeServer
     node = RpcNodeServer(psk, str(home() / "rpc-cache"), threads=ec.threads, node_id=name, lease_s=lease_s)
-    server = await node.serve(host, port)
-    bound = server.sockets[0].getsockname()
     offer = node.offer()
-    print(f"superfluid node {node.node_id}: serving llama.cpp RPC ({offer['free'] >> 20} MiB free, "
-          f"{node.threads} thread{'s' if node.threads != 1 else ''}) on {bound[0]}:{bound[1]} "
-          f"({'encrypted' if psk else 'plaintext, loopback only'})", flush=True)
+    what = (f"serving llama.cpp RPC ({offer['free'] >> 20} MiB free, "
+            f"{node.threads} thread{'s' if node.threads != 1 else ''})")
+    crypto = "encrypted" if psk else "plaintext, loopback only"
+    server = joining = None
+    if join:
+        joining = asyncio.create_task(node.join(host, port, find=_finder(psk, host, mdns_interface)))
+        where = f"the head at {host}:{port}" if host else "a head found by mDNS"
+        print(f"superfluid node {node.node_id}: {what} to {where} ({crypto})", flush=True)
+    else:
+        assert host is not None
+        server = await node.serve(host, port)
+        bound = server.sockets[0].getsockname()
+        print(f"superfluid node {node.node_id}: {what} on {bound[0]}:{bound[1]} ({crypto})", flush=True)
     await _until_signal()
-    server.close()
+    if joining is not None:
+        joining.cancel()
+    if server is not None:
+        server.close()
     node.close()
+
+
+def _finder(psk: bytes | None, host: str | None, interface: str | None):
+    """How a joining node finds its head: by mDNS when no address is given."""
+    if host is not None:
+        return None
+    from .fleet.discovery import discover
+
+    async def find():
+        return await discover(psk, interface=interface)
+    return find
 
 
 async def _until_signal() -> None:
@@ -152,13 +217,7 @@ async def _node(ec: EngineConfig, host: str | None, port: int, psk: bytes | None
         node = NodeServer(engine, psk, lease_s=lease_s, node_id=name)
         how = f"{'encrypted' if psk else 'plaintext, loopback only'}; {ec.max_batch} lanes x {engine.n_ctx} tokens"
         if join:
-            find = None
-            if host is None:
-                from .fleet.discovery import discover
-
-                async def find():
-                    return await discover(psk, interface=mdns_interface)
-            joining = asyncio.create_task(node.join(host, port, find=find))
+            joining = asyncio.create_task(node.join(host, port, find=_finder(psk, host, mdns_interface)))
             where = f"the head at {host}:{port}" if host else "a head found by mDNS"
             print(f"superfluid node {node.node_id}: serving {engine.model_id} to {where} ({how})", flush=True)
         else:

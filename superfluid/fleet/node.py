@@ -45,6 +45,8 @@ class _Head:
 
 
 class NodeServer:
+    REDIAL_MAX = 5.0  # a joining node dials its head again at most this many seconds apart
+
     def __init__(self, engine, psk: bytes | None, *, node_id: str | None = None, lease_s: float = 10.0):
         self.engine = engine
         self.psk = psk
@@ -115,7 +117,7 @@ class NodeServer:
                 if not heads:
                     log.info("no head of this fleet answers on mDNS; looking again")
                     await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, 5.0)
+                    backoff = min(backoff * 2, self.REDIAL_MAX)
                     continue
                 # a head may advertise several addresses (one per interface): try them in turn
                 pick = heads[turn % len(heads)] if (host, port) in heads else heads[0]
@@ -131,7 +133,7 @@ class NodeServer:
                 log.info("head %s:%d not reachable (%s); retrying", host, port, getattr(e, "strerror", None) or e)
                 failures += 1
                 await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                backoff = min(backoff * 2, self.REDIAL_MAX)
                 continue
             got = await self._handshake(reader, writer)
             if got is not None:
@@ -140,7 +142,7 @@ class NodeServer:
             else:
                 failures += 1
             await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 5.0)
+            backoff = min(backoff * 2, self.REDIAL_MAX)
 
     async def _session(self, link: Link, instance: str = "") -> None:
         head = _Head(link, instance)

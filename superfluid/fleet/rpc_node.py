@@ -36,6 +36,8 @@ def free_port() -> int:
 
 
 class RpcNodeServer(NodeServer):
+    REDIAL_MAX = 1.0  # a head's new worker (a reload) waits for its joined nodes about this long
+
     def __init__(self, psk: bytes | None, cache_dir: str, *, threads: int = 1, node_id: str | None = None,
                  lease_s: float = 10.0):
         super().__init__(None, psk, node_id=node_id, lease_s=lease_s)

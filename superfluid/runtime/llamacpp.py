@@ -71,15 +71,15 @@ def split_params(path: str, nodes, split: list[float]):
 class LlamaCppRuntime(Runtime):
     def __init__(self, path: str, *, lanes: int, n_ctx: int, threads: int, batch_tokens: int,
                  pooling: str | None = None, rpc_nodes: list | None = None, rpc_psk: bytes | None = None,
-                 rpc_split: list[float] | None = None):
+                 rpc_split: list[float] | None = None, rpc_names: list[str] | None = None, rpc_listen_fd: int = -1):
         super().__init__()
         quiet_llama_logs()
         ll.llama_backend_init()
         self.rpc = None  # the RPC nodes the model is split over (runtime/rpc_link.py)
         params = model_params()
-        if rpc_nodes:
+        if rpc_nodes or rpc_names:
             from .rpc_link import RpcNodes
-            self.rpc = RpcNodes(rpc_nodes, rpc_psk)
+            self.rpc = RpcNodes(rpc_nodes or [], rpc_psk, names=rpc_names or [], listen_fd=rpc_listen_fd)
             try:
                 params = split_params(path, self.rpc, rpc_split or [])
             except BaseException:

@@ -56,7 +56,8 @@ class WorkerProcess:
     async def start(self) -> ModelInfo:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         cmd = [sys.executable, "-m", "superfluid.worker.main", "--fd", str(child.fileno())]
-        self.proc = subprocess.Popen(cmd, pass_fds=[child.fileno()], stdin=subprocess.DEVNULL, env=worker_env())
+        fds = [child.fileno()] + ([self.spec.rpc_listen_fd] if self.spec.rpc_listen_fd >= 0 else [])  # RPC joins
+        self.proc = subprocess.Popen(cmd, pass_fds=fds, stdin=subprocess.DEVNULL, env=worker_env())
         child.close()
         self._link = await Link.over(parent, LINK_W)
         try:

@@ -14,10 +14,12 @@ from .daemon import free_port
 
 class Node:
     def __init__(self, *args: str, max_context: int = 1024, auth_file: str | None = None, home: str | None = None,
-                 port: int | None = None):
+                 port: int | None = None, join: str | None = None):
+        """`node serve` on a loopback port, or with `join` (the head's HOST:PORT) `node join`."""
         self.port = port or free_port()
         self.home = home or tempfile.mkdtemp(prefix="superfluid-node-")
-        cmd = [sys.executable, "-m", "superfluid.cli", "node", "serve", "--listen", f"127.0.0.1:{self.port}",
+        how = ["join", join] if join else ["serve", "--listen", f"127.0.0.1:{self.port}"]
+        cmd = [sys.executable, "-m", "superfluid.cli", "node", *how,
                "--threads", "1", "--max-context", str(max_context), *args]
         if auth_file:
             cmd += ["--auth-file", auth_file]

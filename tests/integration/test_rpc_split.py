@@ -4,7 +4,8 @@ the split serves the greedy text of one machine; each node holds a share of the 
 weights; the bytes between head and node are Noise ciphertext; the nodes' RPC ports are
 bound to loopback only; a wrong token gets nothing; a node killed mid-stream is a typed
 error and the model comes back on the devices that remain; a restarted node takes the
-tensors it cached instead of receiving them again."""
+tensors it cached instead of receiving them again; nodes that join (`node join --rpc`) are
+taken in by name or `auto`, and one that joins late by a reload."""
 
 from __future__ import annotations
 
@@ -206,3 +207,35 @@ def test_a_restarted_node_takes_its_cached_tensors_instead_of_receiving_them(spl
         assert 0 < got < FIRST["b"] - 0.9 * cached, (got, FIRST["b"], cached)
     finally:
         back.stop()
+
+
+def cached(node: Node) -> int:
+    """Bytes of tensors the node keeps in its cache (ggml's server saves those over 10 MiB it
+    is sent: here the 30 MB output tensor, which the split's last device holds)."""
+    cache = os.path.join(node.home, "rpc-cache")
+    return sum(os.path.getsize(os.path.join(cache, f)) for f in os.listdir(cache)) if os.path.isdir(cache) else 0
+
+
+def test_nodes_that_join_are_split_over_by_name_and_auto_and_a_late_one_after_a_reload(token, alone):
+    """`serve --rpc-nodes j1,auto --fleet-listen`: j1 joins before the head starts and is
+    waited for by name; j2 joins once the model is loaded, is held out of the split, and a
+    reload takes it in as the last device (its name sorts after j1's)."""
+    port = free_port()
+    j1 = Node("--rpc", "--name", "j1", auth_file=token, join=f"127.0.0.1:{port}")
+    head = j2 = None
+    try:
+        head = Daemon("--rpc-nodes", "j1,auto", "--fleet-listen", f"127.0.0.1:{port}", "--fleet-auth", token,
+                      "--no-mdns", "--sessions-cache", max_batch=2)
+        assert greedy(head) == greedy(alone)
+        assert cached(j1) > 10 << 20  # j1 is the last device: it holds the output tensor
+        j2 = Node("--rpc", "--name", "j2", auth_file=token, join=f"127.0.0.1:{port}")
+        time.sleep(1.5)  # it joins at once; the loaded split goes on without it
+        assert cached(j2) == 0 and greedy(head, n=4)
+        r = httpx.post(f"{head.url}/v1/models/load", json={"model": MODEL, "reload": True}, timeout=180)
+        assert r.status_code == 200, r.text
+        assert greedy(head) == greedy(alone)
+        assert cached(j2) > 10 << 20  # now the last device
+    finally:
+        for p in (head, j2, j1):
+            if p is not None:
+                p.stop()
