@@ -53,16 +53,35 @@ def chat_prompt(engine, messages: list[dict], *, tools: list | None = None, tool
     msgs, extra = fmt.render(messages, use_tools)
     kwargs = {**(template_kwargs or {}), **extra}
     bodies, prompt = prelude(engine, msgs, **kwargs)
+    opener = context_text(engine.tokenizer, list(bodies[-1].span)) if bodies else ""
+    # a structured dialect (Harmony, Functionary, Granite) reads every reply, tools or not
+    channels = spec_for(fmt if use_tools or fmt.structured else None, engine.reasoning, opener)
     # the dialect's markers as the model's special tokens where its vocabulary has them
     lits = gr.Literals.of(engine.tokenizer, fmt.markers, engine.reasoning or ()) if use_tools else gr.PLAIN
-    if mode == "required":  # calls in the model's dialect from the first token
+    if mode == "required":  # calls in the model's dialect, after the model's reasoning if it reasons
+        lits = lits.thinking(forced_thinking(engine, channels, kwargs, opener))
         grammar = fmt.calls_grammar(use_tools, name, parallel=parallel_tool_calls, lazy=False, lits=lits)
     elif mode == "auto" and use_tools and not grammar:  # text, or calls once the model opens one
         grammar = fmt.calls_grammar(use_tools, None, parallel=parallel_tool_calls, lazy=True, lits=lits)
-    opener = context_text(engine.tokenizer, list(bodies[-1].span)) if bodies else ""
-    # a structured dialect (Harmony, Functionary, Granite) reads every reply, tools or not
-    return ChatPrompt(bodies, prompt, spec_for(fmt if use_tools or fmt.structured else None, engine.reasoning, opener),
-                      grammar)
+    return ChatPrompt(bodies, prompt, channels, grammar)
+
+
+def forced_thinking(engine, channels: ChannelSpec, kwargs: dict, opener: str) -> gr.Thinking | None:
+    """The reasoning block a forced call may follow: between the template's reasoning markers
+    (inside it from the first token when the assistant opener opened it), or the dialect's
+    own (Harmony's analysis message) when the template is of the dialect's family (not one a
+    --tool-dialect put on another family's model). None when the request turns reasoning off
+    (`enable_thinking` / `thinking` false) or the opener already closed the block (Qwen 3's
+    empty `<think></think>` when thinking is off)."""
+    if kwargs.get("enable_thinking") is False or kwargs.get("thinking") is False:
+        return None
+    if channels.reasoning is not None:
+        opn, close = channels.reasoning
+        if opener.rstrip().endswith(close):
+            return None
+        return gr.Thinking(opn, close, inside=channels.start_in_reasoning)
+    fmt = engine.tool_format
+    return fmt.reasoning_block if fmt.reasoning_block is not None and fmt.detect(engine.template.source) else None
 
 
 def response_format_grammar(fmt: object, param: str = "response_format") -> str:

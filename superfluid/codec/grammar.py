@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Protocol
 
 from llguidance import LLMatcher
@@ -125,6 +126,19 @@ class SpecialTokens(Protocol):
     def special_id(self, text: str) -> int | None: ...
 
 
+@dataclass(frozen=True, slots=True)
+class Thinking:
+    """A reasoning block a forced call grammar lets the model write before its call: `open`,
+    any text, `close`, then (with `gap`) optional whitespace. `inside`: the template's
+    assistant opener already wrote `open`, so the reply starts in the block and must close it
+    (DeepSeek R1's). Harmony's is its analysis message (the dialect's
+    `reasoning_block`)."""
+    open: str
+    close: str
+    inside: bool = False
+    gap: bool = True
+
+
 class Literals:
     """Text as a lark expression for one model's vocabulary: the one owner of "marker →
     grammar literal". A marker the vocabulary holds as one special token (Vocab.special_id:
@@ -132,11 +146,14 @@ class Literals:
     (`<[151657]>`): llguidance never matches a special token against quoted text, so a quoted
     marker would make the model spell it byte by byte. Everything else is a string literal.
     `free`: the special tokens a lazy grammar's free text may hold (the reasoning markers:
-    free text is a lexeme, and a lexeme cannot hold a special token)."""
+    free text is a lexeme, and a lexeme cannot hold a special token). `think`: the reasoning
+    block a forced call may follow (None: the call from the first token; see `thinking`)."""
 
-    def __init__(self, tokens: Mapping[str, int] | None = None, free: Iterable[int] = ()):
+    def __init__(self, tokens: Mapping[str, int] | None = None, free: Iterable[int] = (),
+                 think: Thinking | None = None):
         self.tokens = {m: t for m, t in (tokens or {}).items() if m}
         self.free = tuple(sorted(set(free)))
+        self.think = think
         longest = sorted(self.tokens, key=len, reverse=True)
         self._split = re.compile("(" + "|".join(map(re.escape, longest)) + ")") if longest else None
 
@@ -149,9 +166,17 @@ class Literals:
         tokens = {m: t for m, t in found.items() if t is not None}
         return cls(tokens, (tokens[m] for m in free if m in tokens))
 
+    def thinking(self, think: Thinking | None) -> Literals:
+        """These literals, with `think` as the reasoning block a forced call may follow."""
+        return Literals(self.tokens, self.free, think)
+
     def token(self, text: str) -> int | None:
         """The special token `text` is (None: it is text)."""
         return self.tokens.get(text)
+
+    def starts_special(self, text: str) -> bool:
+        """`text` starts with a marker that is a special token."""
+        return any(text.startswith(m) for m in self.tokens)
 
     def __call__(self, text: str) -> str:
         """A lark sequence that is `text` ("" for none): its markers as tokens, the rest quoted."""

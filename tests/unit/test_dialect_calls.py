@@ -99,11 +99,29 @@ def test_with_parallel_calls_one_call_or_more(name):
     assert not accepts(g, "Sure. " + EXAMPLES[name])  # forced: calls from the first token
 
 
-def test_harmony_has_no_lazy_form_and_one_call_per_turn():
-    # its free text is special-token markup a lazy lexeme cannot hold: auto stays unconstrained
-    assert grammar("harmony", parallel=True, lazy=True) == ""
+HARMONY_NEXT = "<|end|><|start|>assistant"
+HARMONY_THINK = "<|channel|>analysis<|message|>The user wants the weather." + HARMONY_NEXT
+
+
+def test_harmony_auto_is_free_until_a_call_is_opened_and_one_call_per_turn():
+    # markers as text (--tool-dialect harmony on another family's model; test_special_markers
+    # has gpt-oss's special tokens): free text up to <|start|>assistant<|channel|>commentary
+    # to=functions., or a call from the first token
+    for parallel in (False, True):
+        g = grammar("harmony", parallel=parallel, lazy=True)
+        assert accepts(g, "The weather is fine.") and accepts(g, HARMONY_THINK + "<|channel|>final<|message|>Fine.")
+        assert accepts(g, HARMONY_THINK + EXAMPLES["harmony"]) and accepts(g, EXAMPLES["harmony"])
+        assert not is_prefix(g, HARMONY_THINK + "<|channel|>commentary to=functions.get_weather <|constrain|>"
+                                                "json<|message|>hello")
+        assert not accepts(g, HARMONY_THINK + EXAMPLES["harmony"].replace("get_weather", "get_wether"))
+        assert not accepts(g, HARMONY_THINK + EXAMPLES["harmony"] + "<|call|><|start|>assistant" +
+                           EXAMPLES["harmony"])  # <|call|> ends the turn: one call
     two = EXAMPLES["harmony"] + "<|call|><|start|>assistant" + EXAMPLES["harmony"]
     assert not accepts(grammar("harmony", parallel=True, lazy=False), two)
+    ch = Channels(ChannelSpec(BY_NAME["harmony"]))
+    p, end = ch.feed(HARMONY_THINK + EXAMPLES["harmony"]), ch.finish()
+    assert (p.content, p.reasoning) == ("", "The user wants the weather.")
+    assert [(c.name, json.loads(c.arguments)) for c in end.calls] == [("get_weather", {"city": "Paris"})]
 
 
 def test_llama3_a_reply_that_starts_with_a_brace_is_a_call():

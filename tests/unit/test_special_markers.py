@@ -13,7 +13,7 @@ import pytest
 from llguidance import LLMatcher
 
 from superfluid.codec import grammar as gr
-from superfluid.codec.channels import THINK
+from superfluid.codec.channels import THINK, Channels, ChannelSpec
 from superfluid.codec.dialects import BY_NAME
 from superfluid.codec.hf_tokenizer import HfTokenizer
 from superfluid.codec.model import marker_pieces
@@ -180,3 +180,52 @@ def test_a_hugging_face_vocabulary_says_which_markers_are_special(tmp_path):
         t = tok.token_to_id(marker)
         assert (hf.special_id(marker) == t) == lt.is_special_token(t), marker
     assert hf.special_id("[NOT_SPECIAL]") is None and hf.special_id("hello") is None
+
+
+HARMONY_CALL = '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}'
+ANALYSIS = "<|channel|>analysis<|message|>The user wants the weather.<|end|><|start|>assistant"
+
+
+def test_harmony_auto_is_messages_until_one_is_opened_as_a_call(vocab):
+    tk, lt = vocab
+    lm = lits(tk, "harmony")
+    channel, start = tk.special_id("<|channel|>"), tk.special_id("<|start|>")
+    g = BY_NAME["harmony"].calls_grammar(TOOLS, None, parallel=True, lazy=True, lits=lm)
+    assert f"<[{channel}]>" in g
+    assert accepts(lt, g, toks(tk, "<|channel|>final<|message|>It is fine."))
+    assert accepts(lt, g, toks(tk, ANALYSIS + "<|channel|>final<|message|>It is fine."))
+    assert accepts(lt, g, toks(tk, "<|channel|>commentary<|message|>Checking." + ANALYSIS[-25:] + HARMONY_CALL))
+    assert accepts(lt, g, toks(tk, ANALYSIS + HARMONY_CALL)) and accepts(lt, g, toks(tk, HARMONY_CALL))
+    assert allows(lt, g, toks(tk, ANALYSIS), channel) and allows(lt, g, toks(tk, "<|channel|>analysis<|message|>"
+                                                                             "hmm<|end|>"), start)
+    # once the header names a function, the call is held: its name, then JSON, then the turn ends
+    assert not accepts(lt, g, toks(tk, ANALYSIS + HARMONY_CALL.replace('{"city": "Paris"}', "hello")))
+    assert not accepts(lt, g, toks(tk, ANALYSIS + HARMONY_CALL.replace("get_weather", "get_wether")))
+    assert not accepts(lt, g, toks(tk, HARMONY_CALL + "<|end|><|start|>assistant" + HARMONY_CALL))
+    assert not accepts(lt, g, toks(tk, "<|channel|>bogus<|message|>x"))  # a channel Harmony does not have
+    assert not accepts(lt, g, spell(tk, ANALYSIS + HARMONY_CALL))  # the markers spelled out are not markers
+    # what it takes reads back as the reasoning and the call
+    text = b"".join(marker_pieces(tk, BY_NAME["harmony"].markers)[t] for t in toks(tk, ANALYSIS + HARMONY_CALL))
+    ch = Channels(ChannelSpec(BY_NAME["harmony"]))
+    p, end = ch.feed(text.decode()), ch.finish()
+    assert p.reasoning == "The user wants the weather." and p.content + end.content == ""
+    assert [(c.name, json.loads(c.arguments)) for c in p.calls + end.calls] == [("get_weather", {"city": "Paris"})]
+
+
+@pytest.mark.parametrize("name, block, thought", [
+    ("hermes", gr.Thinking(*THINK), "<think>\nThe user wants the weather.\n</think>\n\n"),
+    ("deepseek", gr.Thinking(*THINK, inside=True), "The user wants the weather.\n</think>\n\n"),
+    ("harmony", BY_NAME["harmony"].reasoning_block, ANALYSIS),
+])
+def test_a_forced_call_may_follow_reasoning_in_special_tokens(vocab, name, block, thought):
+    tk, lt = vocab
+    lm = lits(tk, name, THINK).thinking(block)
+    g = BY_NAME[name].calls_grammar(TOOLS, None, parallel=False, lazy=False, lits=lm)
+    call = toks(tk, EXAMPLES[name])
+    assert accepts(lt, g, toks(tk, thought) + call)
+    assert accepts(lt, g, call) != block.inside
+    assert not accepts(lt, g, toks(tk, thought + "It is sunny."))
+    assert not accepts(lt, g, spell(tk, thought) + call)  # its markers spelled out are not its markers
+    close = tk.special_id(block.close) or tk.special_id(block.close[:len("<|end|>")])
+    assert close is not None and allows(lt, g, toks(tk, thought.split(block.close)[0]), close)
+

@@ -158,6 +158,7 @@ class Dialect:
     own_reasoning = False  # the reader splits the reasoning itself (no <think> markers)
     markers: tuple[str, ...] = ()
     args_as_text = False  # the template wants a call's arguments as a JSON string
+    reasoning_block: gr.Thinking | None = None  # its own reasoning markup (Harmony's analysis message)
 
     def __repr__(self) -> str:
         return f"<dialect {self.name}>"
@@ -250,7 +251,7 @@ ANY_TEXT = r"(.|\n)*"
 
 
 def calls_lark(call: str, rules: str, *, opener: str, again: str, closer: str = "", tail: str = "",
-               trigger: str | None = None, text: str = ANY_TEXT, bare: bool = False,
+               trigger: str | None = None, text: str = ANY_TEXT, bare: bool = False, alone: str = "",
                parallel: bool, lazy: bool, lits: gr.Literals = gr.PLAIN) -> str:
     """Every dialect's call grammar: `opener call (again call)* closer tail?`, where `call` is a
     lark expression over `rules` (one call) and the repetition is there only with `parallel`
@@ -263,22 +264,48 @@ def calls_lark(call: str, rules: str, *, opener: str, again: str, closer: str = 
     and the calls are enforced, and after them the reply ends. A trigger that is text ends a
     lazy lexeme; one that is a special token follows the free text (which cannot hold it), as
     may the reasoning markers (`lits.free`). `bare`: the calls may also start the reply with
-    the opener and no trigger (Llama 3's bare JSON, Functionary's recipient)."""
+    the opener and no trigger (Llama 3's bare JSON, Functionary's recipient). `alone`: a lark
+    expression for a call that may follow the trigger instead of the calls, by itself (Llama
+    3's built-in tools after <|python_tag|>); forced, the trigger may then open the reply.
+
+    Forced, the reasoning block `lits.think` (grammar.Thinking) may come first, or must where
+    the opener already opened it: a thinking model reasons, then calls."""
     more = f"({_seq(lits(again), call)})*" if parallel else ""
     calls = _seq(call, more, lits(closer), f"({lits(tail)})?" if tail else "")
     body = f"calls: {calls}\n{rules}\n"
-    if not lazy:
-        return gr.lark(f"start: {_seq(lits(opener), 'calls')}\n{body}")
     trigger = opener.rstrip() if trigger is None else trigger
+    called = f"(calls | {alone})" if alone else "calls"  # what follows the trigger
+    if not lazy:
+        think, think_rules = _thinking(lits)
+        forced = _seq(lits(opener), "calls") + (f" | {_seq(lits(trigger), called)}" if alone else "")
+        return gr.lark(f"start: {_seq(think, f'({forced})' if alone and think else forced)}\n{think_rules}{body}")
     if not trigger:
         raise ValueError("a lazy call grammar needs a call-opening marker")
     at = opener.find(trigger)
-    after = opener[at + len(trigger):] if at >= 0 else opener
+    # the opener's rest after the trigger (none for a trigger that ends with the whole opener)
+    after = opener[at + len(trigger):] if at >= 0 else ("" if trigger.endswith(opener) else opener)
     tok = lits.token(trigger)
     head = f"head: TEXT <[{tok}]>" if tok is not None else f"head[lazy]: TEXT {gr.lit(trigger)}"
-    alts = ["TEXT", _seq("head", lits(after), "calls")] + ([_seq(lits(opener), "calls")] if bare else [])
+    alts = ["TEXT", _seq("head", lits(after), called)] + ([_seq(lits(opener), "calls")] if bare else [])
     start = f"free ({' | '.join(alts)})\nfree: (TEXT {lits.any_free()})*" if lits.free else " | ".join(alts)
     return gr.lark(f"start: {start}\n{head}\nTEXT: /{text}/\n{body}")
+
+
+def _thinking(lits: gr.Literals) -> tuple[str, str]:
+    """The reasoning block before a forced call: the lark expression ("" for none) and its
+    rules. Its text ends at the close marker: a special token ends the text lexeme, a marker
+    that is text ends a lazy one (at its first occurrence)."""
+    t = lits.think
+    if t is None:
+        return "", ""
+    if lits.starts_special(t.close):
+        rules, text = "", f"THINK_TEXT {lits(t.close)}"
+    else:
+        rules, text = f"think_text[lazy]: THINK_TEXT {gr.lit(t.close)}\n", "think_text"
+    gap = "GAP?" if t.gap else ""
+    rules = (f"think: {_seq('' if t.inside else lits(t.open), text, gap)}\n{rules}THINK_TEXT: /{ANY_TEXT}/\n"
+             + ("GAP: /[ \\t\\r\\n]+/\n" if t.gap else ""))
+    return ("think" if t.inside else "think?"), rules
 
 
 def one_of(bodies: list[str], prefix: str = "c") -> tuple[str, str]:

@@ -16,7 +16,7 @@ import re
 
 from .. import grammar as gr
 from ..tools import call_from, parse_json, partial_suffix
-from .base import Dialect, Parser, Parts, calls_lark, one_of, tool_names
+from .base import ANY_TEXT, Dialect, Parser, Parts, calls_lark, one_of, tool_names
 
 CHANNEL, MESSAGE, START, END = "<|channel|>", "<|message|>", "<|start|>", "<|end|>"
 CALL, RETURN, CONSTRAIN = "<|call|>", "<|return|>", "<|constrain|>"
@@ -105,11 +105,17 @@ class _Reader(Parser):
         return parts
 
 
+OPENER = CHANNEL + "commentary to=functions."  # a call's header, up to the function's name
+NEXT = END + START + "assistant"  # between two messages of one reply
+SAYS = ("analysis", "final", "commentary")  # the channels of a message that is not a call
+
+
 class Harmony(Dialect):
     name = "harmony"
     structured = True
     own_reasoning = True
     markers = (CHANNEL, MESSAGE, START, END, CALL, RETURN, CONSTRAIN)
+    reasoning_block = gr.Thinking(CHANNEL + "analysis" + MESSAGE, NEXT, gap=False)  # the analysis message
 
     def detect(self, source: str) -> bool:
         return CHANNEL in source
@@ -121,18 +127,25 @@ class Harmony(Dialect):
                       lits: gr.Literals = gr.PLAIN) -> str:
         """One call whatever `parallel` says: a Harmony call ends the turn (`<|call|>` is a stop
         token, and the template renders one call per assistant message). Every marker that ends
-        a message starts with "<|", so an argument string cannot hold "<|".
+        a message starts with "<|", so an argument string cannot hold "<|". Forced, the analysis
+        message may come first (`lits.think`, from `reasoning_block`).
 
-        No lazy form: the text before a call is itself markup (`<|channel|>analysis<|message|>
-        ...<|end|><|start|>assistant...`), special tokens in gpt-oss's vocabulary, and a lazy
-        grammar's free text is a lexeme, which cannot hold a special token: it would mask the
-        channel tokens from the first one on. tool_choice auto stays unconstrained."""
-        if lazy:
-            return ""
+        Lazy (tool_choice auto): messages in any channel but a call's (`analysis`, `final`,
+        `commentary`), each ended by `<|end|><|start|>assistant` before the next, until one is
+        opened as a call (`<|channel|>commentary to=functions.NAME`), which is then the
+        reply's last. The markers are special tokens in gpt-oss's vocabulary, which a text
+        lexeme cannot hold, so the messages are spelled out here token by token. Where they
+        are text (--tool-dialect on another family's model) the free text runs to
+        `<|start|>assistant<|channel|>commentary to=functions.`, or the reply opens with a call."""
         call, rules = one_of([f"{lits(fn + ' ' + CONSTRAIN + 'json' + MESSAGE)} {gr.json_rule(gr.guarded(p, '<|'))}"
                               for fn, p in tool_names(tools, name)])
-        return calls_lark(call, rules, opener=CHANNEL + "commentary to=functions.", again="",
-                          parallel=False, lazy=False, lits=lits)
+        if not lazy or lits.token(CHANNEL) is None:
+            return calls_lark(call, rules, opener=OPENER, again="", trigger=START + "assistant" + OPENER,
+                              bare=True, parallel=False, lazy=lazy, lits=lits)
+        says = " | ".join(map(gr.lit, SAYS))
+        return gr.lark(f"start: (say next)* (say | {lits(OPENER)} calls)\nnext: {lits(NEXT)}\n"
+                       f"say: {lits(CHANNEL)} ({says}) {lits(MESSAGE)} TEXT\nTEXT: /{ANY_TEXT}/\n"
+                       f"calls: {call}\n{rules}\n")
 
 
 HARMONY = Harmony()
