@@ -38,6 +38,7 @@ DIAL_TIMEOUT = 5.0
 
 
 JOIN_WAIT = 30.0  # a worker waits this long for the nodes it names (with auto: for the first) to join
+MAX_IDLE = 64  # joined nodes held outside the split (each is a link and its keepalives)
 SETTLE = 2.0  # auto: the nodes have joined when none more came for this long (a node redials within 1 s)
 
 
@@ -178,6 +179,10 @@ class RpcNodes:
         idle, until it or this worker goes."""
         if name in self.idle or name in self.joined:
             log.warning("a second RPC node joined as %s: names must differ (node join --name)", name)
+            link.close()
+            return
+        if len(self.idle) >= MAX_IDLE:
+            log.warning("RPC node %s joined, but %d nodes already wait outside the split: refused", name, MAX_IDLE)
             link.close()
             return
         if wanted:
