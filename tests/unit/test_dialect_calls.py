@@ -12,6 +12,7 @@ import pytest
 from superfluid.codec import grammar as gr
 from superfluid.codec.channels import Channels, ChannelSpec
 from superfluid.codec.dialects import BY_NAME
+from superfluid.codec.tools import tool_list
 from superfluid.request import Calls
 
 from .test_dialect_grammars import EXAMPLES, TOOLS, accepts
@@ -129,6 +130,40 @@ def test_llama3_a_reply_that_starts_with_a_brace_is_a_call():
     assert accepts(g, EXAMPLES["llama3"])
     assert not is_prefix(g, '{"answer": 42}')
     assert accepts(g, "The answer is {42}.")
+
+
+# Llama 3.1's built-in tools, offered as functions under their names
+BUILTINS = tool_list([
+    {"type": "function", "function": {"name": "brave_search", "description": "Search the web", "parameters": {
+        "type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}}},
+    {"type": "function", "function": {"name": "wolfram_alpha", "description": "Ask Wolfram Alpha"}},
+    {"type": "function", "function": {"name": "code_interpreter", "description": "Run Python"}}])
+SEARCH = '<|python_tag|>brave_search.call(query="weather in Paris")'
+CODE = "<|python_tag|>import math\nprint(math.sqrt(2))"
+
+
+def test_llama3_built_in_tools_are_called_after_the_python_tag():
+    for lazy in (False, True):
+        for parallel in (False, True):
+            g = BY_NAME["llama3"].calls_grammar(TOOLS + BUILTINS, None, parallel=parallel, lazy=lazy)
+            assert accepts(g, SEARCH) and accepts(g, '<|python_tag|>wolfram_alpha.call(query="2+2")')
+            assert accepts(g, CODE) and accepts(g, '<|python_tag|>code_interpreter.call(code="print(1)")')
+            assert accepts(g, EXAMPLES["llama3"]) and accepts(g, "<|python_tag|>" + EXAMPLES["llama3"])
+        g = BY_NAME["llama3"].calls_grammar(TOOLS + BUILTINS[:1], None, parallel=True, lazy=lazy)
+        assert accepts(g, SEARCH) and not accepts(g, SEARCH + "; " + EXAMPLES["llama3"])  # a built-in call is alone
+        assert not is_prefix(g, "<|python_tag|>import")  # no code interpreter offered: no code
+        assert not is_prefix(g, '<|python_tag|>wolfram_alpha.call(')  # not offered
+        assert not is_prefix(g, "<|python_tag|>brave_search.call(query=3")  # its argument is a string
+        assert not accepts(BY_NAME["llama3"].calls_grammar(TOOLS, None, parallel=False, lazy=lazy), SEARCH)
+    assert accepts(BY_NAME["llama3"].calls_grammar(TOOLS + BUILTINS, None, parallel=False, lazy=True),
+                   "Let me search. " + SEARCH)
+    named = BY_NAME["llama3"].grammar(TOOLS + BUILTINS, "brave_search")
+    assert accepts(named, SEARCH) and not accepts(named, CODE) and not accepts(named, EXAMPLES["llama3"])
+    assert not accepts(BY_NAME["llama3"].grammar(TOOLS + BUILTINS, "get_weather"), SEARCH)
+    assert not accepts(BY_NAME["llama3"].grammar(TOOLS + BUILTINS, None), "Sure. " + SEARCH)  # forced
+    # and they read back as calls to the built-in tools
+    assert read("llama3", SEARCH) == ("", [("brave_search", {"query": "weather in Paris"})])
+    assert read("llama3", CODE) == ("", [("code_interpreter", {"code": "import math\nprint(math.sqrt(2))"})])
 
 
 @pytest.mark.parametrize("name", LAZY)

@@ -100,6 +100,25 @@ def test_a_tool_history_renders_through_the_real_template(name):
     assert "You are terse." in text
 
 
+def test_llama3_built_in_tools_render_through_the_real_template():
+    from .test_dialect_calls import BUILTINS
+
+    history = [HISTORY[1], {**HISTORY[2], "tool_calls": [
+        {"id": "call_0a1b2c3d4e5f", "type": "function",
+         "function": {"name": "brave_search", "arguments": '{"query": "weather in Paris"}'}}]}, *HISTORY[3:]]
+    messages, extra = BY_NAME["llama3"].render(history, TOOLS + BUILTINS)
+    assert extra["builtin_tools"] == ["brave_search", "wolfram_alpha", "code_interpreter"]
+    text = ChatTemplate(template("meta-llama-Llama-3.1-8B-Instruct"), bos="<s>").render(messages, **extra)
+    # the interpreter is the ipython environment itself, the others are named
+    assert "Environment: ipython\nTools: brave_search, wolfram_alpha\n" in text
+    assert ('<|start_header_id|>assistant<|end_header_id|>\n\n<|python_tag|>brave_search.call(query="weather in '
+            'Paris")<|eom_id|>') in text
+    # the result is an ipython turn, its text through the template's own tojson
+    assert '<|start_header_id|>ipython<|end_header_id|>\n\n"18 C and sunny"<|eot_id|>' in text
+    assert "Time in a zone" in text  # the functions are still listed
+    assert "builtin_tools" not in BY_NAME["llama3"].render(HISTORY, TOOLS)[1]
+
+
 def test_gemma_turns_alternate_and_tool_results_are_user_turns():
     messages, _ = BY_NAME["gemma"].render(HISTORY, TOOLS)
     assert [m["role"] for m in messages] == ["user", "assistant", "user", "assistant", "user"]
@@ -139,6 +158,10 @@ CASES = {
                    calls=[("get_weather", {"city": "Paris"})]),
     "llama3_python_tag": Case("llama3", '<|python_tag|>{"name": "get_time", "parameters": {"tz": "CET"}}',
                               calls=[("get_time", {"tz": "CET"})]),
+    "llama3_builtin": Case("llama3", '<|python_tag|>brave_search.call(query="weather in Paris")',
+                           calls=[("brave_search", {"query": "weather in Paris"})]),
+    "llama3_code": Case("llama3", "Let me compute. <|python_tag|>import math\nprint(math.sqrt(2))", "Let me compute. ",
+                        calls=[("code_interpreter", {"code": "import math\nprint(math.sqrt(2))"})]),
     "mistral": Case("mistral", '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}, '
                     '"id": "a1b2c3d4e"}, {"name": "get_time", "arguments": {"tz": "CET"}}]',
                     calls=[("get_weather", {"city": "Paris"}), ("get_time", {"tz": "CET"})]),

@@ -229,3 +229,21 @@ def test_a_forced_call_may_follow_reasoning_in_special_tokens(vocab, name, block
     close = tk.special_id(block.close) or tk.special_id(block.close[:len("<|end|>")])
     assert close is not None and allows(lt, g, toks(tk, thought.split(block.close)[0]), close)
 
+
+def test_llama3_built_in_tools_follow_the_python_tag_token(vocab):
+    from superfluid.codec.tools import tool_list
+
+    tk, lt = vocab
+    tag = tk.special_id("<|python_tag|>")
+    tools = TOOLS + tool_list([{"type": "function", "function": {"name": "brave_search"}}])
+    search = toks(tk, '<|python_tag|>brave_search.call(query="weather in Paris")')
+    assert search[0] == tag
+    for lazy in (False, True):
+        g = BY_NAME["llama3"].calls_grammar(tools, None, parallel=False, lazy=lazy, lits=lits(tk, "llama3"))
+        assert accepts(lt, g, search) and accepts(lt, g, toks(tk, EXAMPLES["llama3"]))
+        assert not accepts(lt, g, toks(tk, "<|python_tag|>import os"))  # no code interpreter offered
+    forced = BY_NAME["llama3"].grammar(tools, None, lits(tk, "llama3"))
+    assert not accepts(lt, forced, spell(tk, '<|python_tag|>brave_search.call(query="weather in Paris")'))
+    lazy = BY_NAME["llama3"].calls_grammar(tools, None, parallel=False, lazy=True, lits=lits(tk, "llama3"))
+    assert accepts(lt, lazy, toks(tk, "Let me search. ") + search)
+    assert not accepts(lt, lazy, toks(tk, "Let me search. <|python_tag|>brave_search.call(query=3)"))
