@@ -156,6 +156,10 @@ class StageServer(NodeServer):
                 x = m.unpack_array(hidden)
                 if x.shape[1] != model.hidden_size:
                     raise ValueError(f"activations of width {x.shape[1]}; this model's is {model.hidden_size}")
+            if isinstance(w, bool):
+                w = int(w)
+            if not isinstance(w, int) or not 0 <= w <= min(m.STAGE_ROWS, len(x)):
+                raise ValueError(f"want {w!r}: logits rows are 0 to {m.STAGE_ROWS}, at most the item's length")
             items.append(((ns, session), pos, x))
             want.append(w)
         async with self._compute:
@@ -184,7 +188,8 @@ class StageServer(NodeServer):
         self._users.setdefault(rng, set()).add(head)
         model = self._models[rng]
         return m.StageReady(first, last, int(model.n_params), self.n_layer, int(model.n_vocab),
-                            int(model.hidden_size), int(getattr(model.config, "max_position_embeddings", 0) or 0))
+                            int(model.hidden_size), int(getattr(model.config, "max_position_embeddings", 0) or 0),
+                            rows=m.STAGE_ROWS)
 
     async def _load_range(self, rng: tuple[int, int]) -> None:
         from ..runtime.stage import StageModel

@@ -18,9 +18,11 @@ Pipeline stages (`node serve --stage`; the head's worker drives them, one reques
 per link, answered in order):
 head -> node: STAGE_LOAD {first, last} (hold decoder layers [first, last) of the node's model),
               STAGE_FORWARD_REQ {id, items: [[session, pos, tokens | None, hidden | None, want]]}
-              (hidden: an array, see pack_array; want: return logits for the item's last position),
+              (hidden: an array, see pack_array; want: true or 1 returns logits for the item's last
+              position, an integer k for its last k, up to STAGE_ROWS, as rows: drafts to verify),
               STAGE_COPY {src, dst, n}, STAGE_DROP {sessions}
-node -> head: STAGE_READY {first, last, n_params, n_layer, n_vocab, n_ctx_train} or {error},
+node -> head: STAGE_READY {first, last, n_params, n_layer, n_vocab, n_ctx_train, rows} or {error}
+              (rows: the most logits rows it returns per item; absent on older stages: 1),
               STAGE_FORWARD_RESP {id, outs: [array | None]} or {id, error}
 A stage's sessions are the head's lanes; each keeps its KV for the stage's layers.
 
@@ -54,6 +56,7 @@ RECONCILE, RECONCILE_ACK, SESSION_REVOKE = 14, 15, 16
 EMBED_REQ, EMBED_RESP = 17, 18  # idempotent: a batch whose node is lost is simply sent to another
 NODE_STATUS, NODE_PREFIXES = 0x8000 | 20, 0x8000 | 22  # optional (KEEPALIVE too): a peer may ignore them
 STAGE_LOAD, STAGE_READY, STAGE_FORWARD_REQ, STAGE_FORWARD_RESP, STAGE_COPY, STAGE_DROP = 30, 31, 32, 33, 34, 35
+STAGE_ROWS = 33  # logits rows a stage returns for one item at most: a decode token and 32 drafts
 RPC_OPEN, RPC_DATA, RPC_ACK, RPC_CLOSE = 40, 41, 42, 43
 
 
@@ -205,13 +208,14 @@ class StageReady(Record):
     hidden: int = 0
     n_ctx_train: int = 0
     error: str | None = None  # instead of the rest: why the stage refused
+    rows: int = 1  # the most logits rows it returns per item (speculation verifies drafts: up to STAGE_ROWS)
 
 
 @dataclass(frozen=True, slots=True)
 class StageForwardReq(Record):
     TYPE = STAGE_FORWARD_REQ
     id: int
-    items: tuple[tuple[object, int, tuple[int, ...] | None, list | None, bool], ...]  # see the docstring
+    items: tuple[tuple[object, int, tuple[int, ...] | None, list | None, object], ...]  # see the docstring
 
 
 @dataclass(frozen=True, slots=True)

@@ -63,6 +63,11 @@ def split_layers(n_layer: int, weights: list[float]) -> list[tuple[int, int]]:
     return list(zip(bounds, bounds[1:], strict=False))
 
 
+def _want(r: Run) -> bool | int:
+    """An item's logits rows: none, its last position's, or one per draft and the token before."""
+    return (r.draft + 1) if r.sample and r.draft else r.sample
+
+
 class StageLost(SuperfluidError):
     status = 503
     code = "stage_unavailable"
@@ -100,9 +105,11 @@ class PipelineRuntime(Runtime):
             self.close()
             raise
         desc = ", ".join(f"{s.addr} [{s.first},{s.last})" for s in self.stages)
+        self._ends: dict[int, int] = {}  # positions each lane's KV holds on the stages, as fed from here
         self.info = ModelInfo(n_vocab=self.n_vocab, n_ctx=n_ctx, n_lanes=lanes,
                               n_ctx_train=self.stages[-1].ready.n_ctx_train,
-                              description=f"pipeline of {len(self.stages)} stages: {desc}")
+                              description=f"pipeline of {len(self.stages)} stages: {desc}",
+                              speculate=self.stages[-1].ready.rows > 1)  # the last stage verifies drafts
 
     # -- setup ---------------------------------------------------------------------------
     def _call(self, coro, timeout: float | None = None):
@@ -242,27 +249,29 @@ class PipelineRuntime(Runtime):
         a long prefill run is cut in pieces (one lane's pieces go in order), and requests carry
         at most as many sampled rows as fit."""
         max_rows = max(1, FRAME_BUDGET // (4 * self.hidden))
-        max_samples = max(1, FRAME_BUDGET // (4 * self.n_vocab))
+        max_samples = max(m.STAGE_ROWS, FRAME_BUDGET // (4 * self.n_vocab))
         pieces = []
         for r in runs:
             for a in range(0, len(r.tokens), max_rows):
                 toks = r.tokens[a:a + max_rows]
-                pieces.append(Run(r.seq, r.pos + a, toks, r.sample and a + len(toks) == len(r.tokens)))
+                last = a + len(toks) == len(r.tokens)
+                pieces.append(Run(r.seq, r.pos + a, toks, r.sample and last, r.draft if last else 0))
         groups: list[list[Run]] = [[]]
         rows = samples = 0
         for p in pieces:
-            if groups[-1] and (rows + len(p.tokens) > max_rows or samples + p.sample > max_samples):
+            logits = (p.draft + 1) * p.sample  # logits rows it brings back
+            if groups[-1] and (rows + len(p.tokens) > max_rows or samples + logits > max_samples):
                 groups.append([])
                 rows = samples = 0
             groups[-1].append(p)
-            rows, samples = rows + len(p.tokens), samples + p.sample
+            rows, samples = rows + len(p.tokens), samples + logits
         return [g for g in groups if g]
 
     async def _forward_group(self, runs: list[Run]) -> dict[int, np.ndarray]:
         hidden: list = [None] * len(runs)
         for st in self.stages:
             items = tuple((r.seq, r.pos, tuple(r.tokens) if st.first == 0 else None,
-                           None if st.first == 0 else m.pack_array(h), r.sample)
+                           None if st.first == 0 else m.pack_array(h), _want(r))
                           for r, h in zip(runs, hidden, strict=True))
             reply = await self._ask(st, m.StageForwardReq(0, items), m.StageForwardResp)
             try:
@@ -276,20 +285,37 @@ class PipelineRuntime(Runtime):
                 self._lose(st, f"pipeline stage {st.addr} answered a malformed forward "
                                f"({getattr(e, 'message', None) or e})")
                 raise StageLost(st.lost or "") from None
-        return {r.seq: h.reshape(-1) for r, h in zip(runs, hidden, strict=True) if r.sample and h is not None}
+        for r in runs:
+            self._ends[r.seq] = r.pos + len(r.tokens)
+        return {r.seq: h.reshape(r.draft + 1, -1) if r.draft else h.reshape(-1)
+                for r, h in zip(runs, hidden, strict=True) if r.sample and h is not None}
 
     # -- the Runtime contract ----------------------------------------------------------
     def grammar_tokenizer(self):
         return self.vocab.grammar_tokenizer()
 
     def open_lane(self, seq: int, keep: int) -> None:
-        pass  # each stage truncates a lane's KV to the position of its next run
+        self.drop_tail(seq, keep)  # each stage truncates a lane's KV to the position of its next run
 
     def close_lane(self, seq: int) -> None:
         pass  # the KV stays on the stages: a prefix-cache entry
 
     def copy_lane(self, src: int, dst: int, n: int) -> None:
         self._tell(m.StageCopy(src, dst, n))
+        if src in self._ends:
+            self._ends[dst] = min(n, self._ends[src])
+        else:
+            self._ends.pop(dst, None)
+
+    def lane_len(self, seq: int) -> int | None:
+        """What this worker fed the lane (None: nothing yet): a decode with drafts goes at its
+        end, after a step in flight that kept drafts."""
+        return self._ends.get(seq)
+
+    def drop_tail(self, seq: int, n: int) -> None:
+        """Rejected drafts: the stages drop them when the lane's next run starts at n."""
+        if seq in self._ends:
+            self._ends[seq] = min(n, self._ends[seq])
 
     def forward(self, runs: tuple[Run, ...]) -> dict[int, np.ndarray]:
         return self._call(self._forward(runs))

@@ -251,10 +251,11 @@ class StageModel:
             batch.append((it.session, it.pos, x))
         return [o for o in self.run(batch, [True] * len(batch)) if o is not None]
 
-    def run(self, items: Sequence[Item], want: Sequence[bool]) -> list[np.ndarray | None]:
+    def run(self, items: Sequence[Item], want: Sequence[int]) -> list[np.ndarray | None]:
         """items: (session, pos, tokens or hidden [n, hidden]). Single-token items of sessions
         that appear once go through one batched pass; the rest one by one, in order. On the
-        last stage, logits are computed only where `want` is set (None elsewhere)."""
+        last stage, logits are computed only where `want` is set (None elsewhere): [vocab] for
+        the last position, or [k, vocab] for the last k when want is k > 1 (drafts to verify)."""
         count: dict[Hashable, int] = {}
         for s, _, _ in items:
             count[s] = count.get(s, 0) + 1
@@ -269,7 +270,7 @@ class StageModel:
         return out
 
     @torch.inference_mode()
-    def _pass(self, items: list[Item], want: list[bool]) -> list[np.ndarray | None]:
+    def _pass(self, items: list[Item], want: list[int]) -> list[np.ndarray | None]:
         for s, p, x in items:
             if p < 0 or len(x) == 0:
                 raise ValueError(f"session {s!r}: empty input or negative position")
@@ -305,13 +306,17 @@ class StageModel:
         self.passes += 1
         if not self.is_last:
             return [h[b, :n].float().numpy().copy() for b, n in enumerate(lens)]
-        rows = [b for b in range(B) if want[b]]
+        picks = [(b, t) for b in range(B) for t in range(lens[b] - int(want[b]), lens[b]) if want[b]]
         out: list[np.ndarray | None] = [None] * B
-        if rows:
-            last = h[rows, [lens[b] - 1 for b in rows]]  # [R, hidden]
-            logits = self.lm_head(self.norm(last)).float().numpy()  # type: ignore[misc]
-            for r, b in enumerate(rows):
-                out[b] = logits[r].copy()
+        if picks:
+            rows = h[[b for b, _ in picks], [t for _, t in picks]]  # [R, hidden]
+            logits = self.lm_head(self.norm(rows)).float().numpy()  # type: ignore[misc]
+            at = 0
+            for b in range(B):
+                k = int(want[b])
+                if k:
+                    out[b] = (logits[at] if k == 1 else logits[at:at + k]).copy()
+                    at += k
         return out
 
     @staticmethod

@@ -43,8 +43,8 @@ def stages():
         n.stop()
 
 
-def head(nodes) -> Daemon:
-    return Daemon("--pipeline", ",".join(f"127.0.0.1:{n.port}" for n in nodes), "--sessions-cache",
+def head(nodes, *args: str) -> Daemon:
+    return Daemon("--pipeline", ",".join(f"127.0.0.1:{n.port}" for n in nodes), "--sessions-cache", *args,
                   max_context=1024, max_batch=4)
 
 
@@ -109,9 +109,13 @@ def test_bad_stage_requests_are_answered_with_errors_and_the_stage_keeps_serving
 
 @pytest.mark.parametrize("k", [2, 3])
 def test_a_pipeline_gives_the_tokens_of_one_model(stages, k):
-    d = head(stages[:k])
+    """With 3 stages the head speculates (ngram): the last stage returns logits for each
+    drafted row, and the tokens are still those of one model."""
+    d = head(stages[:k], *(("--speculative", "ngram") if k == 3 else ()))
     try:
         qs = ["What is the capital of France?", "Name a color.", "Say hello in French."]
+        if k == 3:
+            qs.append("Repeat exactly: the cat sat on the mat, the cat sat on the mat.")
         with concurrent.futures.ThreadPoolExecutor(len(qs)) as pool:  # decode steps batched across sessions
             got = list(pool.map(lambda q: ask(d, q).choices[0].message.content, qs))
         assert got == [expected(q) for q in qs]
@@ -120,6 +124,8 @@ def test_a_pipeline_gives_the_tokens_of_one_model(stages, k):
             expected("Write one sentence about the sea.")
         desc = next(iter(d.health()["models"].values()))
         assert desc["ready"]
+        drafted = httpx.get(d.url + "/metrics").text.split("superfluid_draft_tokens_total{")[1].split()[1]
+        assert (float(drafted) > 0) == (k == 3), drafted
         if k == 2:  # every API runs on the pipeline as on one machine
             q = "Name a color."
             am = anthropic.Anthropic(base_url=d.url, api_key="x", max_retries=0).messages.create(
