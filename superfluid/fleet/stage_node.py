@@ -207,10 +207,10 @@ def _layers(source: str) -> int:
     import json
     from pathlib import Path
 
-    from ..runtime.hf_convert import GgufWeights, is_hf_dir
+    from ..runtime.hf_convert import gguf_weights, is_hf_dir
     if is_hf_dir(source):
         return int(json.loads((Path(source) / "config.json").read_text())["num_hidden_layers"])
-    return int(GgufWeights(source).config["num_hidden_layers"])
+    return int(gguf_weights(source).config["num_hidden_layers"])  # kept: each load reuses it
 
 
 def _memory() -> int:

@@ -13,6 +13,7 @@ a half-written folder that looks finished."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -167,15 +168,18 @@ def hf_name(gguf_name: str) -> str:
 class GgufWeights:
     """A GGUF read in place (memory-mapped) as Hugging Face tensors: its config, its tensor
     names, and one tensor at a time dequantized to float32 on demand. A pipeline stage loads
-    only its layers this way, never the whole model in float32."""
+    only its layers this way, never the whole model in float32. Only the tensors' entries (views
+    of the map), the config and the chat template are kept, not the reader's other fields (the
+    vocabulary alone is ~150k small arrays), so a process can keep one (`gguf_weights`)."""
 
     def __init__(self, gguf_path: str | os.PathLike):
         import gguf
 
         self.path = str(gguf_path)
-        self._reader = gguf.GGUFReader(self.path)
-        self._tensors = {hf_name(t.name): t for t in self._reader.tensors}
-        self.config = _config(self._reader, tied="lm_head.weight" not in self._tensors)
+        reader = gguf.GGUFReader(self.path)
+        self._tensors = {hf_name(t.name): t for t in reader.tensors}
+        self.config = _config(reader, tied="lm_head.weight" not in self._tensors)
+        self._chat_template = _field(reader, "tokenizer.chat_template")
 
     def names(self) -> set[str]:
         return set(self._tensors)
@@ -194,7 +198,20 @@ class GgufWeights:
         return w if w.flags.writeable else w.copy()  # float32 tensors come straight from the read-only map
 
     def chat_template(self) -> str | None:
-        return _field(self._reader, "tokenizer.chat_template")
+        return self._chat_template
+
+
+def gguf_weights(gguf_path: str | os.PathLike) -> GgufWeights:
+    """The GGUF's `GgufWeights`, read once per process while the file is unchanged: parsing
+    its header takes seconds (gguf's reader builds every metadata field, the vocabulary
+    included), and a stage node loads a layer range for each head that connects."""
+    st = os.stat(gguf_path)
+    return _weights(str(gguf_path), st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=2)
+def _weights(path: str, mtime_ns: int, size: int) -> GgufWeights:
+    return GgufWeights(path)
 
 
 def convert(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, *, key: str | None = None) -> None:

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from ..errors import ModelLoadError
-from .hf_convert import GgufWeights, is_hf_dir
+from .hf_convert import GgufWeights, gguf_weights, is_hf_dir
 
 # (session, position of the first row, tokens on the first stage or hidden states [n, hidden])
 Item = tuple[Hashable, int, "Sequence[int] | np.ndarray"]
@@ -114,7 +114,7 @@ class StageModel:
         from transformers import AutoConfig, AutoModelForCausalLM
 
         torch.set_num_threads(threads)
-        gguf = None if is_hf_dir(source) else GgufWeights(source)  # a GGUF: read in place, only our layers
+        gguf = None if is_hf_dir(source) else gguf_weights(source)  # a GGUF: read in place, only our layers
         if gguf is not None:
             cfg = {k: v for k, v in gguf.config.items() if k not in ("model_type", "architectures")}
             self.config = config = AutoConfig.for_model("llama", **cfg)
