@@ -139,6 +139,9 @@ def _engine_config(args: argparse.Namespace, src) -> EngineConfig | int:
     if args.kv_slots is not None and args.kv_slots < args.max_batch:
         print("superfluid: --kv-slots must be at least --max-batch", file=sys.stderr)
         return 2
+    draft = _draft_model(args, args.runtime or default_runtime(src.path))
+    if isinstance(draft, int):
+        return draft
     template = None
     if args.chat_template_file:
         try:
@@ -155,8 +158,30 @@ def _engine_config(args: argparse.Namespace, src) -> EngineConfig | int:
                         tool_dialect=args.tool_dialect,
                         runtime=args.runtime or default_runtime(src.path), pooling=args.pooling,
                         matryoshka=args.matryoshka, speculative=args.speculative,
-                        spec_max_tokens=args.spec_max_tokens, sampling=sampling_defaults.from_args(args),
+                        spec_max_tokens=args.spec_max_tokens, draft_model=draft,
+                        sampling=sampling_defaults.from_args(args),
                         **_kv_disk(args))
+
+
+def _draft_model(args: argparse.Namespace, runtime: str) -> str | int:
+    """--draft-model's absolute path ("" without one), or the exit status after one clear line."""
+    path = getattr(args, "draft_model", None)
+    if args.speculative == "draft" and not path:
+        print("superfluid: --speculative draft needs --draft-model GGUF (a small model of the same vocabulary)",
+              file=sys.stderr)
+        return 2
+    if not path:
+        return ""
+    if args.speculative != "draft":
+        print("superfluid: --draft-model is used with --speculative draft", file=sys.stderr)
+        return 2
+    if runtime != "llamacpp":
+        print("superfluid: --draft-model drafts on llama.cpp: the served model must be a GGUF", file=sys.stderr)
+        return 2
+    if not os.path.isfile(path):
+        print(f"superfluid: --draft-model {path}: no such file", file=sys.stderr)
+        return 2
+    return os.path.abspath(path)
 
 
 def _kv_disk(args: argparse.Namespace) -> dict:

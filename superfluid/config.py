@@ -61,8 +61,10 @@ class EngineConfig:
     matryoshka: bool = False  # embeddings may be cut to `dimensions` (a model trained for it)
     kv_dir: str = ""  # the disk tier of the KV cache ("": none); each model file gets its own folder in it
     kv_disk_mb: float = 0.0  # its size cap
-    speculative: str = "off"  # "ngram": decode runs verify drafts looked up in the lane's own context
+    speculative: str = "off"  # "ngram": decode runs verify drafts looked up in the lane's own context; "draft":
+    # drafts a second, small model (draft_model) proposes
     spec_max_tokens: int = 8  # most drafts a lane verifies in one step
+    draft_model: str = ""  # --speculative draft: the draft model's GGUF (same vocabulary)
     sampling: tuple[tuple[str, float], ...] = ()  # the operator's sampling defaults (sampling_defaults.py)
 
     @property

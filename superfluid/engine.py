@@ -48,7 +48,8 @@ class Engine(EngineBase):
         super().__init__(cfg, tokenizer, log)
         self.spec = WorkerSpec(cfg.model_path, cfg.slots, n_ctx, cfg.threads, cfg.step_tokens, runtime=cfg.runtime,
                                stages=cfg.stages, spares=cfg.stage_spares, stage_psk=cfg.stage_psk,
-                               split=cfg.stage_split, pooling=cfg.pooling, kv_dir=cfg.kv_dir,
+                               split=cfg.stage_split, pooling=cfg.pooling,
+                               kv_dir=cfg.kv_dir, draft_model=cfg.draft_model,
                                kv_disk_mb=cfg.kv_disk_mb, rpc_nodes=cfg.rpc_nodes, rpc_split=cfg.rpc_split,
                                rpc_names=cfg.rpc_names, rpc_listen_fd=cfg.rpc_listen_fd)
         self.worker: WorkerProcess | None = None
@@ -91,7 +92,7 @@ class Engine(EngineBase):
         self.sched.embeds.window = self.info.embed_window
         self.sched.embeds.chunks = self.info.embed_chunks
         self.sched.spec.supported = bool(self.info.speculate)  # the runtime verifies drafted rows
-        self.sched.spec.max_tokens = self.cfg.spec_max_tokens if self.cfg.speculative == "ngram" else 0
+        self.sched.spec.max_tokens = self.cfg.spec_max_tokens if self.cfg.speculative in ("ngram", "draft") else 0
         self._task = asyncio.create_task(self._supervised(), name="engine-loop")
 
     async def close(self, error: SuperfluidError | None = None) -> None:

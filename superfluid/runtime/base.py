@@ -16,11 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import EmbeddingUnsupported
+from ..errors import EmbeddingUnsupported, ModelLoadError
 from ..plan import PLACEHOLDER, EmbedItem, KvIo, LaneError, Run, Sampled, Save, StepPlan, StepResult, Vector
 from .kvstore import KvStore
 from .sampling import LaneSampler
-from .speculate import LaneTokens
+from .speculate import LaneTokens, NgramDrafter, within_grammar
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,8 @@ class Runtime(ABC):
         self._broken: set[int] = set()  # lanes whose KV is lost until they are opened again
         self._faulted: set[int] = set()  # lanes that failed on their own (grammar, sampler) until reopened
         self.kv_store: KvStore | None = None  # the disk tier, attached by the worker
-        self.lanes = LaneTokens()  # what each lane holds: drafts are looked up in it (info.speculate)
+        self.lanes = LaneTokens()  # what each lane holds: drafts continue it (info.speculate)
+        self.drafter: Any = NgramDrafter()  # proposes drafts: prompt lookup, or a draft model (attach_draft)
 
     @abstractmethod
     def open_lane(self, seq: int, keep: int) -> None: ...
@@ -142,6 +143,7 @@ class Runtime(ABC):
             else:
                 self.copy_lane(c.src, c.dst, c.n)
                 self.lanes.copy(c.src, c.dst, c.n)
+                self.drafter.copy(c.src, c.dst, c.n)
         restored = 0
         for ld in plan.loads:
             data = self.kv_store.get(ld.key) if self.kv_store is not None else None
@@ -155,7 +157,9 @@ class Runtime(ABC):
                 self.kv_store.drop(key)
         sampled: list[Sampled] = []
         drafted: list[tuple[int, int]] = []
-        runs = tuple(self._resolve(r) for r in plan.runs if r.seq not in self._broken and r.seq not in self._faulted)
+        wants: dict[int, int] = {}  # seq -> drafts the scheduler allows its decode run
+        runs = self._drafted(tuple(self._resolve(r, wants) for r in plan.runs
+                                   if r.seq not in self._broken and r.seq not in self._faulted), wants)
         if runs:
             logits = self.forward(runs)
             for run in runs:
@@ -240,9 +244,9 @@ class Runtime(ABC):
         return tuple(Vector(it.key, np.asarray(v, dtype="<f4").tobytes())
                      for it, v in zip(items, out, strict=True) if it.last and it.tokens)
 
-    def _resolve(self, run: Run) -> Run:
+    def _resolve(self, run: Run, wants: dict[int, int]) -> Run:
         if self.info.speculate and run.sample and len(run.tokens) == 1:
-            return self._decode(run)
+            return self._decode(run, wants)
         if PLACEHOLDER not in run.tokens:
             return run
         last = self._last_of(run.seq)
@@ -253,12 +257,31 @@ class Runtime(ABC):
             raise ValueError(f"lane {seq} has no sampled token to feed")
         return self._last[seq]
 
-    def _decode(self, run: Run) -> Run:
+    def _decode(self, run: Run, wants: dict[int, int]) -> Run:
         """A decode in a speculating runtime: at the lane's end (a step in flight when it was
-        planned may have kept drafts), with drafts when the scheduler allows them."""
+        planned may have kept drafts); `wants` gets the drafts the scheduler allows it."""
         token = self._last_of(run.seq) if run.tokens[0] == PLACEHOLDER else run.tokens[0]
         end = self.lane_len(run.seq)
-        sampler = self._samplers.get(run.seq)
-        drafts = self.lanes.draft(run.seq, token, run.draft, sampler.matcher if sampler else None) \
-            if run.draft and sampler is not None else []
-        return Run(run.seq, run.pos if end is None else end, (token, *drafts), True, len(drafts))
+        if run.draft and run.seq in self._samplers:
+            wants[run.seq] = run.draft
+        return Run(run.seq, run.pos if end is None else end, (token,), True)
+
+    def attach_draft(self, path: str) -> None:
+        """Draft with a second, small model of the same vocabulary (--speculative draft)."""
+        raise ModelLoadError(f"the {type(self).__name__} runtime cannot draft with a model ({path})")
+
+    def _drafted(self, runs: tuple[Run, ...], wants: dict[int, int]) -> tuple[Run, ...]:
+        """The decode runs in `wants` with their drafts (all lanes' at once: a draft model
+        batches them), each cut where its lane's grammar would reject one."""
+        if not wants:
+            return runs
+        proposed = self.drafter.propose({r.seq: (self.lanes.context(r.seq, r.tokens[0]), wants[r.seq])
+                                         for r in runs if r.seq in wants})
+        out = []
+        for r in runs:
+            drafts = proposed.get(r.seq) if r.seq in wants else None
+            if drafts:
+                sampler = self._samplers.get(r.seq)
+                drafts = within_grammar(list(drafts)[:wants[r.seq]], sampler.matcher if sampler else None)
+            out.append(Run(r.seq, r.pos, (*r.tokens, *drafts), True, len(drafts)) if drafts else r)
+        return tuple(out)

@@ -226,7 +226,13 @@ class LlamaCppRuntime(Runtime):
     def drop_tail(self, seq: int, n: int) -> None:
         ll.llama_memory_seq_rm(self.mem, seq, n, -1)
 
+    def attach_draft(self, path: str) -> None:
+        from .draft_model import DraftModel
+        self.drafter = DraftModel(path, self.vocab, lanes=self.info.n_lanes, n_ctx=self.info.n_ctx,
+                                  threads=self.threads, batch_tokens=self.n_batch)
+
     def close(self) -> None:
+        self.drafter.close()
         embedder = getattr(self, "_embedder", None)
         if embedder is not None:
             embedder.close()

@@ -135,7 +135,18 @@ TORCH_RUNTIMES = {"transformers": (".transformers", "TransformersRuntime"),
 
 def load_runtime(s: Any):
     """The runtime a worker's settings name (worker.protocol.WorkerSettings): the one place
-    runtimes are chosen by name."""
+    runtimes are chosen by name; with its draft model (--speculative draft) attached."""
+    rt = _runtime(s)
+    if getattr(s, "draft_model", ""):
+        try:
+            rt.attach_draft(s.draft_model)
+        except BaseException:
+            rt.close()
+            raise
+    return rt
+
+
+def _runtime(s: Any):
     if s.runtime == "llamacpp":
         from .llamacpp import LlamaCppRuntime
         return LlamaCppRuntime(s.model, lanes=s.lanes, n_ctx=s.ctx,

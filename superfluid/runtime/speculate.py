@@ -1,5 +1,7 @@
-"""Speculative decoding in the runtime: prompt-lookup (n-gram) drafting and the tokens each
-lane's KV holds, which the drafts are looked up in.
+"""Speculative decoding in the runtime: prompt-lookup (n-gram) drafting, the tokens each
+lane's KV holds (what drafts continue) and the grammar's cut. A draft model
+(runtime/draft_model.py, `--speculative draft`) is the other drafter: its drafts are
+verified the same way.
 
 A decode run that the scheduler allows `draft` tokens gets, after the lane's last sampled
 token, up to that many drafted tokens: the continuation of the longest recent n-gram of the
@@ -69,14 +71,31 @@ class LaneTokens:
             h.extend([PLACEHOLDER] * (pos - len(h)))
         h[pos:pos + len(tokens)] = tokens
 
-    def draft(self, seq: int, last: int, k: int, matcher=None) -> list[int]:
-        """Drafts after `last`, the lane's token about to be fed; a grammar's matcher (that
-        has consumed `last`) cuts them at the first one it rejects."""
-        ctx = np.fromiter((*self.held.get(seq, ()), last), dtype=np.int64)
-        out = propose(ctx, k)
-        if out and matcher is not None:
-            try:
-                out = out[:max(0, int(matcher.validate_tokens(out)))]
-            except Exception:  # noqa: BLE001 -- no drafts rather than a draft the grammar may refuse
-                out = []
-        return out
+    def context(self, seq: int, last: int) -> list[int]:
+        """What the lane holds, then `last`, its token about to be fed: what drafts continue."""
+        return [*self.held.get(seq, ()), last]
+
+
+class NgramDrafter:
+    """Prompt lookup: drafts are the continuation of the lane's own text (`propose`)."""
+
+    def propose(self, wants: dict[int, tuple[list[int], int]]) -> dict[int, list[int]]:
+        """Up to k drafts for each lane {seq: (context, k)}."""
+        return {seq: propose(np.asarray(ctx, dtype=np.int64), k) for seq, (ctx, k) in wants.items()}
+
+    def copy(self, src: int, dst: int, n: int) -> None:
+        pass  # it keeps nothing per lane
+
+    def close(self) -> None:
+        pass
+
+
+def within_grammar(drafts: list[int], matcher) -> list[int]:
+    """The drafts cut at the first one a lane's grammar matcher (that has consumed the lane's
+    last token) rejects."""
+    if not drafts or matcher is None:
+        return drafts
+    try:
+        return drafts[:max(0, int(matcher.validate_tokens(drafts)))]
+    except Exception:  # noqa: BLE001 -- no drafts rather than a draft the grammar may refuse
+        return []

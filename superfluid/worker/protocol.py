@@ -48,6 +48,7 @@ class WorkerSettings(Record):
     pooling: str | None = None  # llama.cpp embeddings: mean, cls or last (None: the GGUF's)
     kv_dir: str = ""  # the disk tier of the KV cache ("" : none)
     kv_disk_mb: float = 0.0  # its size cap
+    draft_model: str = ""  # a small GGUF of the same vocabulary that drafts for speculation ("": none)
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,7 @@ import numpy as np
 
 from superfluid.plan import PLACEHOLDER, Sampled, StepResult
 from superfluid.request import FinishReason, Qos, SamplingParams
-from superfluid.runtime.speculate import LaneTokens, propose
+from superfluid.runtime.speculate import LaneTokens, NgramDrafter, propose
 from superfluid.sched.scheduler import Job, Scheduler
 from superfluid.sched.spec import COOLDOWN
 
@@ -121,10 +121,11 @@ def test_propose_continues_the_most_recent_earlier_ngram():
     held.keep(1, 0)
     held.copy(0, 1, 4)
     assert held.held[1] == [1, 2, 3, 4]
-    assert held.draft(0, 3, 2) == [4, 1]  # "2 3" seen before: followed by 4 1
+    ngram = NgramDrafter()
+    assert ngram.propose({0: (held.context(0, 3), 2)}) == {0: [4, 1]}  # "2 3" seen before: followed by 4 1
     held.unknown(2, 3)
     held.fed(2, 3, (8, 9))
-    assert held.draft(2, 8, 3) == []  # the restored prefix is unknown: nothing to look up
+    assert ngram.propose({2: (held.context(2, 8), 3)}) == {2: []}  # the restored prefix is unknown: nothing to look up
 
 
 def test_a_lane_gets_as_many_drafts_as_its_acceptance_pays_for():
