@@ -135,3 +135,14 @@ def test_a_lane_gets_as_many_drafts_as_its_acceptance_pays_for():
     assert plan.runs[0].draft == 8  # no history yet: the whole allowance
     s.update(plan, StepResult(plan.step, (Sampled(j.seq, 11),), drafted=((j.seq, 8),)))  # none accepted
     assert s.schedule().runs[0].draft == 6  # acceptance average 0.7 -> ceil(8 x 0.7)
+
+
+def test_draft_model_flags_are_checked_before_anything_loads(capsys, tmp_path):
+    from superfluid.cli import main
+    assert main(["serve", "--speculative", "draft", "--port", "1"]) == 2
+    assert "--speculative draft needs --draft-model" in capsys.readouterr().err
+    (tmp_path / "d.gguf").write_bytes(b"GGUF")
+    assert main(["serve", "--draft-model", str(tmp_path / "d.gguf"), "--port", "1"]) == 2
+    assert "--draft-model is used with --speculative draft" in capsys.readouterr().err
+    assert main(["serve", "--speculative", "draft", "--draft-model", str(tmp_path / "none.gguf"), "--port", "1"]) == 2
+    assert "no such file" in capsys.readouterr().err
