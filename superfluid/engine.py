@@ -40,6 +40,10 @@ log = logging.getLogger("superfluid.engine")
 
 PIPELINE_DEPTH = 2  # plans in flight to the worker
 EMBED_STEP_MAX = 16384  # most embedding tokens in one step, however fast the model
+# rows of a step's batch below which llama.cpp's CPU matmul leaves its batched path: a prompt
+# prefilled in chunks of 32-63 tokens took 1.7-3x as long as in chunks of 64 or more
+# (docs/performance.md), so a step never shrinks below it, however slow the measured tokens
+PREFILL_FLOOR = 64
 
 
 class Engine(EngineBase):
@@ -272,7 +276,7 @@ class Engine(EngineBase):
         cost = result.elapsed_s / n
         self._token_cost = cost if not self._token_cost else 0.8 * self._token_cost + 0.2 * cost
         want = int(self.cfg.step_target_s / self._token_cost)
-        self.sched.prefill_budget = min(self.cfg.step_tokens, max(self.cfg.max_batch + 16, want))
+        self.sched.prefill_budget = min(self.cfg.step_tokens, max(PREFILL_FLOOR, self.cfg.max_batch + 16, want))
         self.sched.embed_budget = min(EMBED_STEP_MAX, max(64, want))
 
     def _fill(self, inflight: deque[StepPlan]) -> None:
