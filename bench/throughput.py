@@ -1,32 +1,46 @@
 """Aggregate completion tokens/s through the daemon vs a raw llama-cpp-python batched
 decode loop (the physical limit for this runtime), at 1, 2, 4 and 8 concurrent requests.
 
-    python bench/throughput.py [--model PATH] [--max-tokens 128] [--rounds 5] [--stream]
+    python bench/throughput.py [--model PATH] [--max-tokens 128] [--rounds 5] [--stream] [--peer]
 
 Both sides: the same GGUF, the same thread count, the same context layout (lanes x ctx,
 one KV stream per lane), distinct prompts, greedy, run to length (EOS ignored); the time
 counts prefill and decode, from the first request sent to the last token received. Prints
-the median of the rounds and the ratio daemon / raw."""
+the median of the rounds and the ratio daemon / raw.
+
+--peer adds llama-server (the xllamacpp wheel, bench only) with as many parallel slots as the
+daemon has lanes, both at their default thread counts (--threads 0: ours is every core, its
+is llama.cpp's), and a cold-TTFT row: a distinct ~1,500-token prompt per round, streamed,
+seconds to the first token on each (the raw loop then runs at the daemon's thread count)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import sys
 import time
 from pathlib import Path
 
 import httpx
-import llama_cpp as ll
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from superfluid.config import THREAD_ENV  # noqa: E402
+
+for _k, _v in THREAD_ENV.items():  # the raw loop waits as the daemon's worker does (read when OpenMP loads)
+    os.environ.setdefault(_k, _v)
+import llama_cpp as ll  # noqa: E402
+import numpy as np  # noqa: E402
+
 from superfluid.codec.template import ChatTemplate  # noqa: E402
 from superfluid.codec.tokenizer import Tokenizer, quiet_llama_logs  # noqa: E402
 from superfluid.runtime.llamacpp import model_params  # noqa: E402
 from superfluid.runtime.registry import resolve  # noqa: E402
 from tests.integration.daemon import Daemon  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import LlamaServerProcess, document, stream_ttft  # noqa: E402
 
 TOPICS = ["the sea", "a mountain", "a robot", "a city at night", "an old library", "a desert",
           "a violin", "the moon", "a garden", "a train journey", "winter", "a lighthouse"]
@@ -131,26 +145,51 @@ async def daemon_round(url: str, model: str, texts: list[str], max_tokens: int, 
         return sum(counts), time.perf_counter() - t0
 
 
+def cold_prompt(r: int, tok: Tokenizer, tpl: ChatTemplate, target: int = 1500) -> list[dict]:
+    """A distinct conversation of about `target` prompt tokens (nothing cached anywhere)."""
+    words = 1000
+    for _ in range(4):
+        msgs = [{"role": "user", "content": f"[cold {r}] Summarise this: " + document(r, words)}]
+        n = len(tok.encode_prompt(tpl.render(msgs)))
+        words = max(50, int(words * target / n))
+    return msgs
+
+
+def ttft(url: str, msgs: list[dict]) -> float:
+    async def go() -> float:
+        async with httpx.AsyncClient(base_url=url, timeout=600) as c:
+            return (await stream_ttft(c, {"messages": msgs, "max_tokens": 4, "temperature": 0, "ignore_eos": True}))[0]
+    return asyncio.run(go())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--levels", default="1,2,4,8")
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=1, help="0: every core (the daemon's default)")
+    ap.add_argument("--peer-default", action="store_true", help="llama-server at llama.cpp's own thread default")
     ap.add_argument("--ctx", type=int, default=1024)
     ap.add_argument("--stream", action="store_true")
+    ap.add_argument("--peer", action="store_true", help="add llama-server (xllamacpp) and a cold-TTFT row")
     a = ap.parse_args()
+    if a.threads <= 0:  # the daemon's default: every core this process may use
+        a.threads = len(os.sched_getaffinity(0))
+    if a.peer:
+        a.ctx = max(a.ctx, 2048)  # room for the cold ~1,500-token prompt in a lane (a slot)
     src = resolve(a.model)
     levels = [int(x) for x in a.levels.split(",")]
     lanes = max(levels)
     tok = Tokenizer(src.path)
     tpl = ChatTemplate(tok.chat_template)
     extra = [src.path] if a.model else []
-    d = Daemon(*extra, max_context=a.ctx, max_batch=lanes)
+    d = Daemon(*extra, max_context=a.ctx, max_batch=lanes, threads=a.threads)
     d_id = src.id
+    peer = LlamaServerProcess(src.path, 0 if a.peer_default else a.threads, lanes * a.ctx, lanes) if a.peer else None
     raw = RawLoop(src.path, lanes, a.ctx, a.threads, 256)
-    results: dict[int, tuple[list[float], list[float]]] = {n: ([], []) for n in levels}
+    results: dict[int, tuple[list[float], list[float], list[float]]] = {n: ([], [], []) for n in levels}
+    cold: tuple[list[float], list[float]] = ([], [])
     try:
         asyncio.run(daemon_round(d.url, d_id, prompts(1, 0), 8, a.stream))  # warm up both
         raw.run([tok.encode_prompt(tpl.render([{"role": "user", "content": "hi"}]))], 8)
@@ -158,23 +197,40 @@ def main() -> None:
             for n in levels:
                 texts = prompts(n, r * 3)
                 toks = [tok.encode_prompt(tpl.render(conversation(t))) for t in texts]
-                # alternate who goes first, so drift on a shared machine hits both sides alike
-                for side in ((0, 1) if r % 2 == 0 else (1, 0)):
-                    if side == 0:
-                        produced, dt = asyncio.run(daemon_round(d.url, d_id, texts, a.max_tokens, a.stream))
-                    else:
+                # alternate who goes first, so drift on a shared machine hits every side alike
+                sides = [0, 1] + ([2] if peer else [])
+                for side in (sides if r % 2 == 0 else sides[::-1]):
+                    if side == 1:
                         t0 = time.perf_counter()
                         produced = raw.run(toks, a.max_tokens)
                         dt = time.perf_counter() - t0
+                    else:
+                        url = d.url if side == 0 else peer.url  # type: ignore[union-attr]
+                        produced, dt = asyncio.run(daemon_round(url, d_id, texts, a.max_tokens, a.stream))
                     results[n][side].append(produced / dt)
+            if peer:
+                msgs = cold_prompt(r, tok, tpl)
+                for side in ((0, 1) if r % 2 == 0 else (1, 0)):
+                    cold[side].append(ttft(d.url if side == 0 else peer.url, msgs))
     finally:
         d.stop()
+        if peer:
+            peer.stop()
     print(f"model {d_id}, threads {a.threads}, {a.max_tokens} tokens per request, "
           f"{'streaming' if a.stream else 'non-streaming'}, median of {a.rounds} rounds")
-    print(f"{'concurrent':>10} {'daemon tok/s':>13} {'raw tok/s':>10} {'ratio':>6}")
+    head = f"{'concurrent':>10} {'daemon tok/s':>13} {'raw tok/s':>10} {'ratio':>6}"
+    print(head + (f" {'llama-server tok/s':>19} {'daemon/llama-server':>20}" if peer else ""))
     for n in levels:
         dm, rm = statistics.median(results[n][0]), statistics.median(results[n][1])
-        print(f"{n:>10} {dm:>13.1f} {rm:>10.1f} {dm / rm:>6.3f}")
+        row = f"{n:>10} {dm:>13.1f} {rm:>10.1f} {dm / rm:>6.3f}"
+        if peer:
+            pm = statistics.median(results[n][2])
+            row += f" {pm:>19.1f} {dm / pm:>20.3f}"
+        print(row)
+    if peer:
+        dc, pc = statistics.median(cold[0]), statistics.median(cold[1])
+        print(f"cold TTFT of a ~1,500-token prompt: daemon {dc:.2f} s, llama-server {pc:.2f} s "
+              f"(daemon / llama-server {dc / pc:.3f})")
 
 
 if __name__ == "__main__":
