@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 
 from .daemon import free_port
 
@@ -54,3 +56,21 @@ class Node:
                 self.proc.kill()
                 self.proc.wait()
         self._log.close()
+
+
+def together(*starts: Callable[[], Node]) -> list[Node]:
+    """Nodes started at once, not one after another (each start is mostly a process loading
+    its model while the caller polls its log); in the order given."""
+    with concurrent.futures.ThreadPoolExecutor(len(starts)) as pool:
+        futures = [pool.submit(f) for f in starts]
+    nodes, errors = [], []
+    for f in futures:
+        try:
+            nodes.append(f.result())
+        except Exception as e:  # noqa: BLE001 -- stop the ones that did start, then raise
+            errors.append(e)
+    if errors:
+        for n in nodes:
+            n.stop()
+        raise errors[0]
+    return nodes

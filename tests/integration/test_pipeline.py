@@ -28,7 +28,7 @@ from superfluid.link import messages as m  # noqa: E402
 
 from . import hf  # noqa: E402
 from .daemon import Daemon  # noqa: E402
-from .fleet import Node  # noqa: E402
+from .fleet import Node, together  # noqa: E402
 
 MODEL = "SmolLM2-135M-Instruct"
 N = 16
@@ -37,7 +37,7 @@ N = 16
 @pytest.fixture(scope="module")
 def stages():
     hf.folder()  # converted once, into the home the stages share
-    nodes = [Node("--stage", home=str(hf.HOME)) for _ in range(3)]
+    nodes = together(*[lambda: Node("--stage", home=str(hf.HOME))] * 3)
     yield nodes
     for n in nodes:
         n.stop()
@@ -46,6 +46,15 @@ def stages():
 def head(nodes, *args: str) -> Daemon:
     return Daemon("--pipeline", ",".join(f"127.0.0.1:{n.port}" for n in nodes), "--sessions-cache", *args,
                   max_context=1024, max_batch=4)
+
+
+@pytest.fixture(scope="module")
+def two(stages):
+    """One head on the first two stages, shared by the tests that need one (each head that
+    connects has its stages load their layers); the stage-kill test is the last to use it."""
+    d = head(stages[:2])
+    yield d
+    d.stop()
 
 
 def oc(d: Daemon) -> openai.OpenAI:
@@ -108,10 +117,10 @@ def test_bad_stage_requests_are_answered_with_errors_and_the_stage_keeps_serving
 
 
 @pytest.mark.parametrize("k", [2, 3])
-def test_a_pipeline_gives_the_tokens_of_one_model(stages, k):
+def test_a_pipeline_gives_the_tokens_of_one_model(stages, request, k):
     """With 3 stages the head speculates (ngram): the last stage returns logits for each
     drafted row, and the tokens are still those of one model."""
-    d = head(stages[:k], *(("--speculative", "ngram") if k == 3 else ()))
+    d = request.getfixturevalue("two") if k == 2 else head(stages[:k], "--speculative", "ngram")
     try:
         qs = ["What is the capital of France?", "Name a color.", "Say hello in French."]
         if k == 3:
@@ -135,7 +144,8 @@ def test_a_pipeline_gives_the_tokens_of_one_model(stages, k):
                                                  options={"temperature": 0, "num_predict": N})
             assert om.message.content == expected(q)
     finally:
-        d.stop()
+        if k != 2:
+            d.stop()
     # each stage held only its layers: contiguous ranges over all 30; the middle ones carry no
     # embedding or head (the first holds the embedding, the last the tied output head: one extra copy)
     ref = hf._reference()
@@ -153,15 +163,11 @@ def test_a_pipeline_gives_the_tokens_of_one_model(stages, k):
         assert held[1][2] == 10 * per_layer
 
 
-def test_a_decoded_token_costs_one_pass_per_stage_whatever_the_context(stages):
-    d = head(stages[:2])
-    try:
-        before = [stage_status(n)["tokens_fed"] for n in stages[:2]]
-        long_q = "Summarize: " + "the keeper trimmed the lamp at dusk and watched the sea. " * 40
-        r = ask(d, long_q)
-        after = [stage_status(n)["tokens_fed"] for n in stages[:2]]
-    finally:
-        d.stop()
+def test_a_decoded_token_costs_one_pass_per_stage_whatever_the_context(stages, two):
+    before = [stage_status(n)["tokens_fed"] for n in stages[:2]]
+    long_q = "Summarize: " + "the keeper trimmed the lamp at dusk and watched the sea. " * 40
+    r = ask(two, long_q)
+    after = [stage_status(n)["tokens_fed"] for n in stages[:2]]
     u = r.usage
     fed = u.prompt_tokens - u.prompt_tokens_details.cached_tokens + u.completion_tokens - 1
     assert u.prompt_tokens > 400 and u.completion_tokens == N
@@ -171,29 +177,26 @@ def test_a_decoded_token_costs_one_pass_per_stage_whatever_the_context(stages):
         assert fed <= a - b <= fed + 2
 
 
-def test_a_stage_killed_mid_stream_is_a_typed_error_and_the_daemon_serves_again(stages):
-    d = head(stages[:2])
-    try:
-        body = {"model": MODEL, "messages": [{"role": "user", "content": "Write a long story."}],
-                "max_tokens": 400, "temperature": 0, "stream": True}
-        with httpx.stream("POST", d.url + "/v1/chat/completions", json=body, timeout=120) as r:
-            lines = r.iter_lines()
-            got = 0
-            while got < 3:
-                got += next(lines).startswith("data: ")
-            stages[1].proc.send_signal(signal.SIGKILL)
-            rest = [ln for ln in lines if ln.startswith("data: ")]
-        assert rest[-1] == "data: [DONE]"
-        errors = [json.loads(ln[6:]) for ln in rest[:-1] if '"error"' in ln]
-        assert errors and errors[0]["error"]["code"] == "stage_unavailable", errors
-        assert d.health() is not None  # the daemon answers
-        with pytest.raises(openai.APIStatusError):
-            ask(d, "Name a color.")  # the stage is still down
-        stages[1].proc.wait(10)
-        stages[1] = Node("--stage", home=str(hf.HOME), port=stages[1].port)  # back on its port
-        assert ask(d, "Name a color.").choices[0].message.content == expected("Name a color.")
-    finally:
-        d.stop()
+def test_a_stage_killed_mid_stream_is_a_typed_error_and_the_daemon_serves_again(stages, two):
+    d = two
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Write a long story."}],
+            "max_tokens": 400, "temperature": 0, "stream": True}
+    with httpx.stream("POST", d.url + "/v1/chat/completions", json=body, timeout=120) as r:
+        lines = r.iter_lines()
+        got = 0
+        while got < 3:
+            got += next(lines).startswith("data: ")
+        stages[1].proc.send_signal(signal.SIGKILL)
+        rest = [ln for ln in lines if ln.startswith("data: ")]
+    assert rest[-1] == "data: [DONE]"
+    errors = [json.loads(ln[6:]) for ln in rest[:-1] if '"error"' in ln]
+    assert errors and errors[0]["error"]["code"] == "stage_unavailable", errors
+    assert d.health() is not None  # the daemon answers
+    with pytest.raises(openai.APIStatusError):
+        ask(d, "Name a color.")  # the stage is still down
+    stages[1].proc.wait(10)
+    stages[1] = Node("--stage", home=str(hf.HOME), port=stages[1].port)  # back on its port
+    assert ask(d, "Name a color.").choices[0].message.content == expected("Name a color.")
 
 
 def test_a_spare_takes_the_place_of_a_lost_stage_and_the_stream_goes_on(stages):
