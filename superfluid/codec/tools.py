@@ -62,6 +62,40 @@ def instructions(tools: list[dict], open_: str, close: str, example: str = "") -
             f"To call a tool, answer with exactly:\n{example}")
 
 
+# Example requests for `examples`: a small model whose training had no tool calls (SmolLM2-135M)
+# follows the call syntax only once it has seen calls in the conversation, never from a note
+# alone; the examples name no real question, only a tool and made-up values of its parameters
+_ASKS = (("Call {name} with {args}.", " = "), ("Use {name}, {args}.", ": "), ("{name} for {args} please.", " "))
+_VALUES = {"string": ("a1", "b22", "c333"), "integer": (1, 22, 333), "number": (1.5, 22.5, 333.5),
+           "boolean": (True, False, True), "array": ([], [], []), "object": ({}, {}, {})}
+
+
+def examples(tools: list[dict], n: int = 3) -> list[tuple[str, dict]]:
+    """`n` made-up requests and the calls that answer them, built from the tools' schemas
+    alone (tool i % len(tools), its required parameters, example values by JSON type)."""
+    out = []
+    for i in range(n):
+        fn = tools[i % len(tools)]["function"]
+        params = fn.get("parameters") or {}
+        props = params.get("properties")
+        props = props if isinstance(props, dict) else {}
+        required = params.get("required")
+        args: dict = {}
+        for key in [k for k in required if isinstance(k, str)] if isinstance(required, list) else list(props)[:1]:
+            prop = props.get(key)
+            prop = prop if isinstance(prop, dict) else {}
+            kind = prop.get("type")
+            kind = kind if isinstance(kind, str) else "string"
+            enum = prop.get("enum")
+            values = enum if isinstance(enum, list) and enum else _VALUES.get(kind, _VALUES["string"])
+            args[key] = values[i % len(values)]
+        ask, sep = _ASKS[i % len(_ASKS)]
+        shown = ", ".join(k + sep + (v if isinstance(v, str) else json.dumps(v)) for k, v in args.items())
+        ask = ask.format(name=fn["name"], args=shown or "no arguments")
+        out.append((ask, {"name": fn["name"], "arguments": args}))
+    return out
+
+
 def args_obj(arguments: object) -> object:
     if not isinstance(arguments, str):
         return arguments

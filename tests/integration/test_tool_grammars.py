@@ -1,8 +1,8 @@
 """Grammars that keep the embedded model on the rails (issue 17, item 1), through the real
 daemon and the openai client: tool_choice "required" always gives a parsed call, also
 sampled at temperature 1 on a tight budget; tool_choice "auto" is lazy (text, or calls once
-the model writes the call-opening marker), streamed and whole; parallel_tool_calls false
-gives exactly one call."""
+the model writes the call-opening marker), streamed and whole, and calls on a fresh question;
+parallel_tool_calls false gives exactly one call."""
 
 import json
 
@@ -61,12 +61,22 @@ def test_required_at_temperature_1_on_60_tokens_gives_parsed_calls_and_never_tex
     assert called >= 7, called  # measured: 8 of 10 (the other two never end the account string)
 
 
+# a question for two accounts after a turn that answered one such with two calls: the model
+# writes two calls when it may (on a fresh question it follows the default examples, one call
+# a turn)
+CALL = lambda n, account: {"id": f"call_{n}", "type": "function", "function": {  # noqa: E731
+    "name": "lookup_code", "arguments": json.dumps({"account": account})}}
+TWO = [{"role": "user", "content": "What are the access codes for acct-1111 and acct-2222?"},
+       {"role": "assistant", "content": "", "tool_calls": [CALL(1, "acct-1111"), CALL(2, "acct-2222")]},
+       {"role": "user", "content": "What are the access codes for acct-4821 and acct-7356?"}]
+
+
 def test_parallel_tool_calls_false_gives_exactly_one_call(client):
     several = 0
 
     def ask(case: tuple[int, bool | None]):
         seed, parallel = case
-        kw = dict(model=MODEL, messages=ASK, tools=[LOOKUP], tool_choice="required", temperature=1.0, seed=seed,
+        kw = dict(model=MODEL, messages=TWO, tools=[LOOKUP], tool_choice="required", temperature=1.0, seed=seed,
                   max_tokens=80)
         return client.chat.completions.create(**kw, **({} if parallel is None else
                                                         {"parallel_tool_calls": parallel})).choices[0]
@@ -85,10 +95,20 @@ def test_parallel_tool_calls_false_gives_exactly_one_call(client):
 
 
 def test_auto_answers_in_prose_when_the_model_writes_no_call(client):
-    r = client.chat.completions.create(model=MODEL, messages=ASK, tools=[LOOKUP], temperature=0, max_tokens=16)
+    greeting = [{"role": "user", "content": "Hi, how are you?"}]
+    r = client.chat.completions.create(model=MODEL, messages=greeting, tools=[LOOKUP], temperature=0, max_tokens=16)
     c = r.choices[0]
     assert c.message.content and not c.message.tool_calls
     assert c.finish_reason in ("stop", "length")
+
+
+def test_auto_calls_on_a_fresh_question_after_the_default_examples(client):
+    # the template has no tools: the note's example exchanges (codec/tools.examples) are what
+    # make the model write a call on the first turn; without them it answers in prose
+    r = client.chat.completions.create(model=MODEL, messages=ASK, tools=[LOOKUP], temperature=0, max_tokens=60)
+    c = r.choices[0]
+    assert c.finish_reason == "tool_calls", c
+    assert json.loads(c.message.tool_calls[0].function.arguments) == {"account": "acct-4821"}
 
 
 def test_auto_gives_a_call_once_the_model_opens_one(client):

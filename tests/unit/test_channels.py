@@ -100,6 +100,35 @@ def test_rendering_for_a_template_without_tools():
     assert extra == {"tools": tools} and out[1]["tool_calls"][0]["function"]["arguments"] == {"a": 1}
 
 
+def test_a_template_without_tools_gets_example_calls_built_from_the_schemas_alone():
+    tools = tool_list([
+        {"type": "function", "function": {"name": "lookup", "parameters": {
+            "type": "object", "properties": {"id": {"type": "string"}, "n": {"type": "integer"}},
+            "required": ["id", "n"]}}},
+        {"type": "function", "function": {"name": "unit", "parameters": {
+            "type": "object", "properties": {"u": {"type": "string", "enum": ["c", "f"]}}}}}])
+    user = {"role": "user", "content": "What is the code of item 7?"}
+    out, _ = GENERIC.render([{"role": "system", "content": "Be brief."}, user], tools)
+    assert out[0]["content"].startswith("Be brief.\n\n") and out[-1] == user and len(out) == 8
+    shots = out[1:7]
+    assert [m["role"] for m in shots] == ["user", "assistant"] * 3
+    calls = [json.loads(m["content"].removeprefix("<tool_call>\n").removesuffix("\n</tool_call>"))
+             for m in shots[1::2]]
+    assert calls == [{"name": "lookup", "arguments": {"id": "a1", "n": 1}}, {"name": "unit", "arguments": {"u": "f"}},
+                     {"name": "lookup", "arguments": {"id": "c333", "n": 333}}]
+    # each request shows its call's values; none quotes the real question
+    assert all(str(v) in ask["content"] for ask, c in zip(shots[::2], calls, strict=True)
+               for v in c["arguments"].values())
+    assert not any("item 7" in m["content"] for m in shots)
+    # a conversation with calls of its own gets none, nor do templates that list the tools themselves
+    called = [user, {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": '{"id": "7", "n": 7}'}}]}]
+    assert len(GENERIC.render(called, tools)[0]) == 3
+    assert len(GENERIC.render([*called, {"role": "tool", "tool_call_id": "c1", "content": "x"}], tools)[0]) == 4
+    assert HERMES.render([user], tools)[0] == [user]
+    assert GENERIC.render([user], [])[0] == [user]
+
+
 def test_tool_stream_counts():
     s = ToolStream()
     s.feed('<tool_call>{"name": "f", "arguments": {}}</tool_call>')

@@ -13,7 +13,7 @@ import re
 
 from ...request import CallDelta
 from .. import grammar as gr
-from ..tools import args_obj, call_from, new_call_id, parse_json, partial_suffix
+from ..tools import args_obj, call_from, examples, new_call_id, parse_json, partial_suffix
 from .base import Dialect, Parser, Parts, calls_lark
 
 CLOSE = "\n</tool_call>"
@@ -205,6 +205,20 @@ class Generic(Hermes):
 
     def tool_result(self, message: dict) -> dict:
         return {"role": "user", "content": f"<tool_response>\n{message.get('content') or ''}\n</tool_response>"}
+
+    def render(self, messages: list[dict], tools: list[dict] | None) -> tuple[list[dict], dict]:
+        """As Hermes, plus example exchanges after the system note (codec/tools.examples) while
+        the conversation has no call of its own: a model never taught tool calls writes one
+        only after seeing calls in the conversation (once it has its own call and result, the
+        examples made SmolLM2 echo the result's markup instead of answering)."""
+        out, extra = super().render(messages, tools)
+        if tools and not any(m.get("tool_calls") or m.get("role") == "tool" for m in messages):
+            shots: list[dict] = []
+            for ask, call in examples(tools):
+                shots += [{"role": "user", "content": ask},
+                          {"role": "assistant", "content": self.call_text([{"function": call}])}]
+            out[1:1] = shots
+        return out, extra
 
 
 HERMES = Hermes()
