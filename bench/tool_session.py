@@ -2,19 +2,24 @@
 for acct-NNNN?" (a random 4-digit account per turn, seeded) offering one tool,
 lookup_code(account: string), with tool_choice "auto" and the server's default system note
 for tools. Reported: turns that gave a call, and turns whose call names the asked account
-(the account string contains "NNNN"). Greedy by default (--temperature to sample, seed =
-turn number).
+(the account string contains "NNNN"); then --control requests no tool answers ("Write a
+haiku about rain.", ...), where a call is a false one (calls_on_other). Greedy by default
+(--temperature to sample, seed = turn number).
 
-    python bench/tool_session.py [--turns 50] [--seed 17] [--temperature 0] [--llama-server]
+    python bench/tool_session.py [--turns 50] [--seed 17] [--temperature 0] [--control 10] [--llama-server]
 
 --llama-server also runs the same turns against llama-server (the xllamacpp wheel, its own
 `tools` support with --jinja), bench only.
 
-Measured 2026-12-01 on the 2-core machine (SmolLM2-135M Q4_1, lazy auto grammar in place):
-superfluid 0/50 calls greedy and 0/50 at temperature 1; llama-server 0/50 greedy. The model
-never writes the call-opening marker on a fresh question (`<` is not among its 5 most likely
-first tokens under any of 9 system-note wordings tried), so the lazy grammar never engages;
-the issue's target (calls on >= 90% of turns) is not met with this model."""
+Measured 2026-12-01 on the 2-core machine (SmolLM2-135M Q4_1, lazy auto grammar):
+- before, with only the system note: 0/50 calls greedy and 0/50 at temperature 1; llama-server
+  0/50 greedy. The model never opened a call on a fresh question under any of 9 note wordings
+  nor under the SmolLM2 model card's own function-calling prompt (0/10 greedy; 16 to 24 tokens
+  were more likely than `<` as the reply's first). SmolLM2-135M/360M-Instruct were tuned on
+  smol-smoltalk, which has no function-calling data.
+- now, the note followed by three example exchanges built from the tool schemas
+  (codec/tools.examples): greedy 50/50 calls, 50/50 right account, 1/10 calls on the control
+  requests; temperature 1: 20/50 calls, 15/50 right, 1/10 on the control requests."""
 
 from __future__ import annotations
 
@@ -24,7 +29,7 @@ import random
 import sys
 
 import httpx
-from common import Daemon
+from common import Daemon, LlamaServer
 
 MODEL = "SmolLM2-135M-Instruct"
 TOOL = {"type": "function", "function": {
@@ -33,9 +38,18 @@ TOOL = {"type": "function", "function": {
                    "required": ["account"]}}}
 
 
-def turn(url: str, account: str, temperature: float, seed: int, max_tokens: int) -> tuple[bool, bool, str]:
+# requests no tool answers: a call on one of them is a false call (reported as calls_on_other)
+OTHER = ("Write a haiku about rain.", "What is the capital of France?", "Hi, how are you?",
+         "Explain recursion briefly.", "Translate 'thank you' to Spanish.", "Tell me a joke.",
+         "What is 12 times 7?", "Name three colors.", "Summarize: the cat sat on the mat.",
+         "Give me a synonym for happy.")
+
+
+def turn(url: str, account: str, temperature: float, seed: int, max_tokens: int,
+         question: str = "") -> tuple[bool, bool, str]:
     """(a call came, it names the account, what came back) for one fresh chat."""
-    body = {"model": MODEL, "messages": [{"role": "user", "content": f"What is the access code for {account}?"}],
+    question = question or f"What is the access code for {account}?"
+    body = {"model": MODEL, "messages": [{"role": "user", "content": question}],
             "tools": [TOOL], "tool_choice": "auto", "temperature": temperature, "seed": seed,
             "max_tokens": max_tokens}
     r = httpx.post(url + "/v1/chat/completions", json=body, timeout=600)
@@ -55,7 +69,7 @@ def turn(url: str, account: str, temperature: float, seed: int, max_tokens: int)
 
 
 def session(url: str, label: str, turns: int, seed: int, temperature: float, max_tokens: int,
-            verbose: bool) -> dict:
+            verbose: bool, control: int = len(OTHER)) -> dict:
     rng = random.Random(seed)
     called = right = 0
     for i in range(turns):
@@ -66,8 +80,15 @@ def session(url: str, label: str, turns: int, seed: int, temperature: float, max
         if verbose:
             print(f"  {label} {i:2d} {account}: {'call ' if c else 'text '}{'right' if ok else '     '} {shown}",
                   file=sys.stderr)
+    other = 0
+    for i, q in enumerate(OTHER[:control]):
+        c, _, shown = turn(url, "acct-none", temperature, i, max_tokens, q)
+        other += c
+        if verbose:
+            print(f"  {label} other {q[:24]!r}: {'call ' if c else 'text '} {shown}", file=sys.stderr)
     out = {"server": label, "turns": turns, "calls": called, "right_account": right,
-           "call_rate": called / turns, "right_rate": right / turns}
+           "call_rate": called / max(turns, 1), "right_rate": right / max(turns, 1),
+           "other_questions": min(control, len(OTHER)), "calls_on_other": other}
     print(json.dumps(out))
     return out
 
@@ -79,20 +100,19 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--max-tokens", type=int, default=60)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--control", type=int, default=len(OTHER), help="no-tool questions asked after the turns")
     ap.add_argument("--llama-server", action="store_true")
     ap.add_argument("-v", "--verbose", action="store_true")
     a = ap.parse_args()
     d = Daemon(threads=a.threads)
     try:
-        session(d.url, "superfluid", a.turns, a.seed, a.temperature, a.max_tokens, a.verbose)
+        session(d.url, "superfluid", a.turns, a.seed, a.temperature, a.max_tokens, a.verbose, a.control)
     finally:
         d.stop()
     if a.llama_server:
-        from speculative import LlamaServer
-
         from superfluid.runtime.registry import embedded_model
         s = LlamaServer(embedded_model().path, a.threads, 4096)
-        session(s.url, "llama-server", a.turns, a.seed, a.temperature, a.max_tokens, a.verbose)
+        session(s.url, "llama-server", a.turns, a.seed, a.temperature, a.max_tokens, a.verbose, a.control)
 
 
 if __name__ == "__main__":
