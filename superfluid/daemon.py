@@ -148,8 +148,10 @@ async def serve(cfg: ServeConfig, sock: socket.socket, store: Store) -> None:
     sessions = Sessions(store, grace=cfg.resume_grace)  # every engine commits to it (delivery.SessionLog)
 
     def build_local(ec: EngineConfig) -> Engine:
-        if ec.stages and ec.model_id != cfg.engine.model_id:  # a pipeline serves the default model only
-            ec = replace(ec, runtime=default_runtime(ec.model_path), stages=(), stage_spares=())
+        if ec.model_id != cfg.engine.model_id:  # a pipeline or an RPC split serves the default model only
+            if ec.stages:
+                ec = replace(ec, runtime=default_runtime(ec.model_path), stages=(), stage_spares=())
+            ec = replace(ec, rpc_nodes=(), rpc_names=(), rpc_listen_fd=-1, rpc_split=())
         return build_engine(ec, sessions)
 
     build = build_fleet_engine(cfg, store, sessions) if cfg.fleet or cfg.fleet_listen else build_local

@@ -216,18 +216,22 @@ def cached(node: Node) -> int:
     return sum(os.path.getsize(os.path.join(cache, f)) for f in os.listdir(cache)) if os.path.isdir(cache) else 0
 
 
-def test_nodes_that_join_are_split_over_by_name_and_auto_and_a_late_one_after_a_reload(token, alone):
+def test_nodes_that_join_are_split_over_by_name_and_auto_and_a_late_one_after_a_reload(token, alone, tmp_path):
     """`serve --rpc-nodes j1,auto --fleet-listen`: j1 joins before the head starts and is
     waited for by name; j2 joins once the model is loaded, is held out of the split, and a
-    reload takes it in as the last device (its name sorts after j1's)."""
+    reload takes it in as the last device (its name sorts after j1's). Another model the
+    head serves (--model-dir) runs on the head alone: the split is the default model's."""
     port = free_port()
+    (tmp_path / "other.gguf").symlink_to(rpc_model_path())
     j1 = Node("--rpc", "--name", "j1", auth_file=token, join=f"127.0.0.1:{port}")
     head = j2 = None
     try:
         head = Daemon("--rpc-nodes", "j1,auto", "--fleet-listen", f"127.0.0.1:{port}", "--fleet-auth", token,
-                      "--no-mdns", "--sessions-cache", max_batch=2)
+                      "--no-mdns", "--sessions-cache", "--model-dir", str(tmp_path), max_batch=2)
         assert greedy(head) == greedy(alone)
         assert cached(j1) > 10 << 20  # j1 is the last device: it holds the output tensor
+        r = oc(head).chat.completions.create(model="other", messages=STORY, max_tokens=4, temperature=0)
+        assert r.choices[0].message.content == greedy(alone, n=4)
         j2 = Node("--rpc", "--name", "j2", auth_file=token, join=f"127.0.0.1:{port}")
         time.sleep(1.5)  # it joins at once; the loaded split goes on without it
         assert cached(j2) == 0 and greedy(head, n=4)
