@@ -167,23 +167,34 @@ async def _rpc(ec: EngineConfig, host: str | None, port: int, psk: bytes | None,
     offer = node.offer()
     what = (f"serving llama.cpp RPC ({offer['free'] >> 20} MiB free, "
             f"{node.threads} thread{'s' if node.threads != 1 else ''})")
-    crypto = "encrypted" if psk else "plaintext, loopback only"
+    try:
+        await _serve_until_signal(node, host, port, psk, join, mdns_interface, what,
+                                  "encrypted" if psk else "plaintext, loopback only")
+    finally:
+        node.close()
+
+
+async def _serve_until_signal(node, host: str | None, port: int, psk: bytes | None, join: bool,
+                              mdns_interface: str | None, what: str, how: str) -> None:
+    """A node's life: it serves the heads that dial it (`node serve`) or dials its head
+    (`node join`, found by mDNS without an address), until SIGINT / SIGTERM."""
     server = joining = None
     if join:
         joining = asyncio.create_task(node.join(host, port, find=_finder(psk, host, mdns_interface)))
         where = f"the head at {host}:{port}" if host else "a head found by mDNS"
-        print(f"superfluid node {node.node_id}: {what} to {where} ({crypto})", flush=True)
+        print(f"superfluid node {node.node_id}: {what} to {where} ({how})", flush=True)
     else:
         assert host is not None
         server = await node.serve(host, port)
         bound = server.sockets[0].getsockname()
-        print(f"superfluid node {node.node_id}: {what} on {bound[0]}:{bound[1]} ({crypto})", flush=True)
-    await _until_signal()
-    if joining is not None:
-        joining.cancel()
-    if server is not None:
-        server.close()
-    node.close()
+        print(f"superfluid node {node.node_id}: {what} on {bound[0]}:{bound[1]} ({how})", flush=True)
+    try:
+        await _until_signal()
+    finally:
+        if joining is not None:
+            joining.cancel()
+        if server is not None:
+            server.close()
 
 
 def _on_fast_loop(coro) -> None:
@@ -218,24 +229,9 @@ async def _node(ec: EngineConfig, host: str | None, port: int, psk: bytes | None
 
     engine = build_engine(ec)
     await engine.start()
-    server = None
     try:
         node = NodeServer(engine, psk, lease_s=lease_s, node_id=name)
         how = f"{'encrypted' if psk else 'plaintext, loopback only'}; {ec.max_batch} lanes x {engine.n_ctx} tokens"
-        if join:
-            joining = asyncio.create_task(node.join(host, port, find=_finder(psk, host, mdns_interface)))
-            where = f"the head at {host}:{port}" if host else "a head found by mDNS"
-            print(f"superfluid node {node.node_id}: serving {engine.model_id} to {where} ({how})", flush=True)
-        else:
-            assert host is not None
-            server = await node.serve(host, port)
-            bound = server.sockets[0].getsockname()
-            print(f"superfluid node {node.node_id}: serving {engine.model_id} on {bound[0]}:{bound[1]} ({how})",
-                  flush=True)
-        await _until_signal()
+        await _serve_until_signal(node, host, port, psk, join, mdns_interface, f"serving {engine.model_id}", how)
     finally:
-        if join:
-            joining.cancel()
-        if server is not None:
-            server.close()
         await engine.close()
