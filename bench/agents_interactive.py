@@ -3,7 +3,7 @@
 Reports the chat's time to first token with `x-superfluid-qos: interactive`, without the
 header, and against llama-cpp-python's own server (llama_cpp.server) in the same run.
 
-    python bench/agents_interactive.py [--rounds 3] [--doc-words 450] [--no-peer]
+    python bench/agents_interactive.py [--rounds 3] [--doc-words 450] [--no-peer] [--threads N]
 
 Target: chat TTFT <= 1.0 s with the header.
 
@@ -63,7 +63,7 @@ def srpt_compare(a: argparse.Namespace, model_id: str, extra: list[str]) -> None
     try:
         for name, flag in (("SRPT on", "1"), ("SRPT off", "0")):
             os.environ["SUPERFLUID_SRPT"] = flag  # the daemon inherits it
-            daemons[name] = Daemon(*extra, max_context=a.ctx, max_batch=a.agents)
+            daemons[name] = Daemon(*extra, max_context=a.ctx, max_batch=a.agents, threads=a.threads)
         os.environ.pop("SUPERFLUID_SRPT")
         res: dict[str, dict[str, list[float]]] = {n: {"plain": [], "total": [], "header": []} for n in daemons}
         for r in range(a.rounds):
@@ -86,7 +86,7 @@ def srpt_compare(a: argparse.Namespace, model_id: str, extra: list[str]) -> None
         for d in daemons.values():
             d.stop()
     print(f"{a.agents} agents (no header) x {a.doc_words}-word documents, chat 2 s later; median of {a.rounds} "
-          f"rounds, 1 llama.cpp thread, rounds alternating between the two daemons")
+          f"rounds, {a.threads} llama.cpp thread(s), rounds alternating between the two daemons")
     for name, r in res.items():
         print(f"  {name:<9} no-header chat TTFT {statistics.median(r['plain']):7.2f} s   agents' total "
               f"{statistics.median(r['total']):7.1f} s   interactive chat TTFT {statistics.median(r['header']):6.2f} s"
@@ -122,13 +122,15 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=2048)
     ap.add_argument("--no-peer", action="store_true")
     ap.add_argument("--srpt", action="store_true", help="compare shortest remaining work first on and off")
+    ap.add_argument("--threads", type=int, default=0, help="llama.cpp threads (0: every core, the default)")
     a = ap.parse_args()
+    a.threads = a.threads or len(os.sched_getaffinity(0))
     src = resolve(a.model)
     extra = [src.path] if a.model else []
     if a.srpt:
         return srpt_compare(a, src.id, extra)
     results: dict[str, list[float]] = {"superfluid, interactive header": [], "superfluid, no header": []}
-    d = Daemon(*extra, max_context=a.ctx, max_batch=a.agents)
+    d = Daemon(*extra, max_context=a.ctx, max_batch=a.agents, threads=a.threads)
     try:
         for r in range(a.rounds):
             docs = [document(100 * r + i, a.doc_words) for i in range(a.agents)]
@@ -142,7 +144,7 @@ def main() -> None:
         d.stop()
     if not a.no_peer:
         results["llama_cpp.server"] = []
-        p = Peer(src.path, a.ctx, 1)
+        p = Peer(src.path, a.ctx, a.threads)
         try:
             for r in range(a.rounds):
                 docs = [document(100 * r + 70 + i, a.doc_words) for i in range(a.agents)]
@@ -150,7 +152,7 @@ def main() -> None:
         finally:
             p.stop()
     print(f"{a.agents} background agents x {a.doc_words}-word documents, chat 2 s later; "
-          f"median of {a.rounds} rounds, 1 llama.cpp thread")
+          f"median of {a.rounds} rounds, {a.threads} llama.cpp thread(s)")
     for name, xs in results.items():
         print(f"  {name:<32} chat TTFT {statistics.median(xs):7.2f} s   (rounds: {', '.join(f'{x:.2f}' for x in xs)})")
 
