@@ -5,12 +5,14 @@ same threads, greedy:
   repeats the input: prompt-lookup drafts are accepted);
 - free chat: open questions, nothing to copy (speculation must not slow them down).
 
-Compared: superfluid --speculative off, superfluid --speculative ngram, and llama-server
-(the xllamacpp wheel's embedded server) with its n-gram speculation (ngram-simple) at its
-defaults. Decode tok/s = (completion tokens - 1) / (last token time - first token time),
-median of --rounds; the prompt is warm (cached) after the first round on every server.
+Compared: superfluid --speculative off, superfluid --speculative ngram, superfluid
+--speculative draft (a draft model: the embedded model cut to its first --draft-layers layers,
+tests/integration/draft_gguf.py, or --draft-model GGUF), and llama-server (the xllamacpp
+wheel's embedded server) with its n-gram speculation (ngram-simple) at its defaults.
+Decode tok/s = (completion tokens - 1) / (last token time - first token time), median of
+--rounds; the prompt is warm (cached) after the first round on every server.
 
-    python bench/speculative.py [--rounds 3] [--threads 1] [--tokens 256]
+    python bench/speculative.py [--rounds 3] [--threads 1] [--tokens 256] [--draft-layers 4 | --draft-model GGUF]
 Needs: pip install xllamacpp (bench only)."""
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import httpx
 from common import Daemon, LlamaServer, metric
 
 from superfluid.runtime.registry import embedded_model
+from tests.integration.draft_gguf import draft_gguf
 
 MODEL = "SmolLM2-135M-Instruct"
 
@@ -90,10 +93,15 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--draft-layers", type=int, default=4, help="the draft model: the embedded model's first N layers")
+    ap.add_argument("--draft-model", help="the draft model's GGUF instead (the embedded model's vocabulary)")
     a = ap.parse_args()
     n_ctx = 8192
+    draft = a.draft_model or draft_gguf(a.draft_layers)
     servers = {"off": Daemon("--speculative", "off", threads=a.threads, max_context=n_ctx, max_batch=1),
-               "ngram": Daemon("--speculative", "ngram", threads=a.threads, max_context=n_ctx, max_batch=1)}
+               "ngram": Daemon("--speculative", "ngram", threads=a.threads, max_context=n_ctx, max_batch=1),
+               "draft": Daemon("--speculative", "draft", "--draft-model", draft, threads=a.threads,
+                               max_context=n_ctx, max_batch=1)}
     urls = {k: d.url for k, d in servers.items()}
     peer = LlamaServer(embedded_model().path, a.threads, n_ctx, ngram)
     urls["llama-server ngram"] = peer.url
@@ -101,28 +109,32 @@ def main() -> None:
     try:
         for url in urls.values():  # warm: the edit prompt prefilled and cached everywhere
             decode_rate(url, EDIT, 8)
-        drafts = {"edit": [0.0, 0.0], "free": [0.0, 0.0]}
+        drafts = {(work, name): [0.0, 0.0] for work in ("edit", "free") for name in ("ngram", "draft")}
         for _ in range(a.rounds):
             for name, url in urls.items():  # interleaved: a noisy moment hits every server alike
                 for work, bodies in (("edit", [EDIT]), ("free", FREE)):
-                    before = acceptance(url) if name == "ngram" else (0.0, 0.0)
+                    before = acceptance(url) if name in ("ngram", "draft") else (0.0, 0.0)
                     rates.setdefault((work, name), []).append(
                         statistics.median(decode_rate(url, b, a.tokens)[0] for b in bodies))
-                    if name == "ngram":
+                    if name in ("ngram", "draft"):
                         after = acceptance(url)
-                        drafts[work][0] += after[0] - before[0]
-                        drafts[work][1] += after[1] - before[1]
+                        drafts[(work, name)][0] += after[0] - before[0]
+                        drafts[(work, name)][1] += after[1] - before[1]
     finally:
         for d in servers.values():
             d.stop()
     med = {k: statistics.median(v) for k, v in rates.items()}
-    print(f"decode tok/s, median of {a.rounds} rounds, {a.threads} thread(s), {a.tokens} tokens, greedy")
+    print(f"decode tok/s, median of {a.rounds} rounds, {a.threads} thread(s), {a.tokens} tokens, greedy; "
+          f"draft model {draft}")
     for work in ("edit", "free"):
         row = "  ".join(f"{name} {med[(work, name)]:.1f}" for name in urls)
         print(f"{work:5s} {row}")
         print(f"      ngram / off = {med[(work, 'ngram')] / med[(work, 'off')]:.2f}x, "
-              f"ngram / llama-server ngram = {med[(work, 'ngram')] / med[(work, 'llama-server ngram')]:.2f}x; "
-              f"ours drafted {drafts[work][0]:.0f}, accepted {drafts[work][1] / max(1.0, drafts[work][0]):.0%}")
+              f"ngram / llama-server ngram = {med[(work, 'ngram')] / med[(work, 'llama-server ngram')]:.2f}x, "
+              f"draft / off = {med[(work, 'draft')] / med[(work, 'off')]:.2f}x")
+        for name in ("ngram", "draft"):
+            n, ok = drafts[(work, name)]
+            print(f"      {name}: drafted {n:.0f}, accepted {ok / max(1.0, n):.0%}")
 
 
 if __name__ == "__main__":
