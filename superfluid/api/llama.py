@@ -273,7 +273,8 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
 
 
 def slot(eng, i: int, processing: bool) -> dict:
-    return {"id": i, "id_task": -1, "n_ctx": eng.n_ctx, "speculative": False, "is_processing": processing,
+    return {"id": i, "id_task": -1, "n_ctx": eng.n_ctx, "speculative": eng.cfg.speculative != "off",
+            "is_processing": processing,
             "params": settings(None, eng.n_ctx, eng.model_id, defaults=eng.sampling_defaults),
             "next_token": {"has_next_token": processing, "has_new_line": False, "n_remain": -1,
                            "n_decoded": 0, "stopping_word": ""}}
