@@ -34,16 +34,13 @@ def home(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def reference(home):
-    d = Daemon(home=home)
-    try:
-        with Client(d.url) as c:
-            sid = _session(c)
-            out = c.generate(sid, max_tokens=BUDGET)
-            assert out["finish"] == "length"  # the story is longer than the budget: every kill point is mid-stream
-            return out["text"]
-    finally:
-        d.stop()
+def reference(daemon):
+    """The uncut turn, from the suite's shared daemon (the same settings, another home)."""
+    with Client(daemon.url) as c:
+        sid = _session(c)
+        out = c.generate(sid, max_tokens=BUDGET)
+        assert out["finish"] == "length"  # the story is longer than the budget: every kill point is mid-stream
+        return out["text"]
 
 
 @pytest.mark.parametrize("kill_after", [1, 7, 30])
