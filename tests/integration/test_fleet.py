@@ -20,7 +20,7 @@ from superfluid.client import Client, iter_sse
 
 from .conftest import MODEL
 from .daemon import Daemon, free_port
-from .fleet import Node
+from .fleet import Node, together
 from .proxy import Proxy
 
 STORY = [{"role": "user", "content": "Write a long story about a lighthouse keeper and a storm."}]
@@ -28,7 +28,7 @@ STORY = [{"role": "user", "content": "Write a long story about a lighthouse keep
 
 @pytest.fixture(scope="module")
 def fleet():
-    a, b = Node("--lease", "3"), Node("--lease", "3")
+    a, b = together(lambda: Node("--lease", "3"), lambda: Node("--lease", "3"))
     proxy = Proxy(a.port)  # the head reaches node A through a proxy that can cut the link
     head = Daemon("--fleet", f"127.0.0.1:{proxy.port},127.0.0.1:{b.port}", "--resume-grace", "0",
                   "--fleet-timeout", "2")

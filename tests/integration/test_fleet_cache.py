@@ -12,7 +12,7 @@ from superfluid.fleet.pool import RECENT
 
 from .conftest import MODEL
 from .daemon import Daemon
-from .fleet import Node
+from .fleet import Node, together
 
 FACTS = " ".join(f"Fact {i}: the harbor keeper counted {i * 7} gulls on day {i}." for i in range(30))
 CONVO = [{"role": "system", "content": "You are a terse assistant."},
@@ -21,7 +21,7 @@ CONVO = [{"role": "system", "content": "You are a terse assistant."},
 
 @pytest.fixture(scope="module")
 def fleet():
-    a, b = Node(), Node()
+    a, b = together(Node, Node)
     head = Daemon("--fleet", f"127.0.0.1:{a.port},127.0.0.1:{b.port}")
     yield head
     head.stop()

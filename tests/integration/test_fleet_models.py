@@ -14,7 +14,7 @@ from superfluid.runtime.registry import embedded_model
 
 from .conftest import MODEL
 from .daemon import Daemon
-from .fleet import Node
+from .fleet import Node, together
 
 OTHER = "Other-135M"
 STORY = [{"role": "user", "content": "Write a long story about a lighthouse keeper and a storm."}]
@@ -24,8 +24,8 @@ STORY = [{"role": "user", "content": "Write a long story about a lighthouse keep
 def fleet(tmp_path_factory):
     other = tmp_path_factory.mktemp("models") / f"{OTHER}.gguf"
     os.symlink(embedded_model().path, other)  # the same weights under another model name
-    a = Node(max_context=2048)  # bigger than the head's own window (1024)
-    b = Node(str(other))
+    a, b = together(lambda: Node(max_context=2048),  # bigger than the head's own window (1024)
+                    lambda: Node(str(other)))
     head = Daemon(embedded_model().path, "--fleet", f"127.0.0.1:{a.port},127.0.0.1:{b.port}", "--fleet-local",
                   "--model", str(other), "--resume-grace", "0")
     deadline = time.monotonic() + 60
