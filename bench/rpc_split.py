@@ -8,10 +8,12 @@ Setups, each a real daemon (and node processes) driven over HTTP:
 - rpc: `serve --rpc-nodes` over the head's CPU and 2 `node serve --rpc` nodes (a 3-way split);
 - pipeline: `serve --pipeline` over 2 `node serve --stage` nodes (transformers, float32).
 
-Per setup, median of rounds: decode tok/s (one greedy stream, EOS ignored: tokens after the
-first ÷ the time they took) and prefill tok/s (a distinct prompt each round: prompt tokens ÷
-time to the first token). Ratios are against one machine (target for rpc: >= 0.8). Peak RSS
-(VmHWM) of every process of the setup, and for rpc nodes RSS ÷ (file size × share): about 1
+Every setup is up at once and each round measures them all, in alternating order (a noisy
+moment on a shared machine hits every setup alike). Per setup, median of rounds: decode
+tok/s (one greedy stream, EOS ignored: tokens after the first ÷ the time they took) and
+prefill tok/s (a distinct prompt each round: prompt tokens ÷ time to the first token).
+Ratios are against one machine (target for rpc: >= 0.8). Peak RSS (VmHWM) of every process
+of the setup, and for rpc nodes RSS ÷ (file size × share): about 1
 means the node holds its share of the quantized weights, not a float32 copy."""
 
 from __future__ import annotations
@@ -74,37 +76,29 @@ async def prefill_rate(url: str, i: int, words: int) -> float:
     return r.json()["usage"]["prompt_tokens"] / dt
 
 
-def measure(name: str, url: str, a, pids: dict[str, int]) -> dict:
-    asyncio.run(decode_rate(url, 8))  # warm: the first request pays for loading
-    dec, pre = [], []
+def measure(setups: dict[str, tuple[str, dict[str, int]]], a) -> dict:
+    """Every setup is up at once (idle ones wait passively); each round measures them all,
+    in an order that alternates, so a noisy moment on a shared machine hits every setup
+    alike."""
+    for url, _ in setups.values():
+        asyncio.run(decode_rate(url, 8))  # warm: the first request pays for loading
+    dec: dict[str, list[float]] = {k: [] for k in setups}
+    pre: dict[str, list[float]] = {k: [] for k in setups}
+    names = list(setups)
     for r in range(a.rounds):
-        dec.append(asyncio.run(decode_rate(url, a.tokens)))
-        pre.append(asyncio.run(prefill_rate(url, 1000 * r + hash(name) % 997, a.prompt_words)))
-    out = {"decode": statistics.median(dec), "prefill": statistics.median(pre),
-           "rss": {k: peak_rss(p) for k, p in pids.items()}}
-    print(f"{name:>12}: decode {out['decode']:6.1f} tok/s   prefill {out['prefill']:6.1f} tok/s   "
-          + "  ".join(f"{k} {v / 2**20:.0f} MiB" for k, v in out["rss"].items()), flush=True)
+        for name in (names if r % 2 == 0 else names[::-1]):
+            url = setups[name][0]
+            dec[name].append(asyncio.run(decode_rate(url, a.tokens)))
+            pre[name].append(asyncio.run(prefill_rate(url, 1000 * r + names.index(name), a.prompt_words)))
+        print(f"round {r + 1}: " + "   ".join(f"{k} decode {dec[k][-1]:.1f} prefill {pre[k][-1]:.1f}" for k in names),
+              flush=True)
+    out = {}
+    for name, (_, pids) in setups.items():
+        out[name] = {"decode": statistics.median(dec[name]), "prefill": statistics.median(pre[name]),
+                     "rss": {k: peak_rss(p) for k, p in pids.items()}}
+        print(f"{name:>12}: decode {out[name]['decode']:6.1f} tok/s   prefill {out[name]['prefill']:6.1f} tok/s   "
+              + "  ".join(f"{k} {v / 2**20:.0f} MiB" for k, v in out[name]["rss"].items()), flush=True)
     return out
-
-
-def split(a, node_args: list[str], head_flag: list[str], head_args: list[str], tok: str | None,
-          idle: list[int]) -> dict:
-    """A head over 2 node processes (`node serve` + node_args), measured; `idle` gets each
-    node's RSS before any head (Python and llama.cpp, no weights)."""
-    nodes = [Node(*node_args, "--threads", str(a.threads), auth_file=tok) for _ in range(2)]
-    idle += [peak_rss(n.proc.pid) for n in nodes]
-    name = "rpc 3-way" if node_args == ["--rpc"] else "pipeline 2"
-    try:
-        head = Daemon(*head_flag, ",".join(f"127.0.0.1:{n.port}" for n in nodes), *head_args, "--sessions-cache",
-                      "--no-tui", max_batch=2, threads=a.threads)
-        try:
-            return measure(name, head.url, a, {"head": head.proc.pid, "node1": nodes[0].proc.pid,
-                                               "node2": nodes[1].proc.pid})
-        finally:
-            head.stop()
-    finally:
-        for n in nodes:
-            n.stop()
 
 
 def main() -> None:
@@ -119,16 +113,30 @@ def main() -> None:
     tok = os.path.join(tempfile.mkdtemp(), "token")
     with open(tok, "w") as f:
         f.write(secrets.token_hex(32))
-    results = {}
-    one = Daemon("--sessions-cache", "--no-tui", max_batch=2, threads=a.threads)
+    procs: list = []
+    setups: dict[str, tuple[str, dict[str, int]]] = {}
     try:
-        results["one machine"] = measure("one machine", one.url, a, {"daemon": one.proc.pid})
+        one = Daemon("--sessions-cache", "--no-tui", max_batch=2, threads=a.threads)
+        procs.append(one)
+        setups["one machine"] = (one.url, {"daemon": one.proc.pid})
+        kinds = [("rpc 3-way", ["--rpc"], ["--rpc-nodes"], ["--fleet-auth", tok], tok)]
+        if not a.no_pipeline:
+            kinds.append(("pipeline 2", ["--stage"], ["--pipeline"], [], None))
+        idle: list[int] = []
+        for name, node_args, head_flag, head_args, auth in kinds:
+            nodes = [Node(*node_args, "--threads", str(a.threads), auth_file=auth) for _ in range(2)]
+            procs += nodes
+            if name == "rpc 3-way":  # each node's RSS before any head: Python and llama.cpp, no weights
+                idle = [peak_rss(n.proc.pid) for n in nodes]
+            head = Daemon(*head_flag, ",".join(f"127.0.0.1:{n.port}" for n in nodes), *head_args,
+                          "--sessions-cache", "--no-tui", max_batch=2, threads=a.threads)
+            procs.append(head)
+            setups[name] = (head.url, {"head": head.proc.pid, "node1": nodes[0].proc.pid,
+                                       "node2": nodes[1].proc.pid})
+        results = measure(setups, a)
     finally:
-        one.stop()
-    idle: list[int] = []
-    results["rpc 3-way"] = split(a, ["--rpc"], ["--rpc-nodes"], ["--fleet-auth", tok], tok, idle)
-    if not a.no_pipeline:
-        results["pipeline 2"] = split(a, ["--stage"], ["--pipeline"], [], None, [])
+        for x in reversed(procs):
+            x.stop()
     base = results["one machine"]
     print(f"\nmodel file {size / 2**20:.0f} MiB, {a.threads} thread(s) per process, median of {a.rounds}")
     print("| setup | decode tok/s | ÷ one machine | prefill tok/s | ÷ one machine |")
@@ -136,12 +144,11 @@ def main() -> None:
     for name, r in results.items():
         print(f"| {name} | {r['decode']:.1f} | {r['decode'] / base['decode']:.2f} | {r['prefill']:.1f} | "
               f"{r['prefill'] / base['prefill']:.2f} |")
-    rpc = results.get("rpc 3-way")
-    if rpc:
-        for k, before in zip(("node1", "node2"), idle, strict=True):
-            grew = rpc["rss"][k] - before
-            print(f"rpc {k}: peak RSS {rpc['rss'][k] / 2**20:.0f} MiB, {grew / 2**20:.0f} MiB over an idle node "
-                  f"= {grew / (size / 3):.2f} x (file size x 1/3)")
+    rpc = results["rpc 3-way"]
+    for k, before in zip(("node1", "node2"), idle, strict=True):
+        grew = rpc["rss"][k] - before
+        print(f"rpc {k}: peak RSS {rpc['rss'][k] / 2**20:.0f} MiB, {grew / 2**20:.0f} MiB over an idle node "
+              f"= {grew / (size / 3):.2f} x (file size x 1/3)")
     sys.stdout.flush()
 
 

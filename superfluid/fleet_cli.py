@@ -17,7 +17,7 @@ from pathlib import Path
 from .config import EngineConfig, home
 from .errors import ModelLoadError, SuperfluidError
 from .link.noise import psk_of
-from .net import event_loop, is_loopback_host
+from .net import is_loopback_host
 
 log = logging.getLogger("superfluid.node")
 
@@ -97,7 +97,7 @@ def node_join(ec: EngineConfig, host: str | None, port: int, token: str | None, 
         return 2
     try:
         if rpc:
-            _on_fast_loop(_rpc(ec, host, port, psk, lease_s, name, join=True, mdns_interface=mdns_interface))
+            asyncio.run(_rpc(ec, host, port, psk, lease_s, name, join=True, mdns_interface=mdns_interface))
         else:
             asyncio.run(_node(ec, host, port, psk, lease_s, join=True, mdns_interface=mdns_interface, name=name))
     except SuperfluidError as e:
@@ -119,7 +119,7 @@ def node_serve(ec: EngineConfig, host: str, port: int, auth_file: str | None, le
         return 2
     try:
         if rpc:
-            _on_fast_loop(_rpc(ec, host, port, psk, lease_s, name))
+            asyncio.run(_rpc(ec, host, port, psk, lease_s, name))
         else:
             asyncio.run(_stage(ec, host, port, psk, name) if stage else _node(ec, host, port, psk, lease_s, name=name))
     except SuperfluidError as e:
@@ -195,12 +195,6 @@ async def _serve_until_signal(node, host: str | None, port: int, psk: bytes | No
             joining.cancel()
         if server is not None:
             server.close()
-
-
-def _on_fast_loop(coro) -> None:
-    """An RPC node relays every round trip of its heads' llama.cpp: on net.event_loop()."""
-    with asyncio.Runner(loop_factory=event_loop) as runner:
-        runner.run(coro)
 
 
 def _finder(psk: bytes | None, host: str | None, interface: str | None):

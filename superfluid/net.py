@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
 
 
@@ -21,13 +20,3 @@ def is_loopback_host(host: str) -> bool:
     except ValueError:
         return False
 
-
-def event_loop() -> asyncio.AbstractEventLoop:
-    """A new event loop for a relay on a latency-critical path (llama.cpp RPC through Link F:
-    a few round trips per token): uvloop's when installed (it comes with uvicorn[standard],
-    which the daemon runs on), else asyncio's."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.new_event_loop()
-    return uvloop.new_event_loop()

@@ -29,7 +29,6 @@ from typing import Any
 
 from ..errors import ModelLoadError, SuperfluidError
 from ..link import messages as m
-from ..net import event_loop
 from ..transport import Doorman, Link, Tunnels
 
 log = logging.getLogger("superfluid.rpc")
@@ -72,7 +71,7 @@ class RpcNodes:
         self.auto = "auto" in names
         self.names = [x for x in names if x != "auto"]
         self.instance = secrets.token_hex(8)
-        self.loop = event_loop()  # a few round trips per token pass through it
+        self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="rpc-links", daemon=True)
         self._thread.start()
         self.nodes: list[RpcNode] = []
