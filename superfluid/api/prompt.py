@@ -5,12 +5,12 @@ events and prompt, how to split the output into channels, and the grammar to enf
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..codec import grammar as gr
 from ..limits import check_chat
 from ..codec.channels import ChannelSpec, spec_for
-from ..codec.tools import tool_list
+from ..codec.tools import EXAMPLE, tool_list
 from ..errors import BadRequest
 from ..session.turns import context_text, prelude
 
@@ -53,6 +53,7 @@ def chat_prompt(engine, messages: list[dict], *, tools: list | None = None, tool
     msgs, extra = fmt.render(messages, use_tools)
     kwargs = {**(template_kwargs or {}), **extra}
     bodies, prompt = prelude(engine, msgs, **kwargs)
+    bodies = fold_examples(msgs, bodies)
     opener = context_text(engine.tokenizer, list(bodies[-1].span)) if bodies else ""
     # a structured dialect (Harmony, Functionary, Granite) reads every reply, tools or not
     channels = spec_for(fmt if use_tools or fmt.structured else None, engine.reasoning, opener)
@@ -64,6 +65,19 @@ def chat_prompt(engine, messages: list[dict], *, tools: list | None = None, tool
     elif mode == "auto" and use_tools and not grammar:  # text, or calls once the model opens one
         grammar = fmt.calls_grammar(use_tools, None, parallel=parallel_tool_calls, lazy=True, lits=lits)
     return ChatPrompt(bodies, prompt, channels, grammar)
+
+
+def fold_examples(msgs: list[dict], bodies: list) -> list:
+    """Example turns a dialect put in the prompt (codec/tools.examples) join the message before
+    them (the system note): the prompt is unchanged, but the session records, and the client
+    and the web app see, only the conversation's own messages."""
+    out: list = []
+    for m, body in zip(msgs, bodies, strict=False):
+        if m.get(EXAMPLE) and out:
+            out[-1] = replace(out[-1], span=tuple(out[-1].span) + tuple(body.span))
+        else:
+            out.append(body)
+    return out + bodies[len(msgs):]  # the opener
 
 
 def forced_thinking(engine, channels: ChannelSpec, kwargs: dict, opener: str) -> gr.Thinking | None:

@@ -70,6 +70,11 @@ _VALUES = {"string": ("a1", "b22", "c333"), "integer": (1, 22, 333), "number": (
            "boolean": (True, False, True), "array": ([], [], []), "object": ({}, {}, {})}
 
 
+# the key that marks a message a dialect added as an example: the session records its tokens
+# inside the message before it (the system note), never as a message of the conversation
+EXAMPLE = "_superfluid_example"
+
+
 def examples(tools: list[dict], n: int = 3) -> list[tuple[str, dict]]:
     """`n` made-up requests and the calls that answer them, built from the tools' schemas
     alone (tool i % len(tools), its required parameters, example values by JSON type)."""

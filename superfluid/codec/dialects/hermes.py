@@ -13,7 +13,7 @@ import re
 
 from ...request import CallDelta
 from .. import grammar as gr
-from ..tools import args_obj, call_from, examples, new_call_id, parse_json, partial_suffix
+from ..tools import EXAMPLE, args_obj, call_from, examples, new_call_id, parse_json, partial_suffix
 from .base import Dialect, Parser, Parts, calls_lark
 
 CLOSE = "\n</tool_call>"
@@ -214,9 +214,9 @@ class Generic(Hermes):
         out, extra = super().render(messages, tools)
         if tools and not any(m.get("tool_calls") or m.get("role") == "tool" for m in messages):
             shots: list[dict] = []
-            for ask, call in examples(tools):
-                shots += [{"role": "user", "content": ask},
-                          {"role": "assistant", "content": self.call_text([{"function": call}])}]
+            for ask, call in examples(tools):  # EXAMPLE: prompt text, not the conversation's messages
+                shots += [{"role": "user", "content": ask, EXAMPLE: True},
+                          {"role": "assistant", "content": self.call_text([{"function": call}]), EXAMPLE: True}]
             out[1:1] = shots
         return out, extra
 
