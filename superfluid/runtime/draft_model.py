@@ -122,8 +122,8 @@ class DraftModel:
         """Feed each lane its tokens (in as many batches as they take) and return its greedy
         next token after the last one."""
         b = self.batch
-        items = [(seq, pos + j, t, j == len(tokens) - 1) for seq, (pos, tokens) in feed.items()
-                 for j, t in enumerate(tokens)]
+        items = [(seq, pos + j, t, j == len(tokens) - 1) for seq, (pos, tokens) in sorted(feed.items())
+                 for j, t in enumerate(tokens)]  # by sequence: llama.cpp batches consecutive ones (llamacpp.by_seq)
         out: dict[int, int] = {}
         for start in range(0, len(items), self.n_batch):
             chunk = items[start:start + self.n_batch]

@@ -5,6 +5,11 @@ has its own KV stream (kv_unified off), so a sequence's attention never sees ano
 cells: output does not depend on what else is in the batch. One `llama_decode` per step
 feeds every run; logits are requested only for the last token of runs that sample.
 
+Batch order matters for speed: with a stream per sequence, llama.cpp splits a batch into
+micro-batches of *consecutive, increasing* sequence ids only (llama_batch_allocr::split_equal,
+sequential), and each micro-batch is a graph compute of its own. So runs go into the batch
+sorted by sequence (`by_seq`): lanes 3, 1, 2 in that order took three computes, sorted one.
+
 Embeddings (runtime/llamacpp_embed.py) use a second context on the same weights, pooled as
 the GGUF declares (`{arch}.pooling_type`: mean, CLS, last; a decoder that declares none is
 mean-pooled) or as `pooling` says."""
@@ -37,6 +42,12 @@ def extra_buffers_safe() -> bool:
             return not any(line.startswith("flags") and " amx_" in line for line in f)
     except OSError:
         return True
+
+
+def by_seq(items):
+    """Runs (anything with a .seq) in increasing sequence order, as llama.cpp groups them
+    into one micro-batch only when their sequence ids are consecutive and increasing."""
+    return sorted(items, key=lambda r: r.seq)
 
 
 def model_params():
@@ -199,7 +210,7 @@ class LlamaCppRuntime(Runtime):
         b = self.batch
         i = 0
         out_index: dict[int, tuple[int, int]] = {}  # seq -> (batch index of its last token, drafts)
-        for run in runs:
+        for run in by_seq(runs):
             n = len(run.tokens)
             if i + n > self.n_batch:
                 raise ValueError(f"plan has more than {self.n_batch} tokens")

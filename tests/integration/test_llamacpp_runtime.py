@@ -88,6 +88,18 @@ def test_lanes_in_one_batch_match_lanes_alone(rt, prompt):
     assert [outs[1], outs[3]] == alone
 
 
+def test_runs_enter_the_batch_by_sequence_whatever_the_plan_order(rt, prompt):
+    # llama.cpp computes only consecutive, increasing sequence ids together (one graph compute
+    # per group): runs planned as 2, 0, 1 must reach llama_decode as 0, 1, 2
+    step = Stepper(rt)
+    r = step(opens=tuple(LaneOpen(q, GREEDY) for q in (2, 0, 1)),
+             runs=tuple(Run(q, 0, tuple(prompt), True) for q in (2, 0, 1)))
+    n = len(prompt)
+    assert [rt.batch.seq_id[i][0] for i in range(3 * n)] == [0] * n + [1] * n + [2] * n
+    assert len({s.token for s in r.sampled}) == 1 and {s.seq for s in r.sampled} == {0, 1, 2}
+    step(closes=(0, 1, 2))
+
+
 # -- the disk tier: a restored lane continues exactly like a freshly prefilled one ----------
 
 
