@@ -61,9 +61,35 @@ def test_eviction_order_empty_then_unreused_then_lru():
     s[2].hits = 1
     assert s.evictable().seq == 1
     s[1].hits = 1
-    assert s.evictable().seq == 0  # all reused: LRU
+    assert s.evictable().seq == 2  # all reused: 2 is next to the running lane 3
+    s[3].job, s[3].kv, s[3].hits, s[3].last_used = None, [4], 1, 20
+    assert s.evictable().seq == 0  # none running: least recently used
+    s[3].job = J([4])
     s[0].kv = []
     assert s.evictable(avoid=s[0]).seq == 2  # avoid excludes; running never evicted
+
+
+def test_a_slot_next_to_a_running_one_comes_before_lru_within_its_class():
+    # llama.cpp computes consecutive sequences together: lanes packed side by side decode in
+    # one graph compute per step
+    s = KvSlots(8)
+    for i in range(8):
+        s[i].kv, s[i].last_used = [i], i + 1
+    s[4].job = J([4])
+    assert s.evictable().seq == 3  # 3 and 5 are next to 4: the less recently used
+    s[3].hits = 1  # a reused entry is a dearer class: never traded for adjacency
+    assert s.evictable().seq == 5
+    s[5].hits = 1
+    assert s.evictable().seq == 0  # no cheap slot is adjacent: least recently used
+    s[6].job = J([6])
+    assert s.evictable().seq == 7  # next to the new running lane 6, though the most recent
+    s[0].kv = []
+    assert s.evictable().seq == 0  # an empty slot first, adjacent or not
+    empty = KvSlots(6)
+    empty[2].job = J([1])
+    assert empty.evictable().seq == 1  # empty slots alike: the one next to the running lane
+    empty[1].job = J([1])
+    assert empty.evictable().seq == 0
 
 
 def test_at_least_one_slot():
