@@ -11,7 +11,10 @@ the median of the rounds and the ratio daemon / raw.
 --peer adds llama-server (the xllamacpp wheel, bench only) with as many parallel slots as the
 daemon has lanes, both at their default thread counts (--threads 0: ours is every core, its
 is llama.cpp's), and a cold-TTFT row: a distinct ~1,500-token prompt per round, streamed,
-seconds to the first token on each (the raw loop then runs at the daemon's thread count)."""
+seconds to the first token on each (the raw loop then runs at the daemon's thread count).
+
+--busy keeps one core busy with another process through every measurement, as an editor, a
+browser or a build does on the machine people run the daemon on."""
 
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import argparse
 import asyncio
 import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -173,6 +177,7 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=1024)
     ap.add_argument("--stream", action="store_true")
     ap.add_argument("--peer", action="store_true", help="add llama-server (xllamacpp) and a cold-TTFT row")
+    ap.add_argument("--busy", action="store_true", help="another process keeps one core busy while measuring")
     a = ap.parse_args()
     if a.threads <= 0:  # the daemon's default: every core this process may use
         a.threads = len(os.sched_getaffinity(0))
@@ -190,9 +195,12 @@ def main() -> None:
     raw = RawLoop(src.path, lanes, a.ctx, a.threads, 256)
     results: dict[int, tuple[list[float], list[float], list[float]]] = {n: ([], [], []) for n in levels}
     cold: tuple[list[float], list[float]] = ([], [])
+    busy = None
     try:
         asyncio.run(daemon_round(d.url, d_id, prompts(1, 0), 8, a.stream))  # warm up both
         raw.run([tok.encode_prompt(tpl.render([{"role": "user", "content": "hi"}]))], 8)
+        if a.busy:
+            busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
         for r in range(a.rounds):
             for n in levels:
                 texts = prompts(n, r * 3)
@@ -213,11 +221,15 @@ def main() -> None:
                 for side in ((0, 1) if r % 2 == 0 else (1, 0)):
                     cold[side].append(ttft(d.url if side == 0 else peer.url, msgs))
     finally:
+        if busy is not None:
+            busy.kill()
+            busy.wait()
         d.stop()
         if peer:
             peer.stop()
     print(f"model {d_id}, threads {a.threads}, {a.max_tokens} tokens per request, "
-          f"{'streaming' if a.stream else 'non-streaming'}, median of {a.rounds} rounds")
+          f"{'streaming' if a.stream else 'non-streaming'}, median of {a.rounds} rounds"
+          + (", one core kept busy by another process" if a.busy else ""))
     head = f"{'concurrent':>10} {'daemon tok/s':>13} {'raw tok/s':>10} {'ratio':>6}"
     print(head + (f" {'llama-server tok/s':>19} {'daemon/llama-server':>20}" if peer else ""))
     for n in levels:
