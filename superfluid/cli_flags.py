@@ -89,7 +89,7 @@ def _engine_flags(s: argparse.ArgumentParser) -> None:
     s.add_argument("--max-batch", type=_positive, default=8, help="lanes: sequences decoded together (default 8)")
     s.add_argument("--max-queue", type=_positive, default=512, help="generations a model keeps waiting for a lane; more get 503 queue_full with Retry-After (default 512)")
     s.add_argument("--max-context", type=_positive, help="tokens per lane (default: the model's trained window, capped to fit memory)")
-    s.add_argument("--threads", type=_positive, default=default_threads(), help="llama.cpp threads (default: every core; they wait passively, OMP_WAIT_POLICY=PASSIVE, so a busy core does not stall them)")
+    s.add_argument("--threads", type=_positive, default=default_threads(), help="the most llama.cpp threads a step uses (default: every core; fewer while other processes keep cores busy)")
     s.add_argument("--runtime", choices=("llamacpp", "transformers"), help="the inference runtime: llama.cpp on a GGUF, or transformers (PyTorch; needs superfluid[hf]) on a Hugging Face folder or a GGUF converted once to one under the home (default: llamacpp for a GGUF, transformers for a folder)")
     s.add_argument("--step-tokens", type=_positive, default=256, help="token budget of one step: decodes plus prefill chunks (default 256)")
     s.add_argument("--speculative", choices=("off", "ngram", "draft"), default="off", help="speculative decoding: ngram drafts from the lane's own context (prompt lookup), draft from a small model of the same vocabulary (--draft-model); drafts are verified losslessly in the step's batch (default off)")

@@ -12,11 +12,11 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8453
 
 
-# llama.cpp's CPU threads are OpenMP threads. By default they spin at every barrier, so with
-# one thread per core anything else that runs (the daemon's own Python, a client) made decode
-# 30-50x slower (NOTES.md). Waiting passively (asleep on a futex) costs nothing measurable
-# when the machine is idle and removes that penalty (docs/performance.md: 2 threads passive
-# beat 1 thread idle and busy). An operator's own OMP_WAIT_POLICY wins.
+# llama.cpp built with OpenMP (not superfluid's build: scripts/llama-rpc.sh turns it off)
+# spins at every barrier by default, so with one thread per core anything else that runs made
+# decode 30-50x slower (NOTES.md); its threads wait passively here. An operator's own
+# OMP_WAIT_POLICY wins. ggml's own threadpool, which superfluid builds, ignores it: the
+# worker gives it fewer threads while other processes keep cores busy (runtime/threads.py).
 THREAD_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 

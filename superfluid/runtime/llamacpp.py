@@ -27,6 +27,7 @@ from ..errors import EmbeddingUnsupported, ModelLoadError
 from ..plan import EmbedItem, Run
 from .base import ModelInfo, Runtime
 from .llamacpp_embed import EMBED_WINDOW, POOLING, LlamaEmbedder
+from .threads import ThreadGovernor
 
 
 def extra_buffers_safe() -> bool:
@@ -123,6 +124,7 @@ class LlamaCppRuntime(Runtime):
         desc = ctypes.create_string_buffer(256)
         ll.llama_model_desc(self.model, desc, 256)
         self.threads = threads
+        self.governor = ThreadGovernor(threads, lambda n: ll.llama_set_n_threads(self.ctx, n, n))
         self.pooling = pooling or self._declared_pooling() or "mean"  # a decoder that declares none: mean
         if self.pooling not in POOLING or self.pooling in ("none", "rank"):
             raise ModelLoadError(f"pooling '{self.pooling}' cannot make one vector per input: use mean, cls or last")
@@ -226,6 +228,7 @@ class LlamaCppRuntime(Runtime):
                     b.logits[k] = 1
                 out_index[run.seq] = (i - 1, run.draft)
         b.n_tokens = i
+        self.governor.threads()  # fewer threads while other processes keep cores busy
         rc = ll.llama_decode(self.ctx, b)
         if rc != 0:
             raise RuntimeError(f"llama_decode failed with code {rc}")

@@ -21,7 +21,7 @@ import llama_cpp
 
 from ..errors import ModelLoadError
 
-REBUILD = ('CMAKE_ARGS="-DGGML_RPC=ON -DLLAVA_BUILD=OFF" CMAKE_BUILD_PARALLEL_LEVEL=2 '
+REBUILD = ('CMAKE_ARGS="-DGGML_RPC=ON -DLLAVA_BUILD=OFF -DGGML_OPENMP=OFF" CMAKE_BUILD_PARALLEL_LEVEL=2 '
            "pip install --no-cache-dir --force-reinstall --no-deps llama-cpp-python==" + llama_cpp.__version__)
 CPU = 0  # enum ggml_backend_dev_type: GGML_BACKEND_DEVICE_TYPE_CPU
 
