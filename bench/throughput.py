@@ -39,7 +39,7 @@ import numpy as np  # noqa: E402
 
 from superfluid.codec.template import ChatTemplate  # noqa: E402
 from superfluid.codec.tokenizer import Tokenizer, quiet_llama_logs  # noqa: E402
-from superfluid.runtime.llamacpp import model_params  # noqa: E402
+from superfluid.runtime.llamacpp import context_params, model_params  # noqa: E402
 from superfluid.runtime.registry import resolve  # noqa: E402
 from tests.integration.daemon import Daemon  # noqa: E402
 
@@ -69,11 +69,7 @@ class RawLoop:
         quiet_llama_logs()
         ll.llama_backend_init()
         self.model = ll.llama_model_load_from_file(path.encode(), model_params())
-        cp = ll.llama_context_default_params()
-        cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = lanes * n_ctx, batch, min(batch, 512), lanes
-        cp.n_threads = cp.n_threads_batch = threads
-        cp.kv_unified, cp.no_perf = False, True
-        self.ctx = ll.llama_init_from_model(self.model, cp)
+        self.ctx = ll.llama_init_from_model(self.model, context_params(lanes, n_ctx, threads, batch))
         self.mem = ll.llama_get_memory(self.ctx)
         self.batch = ll.llama_batch_init(batch, 0, 1)
         self.n_vocab = ll.llama_vocab_n_tokens(ll.llama_model_get_vocab(self.model))

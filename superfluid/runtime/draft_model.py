@@ -22,7 +22,7 @@ import numpy as np
 
 from ..errors import ModelLoadError
 from ..plan import PLACEHOLDER
-from .llamacpp import model_params
+from .llamacpp import context_params, model_params
 
 
 def vocab_texts(vocab) -> list[bytes]:
@@ -66,16 +66,8 @@ class DraftModel:
         self.model = ll.llama_model_load_from_file(path.encode(), model_params())  # on the target's device(s)
         if not self.model:
             raise ModelLoadError(f"llama.cpp could not load the draft model {path}")
-        cp = ll.llama_context_default_params()
-        cp.n_ctx = lanes * n_ctx
-        cp.n_batch = batch_tokens
-        cp.n_ubatch = min(batch_tokens, 512)
-        cp.n_seq_max = lanes
-        cp.n_threads = threads
-        cp.n_threads_batch = threads
-        cp.kv_unified = False  # a stream per lane, as the target's
-        cp.no_perf = True
-        self.ctx = ll.llama_init_from_model(self.model, cp)
+        # a stream per lane, as the target's
+        self.ctx = ll.llama_init_from_model(self.model, context_params(lanes, n_ctx, threads, batch_tokens))
         if not self.ctx:
             self.close()
             raise ModelLoadError(f"llama.cpp could not create a context for the draft model {path} "

@@ -51,6 +51,20 @@ def by_seq(items):
     return sorted(items, key=lambda r: r.seq)
 
 
+def context_params(lanes: int, n_ctx: int, threads: int, batch_tokens: int):
+    """A context for `lanes` sequences of n_ctx tokens, each with its own KV stream."""
+    cp = ll.llama_context_default_params()
+    cp.n_ctx = lanes * n_ctx
+    cp.n_batch = batch_tokens
+    cp.n_ubatch = min(batch_tokens, 512)
+    cp.n_seq_max = lanes
+    cp.n_threads = threads
+    cp.n_threads_batch = threads
+    cp.kv_unified = False
+    cp.no_perf = True
+    return cp
+
+
 def model_params():
     """llama.cpp model parameters for loading weights here (see extra_buffers_safe)."""
     mp = ll.llama_model_default_params()
@@ -102,16 +116,7 @@ class LlamaCppRuntime(Runtime):
             self.close()
             raise ModelLoadError(f"llama.cpp could not load {path}")
         self.vocab = ll.llama_model_get_vocab(self.model)
-        cp = ll.llama_context_default_params()
-        cp.n_ctx = lanes * n_ctx
-        cp.n_batch = batch_tokens
-        cp.n_ubatch = min(batch_tokens, 512)
-        cp.n_seq_max = lanes
-        cp.n_threads = threads
-        cp.n_threads_batch = threads
-        cp.kv_unified = False
-        cp.no_perf = True
-        self.ctx = ll.llama_init_from_model(self.model, cp)
+        self.ctx = ll.llama_init_from_model(self.model, context_params(lanes, n_ctx, threads, batch_tokens))
         if not self.ctx:
             raise ModelLoadError(f"llama.cpp could not create a context for {path} "
                                  f"({lanes} lanes x {n_ctx} tokens)")
