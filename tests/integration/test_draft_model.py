@@ -10,6 +10,8 @@ model drafting for itself."""
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import llama_cpp as ll
 import pytest
@@ -24,6 +26,7 @@ from superfluid.runtime.registry import embedded_model
 from .conftest import MODEL
 from .daemon import Daemon
 from .draft_gguf import draft_gguf
+from .fleet import Node
 from .test_speculative import Lane, _metric, tok  # noqa: F401 -- a fixture
 
 ASK = [{"role": "user", "content": "Name the days of the week, in order."}]  # short: prefills are most of the cost
@@ -97,3 +100,27 @@ def test_the_daemon_drafts_with_the_model_and_answers_as_one_without_it(daemon):
         assert _metric(d, "superfluid_draft_tokens_total") > 0
     finally:
         d.stop()
+
+
+def test_a_fleet_node_drafts_with_its_own_draft_model_for_a_draft_head(daemon):
+    """A head with --speculative draft asks its nodes for drafts; the node proposes them with
+    the draft model it was started with: the same text as without speculation, and drafts
+    counted in the head's /metrics (it sums its nodes' counters)."""
+    node = Node("--speculative", "draft", "--draft-model", draft_gguf())
+    head = None
+    try:
+        head = Daemon("--fleet", f"127.0.0.1:{node.port}", "--speculative", "draft", "--draft-model", draft_gguf(),
+                      "--spec-max-tokens", "6")
+        body = {"model": MODEL, "messages": ASK, "max_tokens": 24, "temperature": 0}
+        want = httpx.post(daemon.url + "/v1/chat/completions", json=body, timeout=120).json()
+        got = httpx.post(head.url + "/v1/chat/completions", json=body, timeout=120).json()
+        assert got["choices"][0]["message"]["content"] == want["choices"][0]["message"]["content"]
+        for _ in range(50):  # the node reports its counters within a status interval
+            if _metric(head, "superfluid_draft_tokens_total") > 0:
+                break
+            time.sleep(0.2)
+        assert _metric(head, "superfluid_draft_tokens_total") > 0
+    finally:
+        if head is not None:
+            head.stop()
+        node.stop()
