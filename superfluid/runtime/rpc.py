@@ -21,8 +21,8 @@ import llama_cpp
 
 from ..errors import ModelLoadError
 
-REBUILD = ('CMAKE_ARGS="-DGGML_RPC=ON -DLLAVA_BUILD=OFF -DGGML_OPENMP=OFF" CMAKE_BUILD_PARALLEL_LEVEL=2 '
-           "pip install --no-cache-dir --force-reinstall --no-deps llama-cpp-python==" + llama_cpp.__version__)
+# the fix, in a superfluid checkout (scripts/llama-cmake-args.sh names the options for this CPU)
+REBUILD = "bash scripts/llama-rpc.sh"
 CPU = 0  # enum ggml_backend_dev_type: GGML_BACKEND_DEVICE_TYPE_CPU
 
 _libs: tuple[ctypes.CDLL, ctypes.CDLL, ctypes.CDLL] | None = None
