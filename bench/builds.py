@@ -17,7 +17,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,13 +34,8 @@ def measure(threads: int, lanes: list[int], tokens: int, reps: int) -> dict:
     got: dict[str, list[float]] = {}
     for _ in range(reps):
         for n in lanes:
-            toks = [prompt[:] for _ in range(n)]
-            t = time.perf_counter()
-            loop.run(toks, 1)
-            prefill = time.perf_counter() - t
-            t = time.perf_counter()
-            loop.run(toks, tokens + 1)
-            got.setdefault(str(n), []).append(tokens * n / (time.perf_counter() - t - prefill))
+            loop.run([prompt[:] for _ in range(n)], tokens + 1)
+            got.setdefault(str(n), []).append(tokens * n / loop.decode_s)
     info = llama_cpp.llama_print_system_info().decode().strip()
     return {"info": info, "tok_s": {k: statistics.median(v) for k, v in got.items()}}
 

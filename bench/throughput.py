@@ -74,6 +74,7 @@ class RawLoop:
         self.batch = ll.llama_batch_init(batch, 0, 1)
         self.n_vocab = ll.llama_vocab_n_tokens(ll.llama_model_get_vocab(self.model))
         self.cap = batch
+        self.decode_s = 0.0
 
     def _decode(self, items: list[tuple[int, int, int, bool]]) -> None:
         b = self.batch
@@ -114,6 +115,7 @@ class RawLoop:
             flush()
         produced = len(toks)
         pos = [len(t) for t in toks]
+        t0 = time.perf_counter()
         for _ in range(max_tokens - 1):
             order = list(range(len(toks)))
             self._decode([(last[s], pos[s], s, True) for s in order])
@@ -121,6 +123,7 @@ class RawLoop:
                 last[s] = self._argmax(i)
                 pos[s] += 1
             produced += len(toks)
+        self.decode_s = time.perf_counter() - t0  # the decode steps alone (bench/builds.py)
         return produced
 
 
