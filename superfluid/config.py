@@ -55,6 +55,7 @@ class EngineConfig:
     stage_split: str = "even"  # pipeline: layers split evenly or by the memory each stage reports
     rpc_nodes: tuple = ()  # llama.cpp RPC nodes (host, port) the GGUF is split over (stage_psk: their token)
     rpc_split: tuple = ()  # the layers' proportions: this host's CPU first, then each node (): by memory
+    rpc_output: str = "head"  # the output layer: on this host's CPU (head) or the last node (last)
     rpc_names: tuple = ()  # RPC nodes that join (node join --rpc) by --name; "auto": every one that joins
     rpc_listen_fd: int = -1  # the socket they join on (--fleet-listen), inherited by each worker
     pooling: str | None = None  # embeddings on llama.cpp: mean, cls or last (None: the GGUF's, else mean)

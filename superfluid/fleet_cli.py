@@ -76,7 +76,7 @@ def rpc_engine(ec: EngineConfig, args, psk: bytes | None) -> EngineConfig | int:
         _KEEP.append(sock)  # open for the daemon's life: workers come and go, joins queue meanwhile
         fd = sock.fileno()
     return replace(ec, rpc_nodes=tuple(dialed), rpc_names=tuple(names), rpc_listen_fd=fd, stage_psk=psk,
-                   rpc_split=tuple(args.rpc_split))
+                   rpc_split=tuple(args.rpc_split), rpc_output=args.rpc_output)
 
 
 _KEEP: list[socket.socket] = []

@@ -73,9 +73,10 @@ def model_params():
     return mp
 
 
-def split_params(path: str, nodes, split: list[float]):
+def split_params(path: str, nodes, split: list[float], output: str = "head"):
     """Model parameters for a GGUF split by layers over this host's CPU and llama.cpp RPC
-    nodes (runtime/rpc_link.py): the devices in order, each with its share of the layers."""
+    nodes (runtime/rpc_link.py): the devices in order, each with its share of the layers;
+    the output layer on this host (`output` "head") or on the last node ("last")."""
     from . import rpc
     from .rpc_link import check_fits, shares
     nodes.require()
@@ -89,7 +90,22 @@ def split_params(path: str, nodes, split: list[float]):
     mp._split = (ctypes.c_float * 128)(*parts)
     mp.tensor_split = ctypes.cast(mp._split, ctypes.POINTER(ctypes.c_float))
     mp.split_mode = ll.LLAMA_SPLIT_MODE_LAYER
+    # the output layer on this host, beside the input embedding it often shares: the last
+    # node then sends back a hidden state (n_embd floats a token) instead of logits (n_vocab
+    # floats, 196 KB a token for the embedded model, through both ends of the tunnel), and
+    # holds no copy of a tied embedding. Measured in docs/fleet.md: decode +12%.
+    if output == "head":
+        mp._over = (_BuftOverride * 2)(_BuftOverride(HEAD_TENSORS, rpc.cpu_buffer_type()), _BuftOverride(None, None))
+        mp.tensor_buft_overrides = ctypes.cast(mp._over, ctypes.c_void_p)
     return mp
+
+
+HEAD_TENSORS = rb"^(output|token_embd)\.weight$"  # kept on this host's CPU in a split
+
+
+class _BuftOverride(ctypes.Structure):
+    """llama_model_tensor_buft_override: a tensor-name regex and the buffer type it goes to."""
+    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
 
 
 
@@ -97,7 +113,8 @@ def split_params(path: str, nodes, split: list[float]):
 class LlamaCppRuntime(Runtime):
     def __init__(self, path: str, *, lanes: int, n_ctx: int, threads: int, batch_tokens: int,
                  pooling: str | None = None, rpc_nodes: list | None = None, rpc_psk: bytes | None = None,
-                 rpc_split: list[float] | None = None, rpc_names: list[str] | None = None, rpc_listen_fd: int = -1):
+                 rpc_split: list[float] | None = None, rpc_output: str = "head", rpc_names: list[str] | None = None,
+                 rpc_listen_fd: int = -1):
         super().__init__()
         quiet_llama_logs()
         ll.llama_backend_init()
@@ -107,7 +124,7 @@ class LlamaCppRuntime(Runtime):
             from .rpc_link import RpcNodes
             self.rpc = RpcNodes(rpc_nodes or [], rpc_psk, names=rpc_names or [], listen_fd=rpc_listen_fd)
             try:
-                params = split_params(path, self.rpc, rpc_split or [])
+                params = split_params(path, self.rpc, rpc_split or [], output=rpc_output)
             except BaseException:
                 self.close()
                 raise

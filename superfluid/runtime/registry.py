@@ -152,6 +152,7 @@ def _runtime(s: Any):
         return LlamaCppRuntime(s.model, lanes=s.lanes, n_ctx=s.ctx,
                                threads=s.threads, batch_tokens=s.batch_tokens, pooling=s.pooling or None,
                                rpc_nodes=list(s.rpc_nodes), rpc_psk=s.stage_psk, rpc_split=list(s.rpc_split),
+                               rpc_output=s.rpc_output,
                                rpc_names=list(s.rpc_names), rpc_listen_fd=s.rpc_listen_fd)
     if s.runtime in TORCH_RUNTIMES:  # transformers; sentence: embeddings or a cross-encoder
         module, name = TORCH_RUNTIMES[s.runtime]

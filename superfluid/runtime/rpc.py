@@ -26,6 +26,7 @@ REBUILD = "bash scripts/llama-rpc.sh"
 CPU = 0  # enum ggml_backend_dev_type: GGML_BACKEND_DEVICE_TYPE_CPU
 
 _libs: tuple[ctypes.CDLL, ctypes.CDLL, ctypes.CDLL] | None = None
+_cpu_lib: ctypes.CDLL | None = None
 _abort_cb = None  # the ctypes callback ggml holds: kept alive here
 
 
@@ -94,6 +95,16 @@ def cpu_device() -> int:
     if not dev:
         raise RpcUnavailable("llama.cpp has no CPU device")
     return dev
+
+
+def cpu_buffer_type() -> int:
+    """ggml's CPU buffer type, the one llama.cpp compares a tensor override against (so the
+    override still gets the CPU's repacked layouts)."""
+    global _cpu_lib
+    if _cpu_lib is None:
+        _cpu_lib = ctypes.CDLL(str(_loaded("libggml-cpu")))
+        _cpu_lib.ggml_backend_cpu_buffer_type.restype = ctypes.c_void_p
+    return _cpu_lib.ggml_backend_cpu_buffer_type()
 
 
 def serve(port: int, cache_dir: str, threads: int) -> None:

@@ -43,6 +43,7 @@ class WorkerSettings(Record):
     split: str = "even"  # how the stages share the layers: even or memory
     rpc_nodes: tuple[tuple[str, int], ...] = ()  # llama.cpp RPC nodes the model is split over (stage_psk)
     rpc_split: tuple[float, ...] = ()  # their shares of the layers, this host's CPU first (): by memory
+    rpc_output: str = "head"  # the output layer: on this host's CPU (head) or the last node (last)
     rpc_names: tuple[str, ...] = ()  # RPC nodes that join by name; "auto": every one that joins
     rpc_listen_fd: int = -1  # the daemon's socket they join on, inherited (-1: none)
     pooling: str | None = None  # llama.cpp embeddings: mean, cls or last (None: the GGUF's)
