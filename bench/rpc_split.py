@@ -2,17 +2,21 @@
 and against today's --pipeline (transformers stages), on loopback, in one run.
 
     python bench/rpc_split.py [--threads 1] [--rounds 3] [--tokens 64] [--prompt-words 600] [--no-pipeline]
+                              [--rpc-output head[,last]]
 
 Setups, each a real daemon (and node processes) driven over HTTP:
 - one machine: `superfluid serve` (the embedded GGUF, llama.cpp);
-- rpc: `serve --rpc-nodes` over the head's CPU and 2 `node serve --rpc` nodes (a 3-way split);
+- rpc: `serve --rpc-nodes` over the head's CPU and 2 `node serve --rpc` nodes (a 3-way split),
+  once per `--rpc-output` placement of the output layer (head: the default; last);
 - pipeline: `serve --pipeline` over 2 `node serve --stage` nodes (transformers, float32).
 
 Every setup is up at once and each round measures them all, in alternating order (a noisy
 moment on a shared machine hits every setup alike). Per setup, median of rounds: decode
 tok/s (one greedy stream, EOS ignored: tokens after the first ÷ the time they took) and
 prefill tok/s (a distinct prompt each round: prompt tokens ÷ time to the first token).
-Ratios are against one machine (target for rpc: >= 0.8). Peak RSS (VmHWM) of every process
+Ratios are against one machine (target for rpc: >= 0.8): the ratio of the medians, and for
+decode also the median of each round's ratio (setups measured back to back, so a baseline
+that drifts between rounds cancels out). Peak RSS (VmHWM) of every process
 of the setup, and for rpc nodes RSS ÷ (file size × share): about 1
 means the node holds its share of the quantized weights, not a float32 copy."""
 
@@ -94,7 +98,9 @@ def measure(setups: dict[str, tuple[str, dict[str, int]]], a) -> dict:
               flush=True)
     out = {}
     for name, (_, pids) in setups.items():
+        base = names[0]  # one machine: each round's ratio pairs setups measured back to back
         out[name] = {"decode": statistics.median(dec[name]), "prefill": statistics.median(pre[name]),
+                     "paired": statistics.median(d / b for d, b in zip(dec[name], dec[base], strict=True)),
                      "rss": {k: peak_rss(p) for k, p in pids.items()}}
         print(f"{name:>12}: decode {out[name]['decode']:6.1f} tok/s   prefill {out[name]['prefill']:6.1f} tok/s   "
               + "  ".join(f"{k} {v / 2**20:.0f} MiB" for k, v in out[name]["rss"].items()), flush=True)
@@ -108,6 +114,7 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--prompt-words", type=int, default=600)
     p.add_argument("--no-pipeline", action="store_true")
+    p.add_argument("--rpc-output", default="head", help="the output layer's placements to run: head, last or both")
     a = p.parse_args()
     size = os.path.getsize(embedded_model().path)
     tok = os.path.join(tempfile.mkdtemp(), "token")
@@ -119,15 +126,16 @@ def main() -> None:
         one = Daemon("--sessions-cache", "--no-tui", max_batch=2, threads=a.threads)
         procs.append(one)
         setups["one machine"] = (one.url, {"daemon": one.proc.pid})
-        kinds = [("rpc 3-way", ["--rpc"], ["--rpc-nodes"], ["--fleet-auth", tok], tok)]
+        kinds = [(f"rpc 3-way {o}", ["--rpc"], ["--rpc-nodes"], ["--fleet-auth", tok, "--rpc-output", o], tok)
+                 for o in a.rpc_output.split(",")]
         if not a.no_pipeline:
             kinds.append(("pipeline 2", ["--stage"], ["--pipeline"], [], None))
-        idle: list[int] = []
+        idle: dict[str, list[int]] = {}
         for name, node_args, head_flag, head_args, auth in kinds:
             nodes = [Node(*node_args, "--threads", str(a.threads), auth_file=auth) for _ in range(2)]
             procs += nodes
-            if name == "rpc 3-way":  # each node's RSS before any head: Python and llama.cpp, no weights
-                idle = [peak_rss(n.proc.pid) for n in nodes]
+            if name.startswith("rpc"):  # each node's RSS before any head: Python and llama.cpp, no weights
+                idle[name] = [peak_rss(n.proc.pid) for n in nodes]
             head = Daemon(*head_flag, ",".join(f"127.0.0.1:{n.port}" for n in nodes), *head_args,
                           "--sessions-cache", "--no-tui", max_batch=2, threads=a.threads)
             procs.append(head)
@@ -139,16 +147,17 @@ def main() -> None:
             x.stop()
     base = results["one machine"]
     print(f"\nmodel file {size / 2**20:.0f} MiB, {a.threads} thread(s) per process, median of {a.rounds}")
-    print("| setup | decode tok/s | ÷ one machine | prefill tok/s | ÷ one machine |")
-    print("|---|---|---|---|---|")
+    print("| setup | decode tok/s | ÷ one machine | median of rounds' ÷ | prefill tok/s | ÷ one machine |")
+    print("|---|---|---|---|---|---|")
     for name, r in results.items():
-        print(f"| {name} | {r['decode']:.1f} | {r['decode'] / base['decode']:.2f} | {r['prefill']:.1f} | "
-              f"{r['prefill'] / base['prefill']:.2f} |")
-    rpc = results["rpc 3-way"]
-    for k, before in zip(("node1", "node2"), idle, strict=True):
-        grew = rpc["rss"][k] - before
-        print(f"rpc {k}: peak RSS {rpc['rss'][k] / 2**20:.0f} MiB, {grew / 2**20:.0f} MiB over an idle node "
-              f"= {grew / (size / 3):.2f} x (file size x 1/3)")
+        print(f"| {name} | {r['decode']:.1f} | {r['decode'] / base['decode']:.2f} | {r['paired']:.2f} | "
+              f"{r['prefill']:.1f} | {r['prefill'] / base['prefill']:.2f} |")
+    for name, before_each in idle.items():
+        rpc = results[name]
+        for k, before in zip(("node1", "node2"), before_each, strict=True):
+            grew = rpc["rss"][k] - before
+            print(f"{name} {k}: peak RSS {rpc['rss'][k] / 2**20:.0f} MiB, {grew / 2**20:.0f} MiB over an idle "
+                  f"node = {grew / (size / 3):.2f} x (file size x 1/3)")
     sys.stdout.flush()
 
 
