@@ -97,8 +97,8 @@ def measure(setups: dict[str, tuple[str, dict[str, int]]], a) -> dict:
         print(f"round {r + 1}: " + "   ".join(f"{k} decode {dec[k][-1]:.1f} prefill {pre[k][-1]:.1f}" for k in names),
               flush=True)
     out = {}
+    base = names[0]  # one machine: each round's ratio pairs setups measured back to back
     for name, (_, pids) in setups.items():
-        base = names[0]  # one machine: each round's ratio pairs setups measured back to back
         out[name] = {"decode": statistics.median(dec[name]), "prefill": statistics.median(pre[name]),
                      "paired": statistics.median(d / b for d, b in zip(dec[name], dec[base], strict=True)),
                      "rss": {k: peak_rss(p) for k, p in pids.items()}}

@@ -93,7 +93,7 @@ def split_params(path: str, nodes, split: list[float], output: str = "head"):
     # the output layer on this host, beside the input embedding it often shares: the last
     # node then sends back a hidden state (n_embd floats a token) instead of logits (n_vocab
     # floats, 196 KB a token for the embedded model, through both ends of the tunnel), and
-    # holds no copy of a tied embedding. Measured in docs/fleet.md: decode +12%.
+    # holds no copy of a tied embedding. Measured in docs/fleet.md: decode +4-12%.
     if output == "head":
         mp._over = (_BuftOverride * 2)(_BuftOverride(HEAD_TENSORS, rpc.cpu_buffer_type()), _BuftOverride(None, None))
         mp.tensor_buft_overrides = ctypes.cast(mp._over, ctypes.c_void_p)
@@ -106,8 +106,6 @@ HEAD_TENSORS = rb"^(output|token_embd)\.weight$"  # kept on this host's CPU in a
 class _BuftOverride(ctypes.Structure):
     """llama_model_tensor_buft_override: a tensor-name regex and the buffer type it goes to."""
     _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
-
-
 
 
 class LlamaCppRuntime(Runtime):

@@ -26,7 +26,6 @@ REBUILD = "bash scripts/llama-rpc.sh"
 CPU = 0  # enum ggml_backend_dev_type: GGML_BACKEND_DEVICE_TYPE_CPU
 
 _libs: tuple[ctypes.CDLL, ctypes.CDLL, ctypes.CDLL] | None = None
-_cpu_lib: ctypes.CDLL | None = None
 _abort_cb = None  # the ctypes callback ggml holds: kept alive here
 
 
@@ -74,6 +73,8 @@ def library() -> tuple[ctypes.CDLL, ctypes.CDLL, ctypes.CDLL]:
         base.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t),
                                                  ctypes.POINTER(ctypes.c_size_t)]
         base.ggml_backend_dev_memory.restype = None
+        base.ggml_backend_dev_buffer_type.argtypes = [ctypes.c_void_p]
+        base.ggml_backend_dev_buffer_type.restype = ctypes.c_void_p
         base.ggml_set_abort_callback.argtypes = [ctypes.c_void_p]
         base.ggml_set_abort_callback.restype = ctypes.c_void_p
     except AttributeError as e:
@@ -100,11 +101,7 @@ def cpu_device() -> int:
 def cpu_buffer_type() -> int:
     """ggml's CPU buffer type, the one llama.cpp compares a tensor override against (so the
     override still gets the CPU's repacked layouts)."""
-    global _cpu_lib
-    if _cpu_lib is None:
-        _cpu_lib = ctypes.CDLL(str(_loaded("libggml-cpu")))
-        _cpu_lib.ggml_backend_cpu_buffer_type.restype = ctypes.c_void_p
-    return _cpu_lib.ggml_backend_cpu_buffer_type()
+    return library()[1].ggml_backend_dev_buffer_type(cpu_device())
 
 
 def serve(port: int, cache_dir: str, threads: int) -> None:
