@@ -136,6 +136,11 @@ def _engine_config(args: argparse.Namespace, src) -> EngineConfig | int:
         print(f"superfluid: {src.path} is a Hugging Face folder: llama.cpp serves GGUF files; use --runtime "
               f"transformers (the default for a folder)", file=sys.stderr)
         return 2
+    from .runtime.rope import check as rope_problem
+    problem = rope_problem(args.rope_scaling, args.rope_scale, args.yarn_orig_ctx)
+    if problem:
+        print(f"superfluid: {problem}", file=sys.stderr)
+        return 2
     step_tokens = max(args.step_tokens, args.max_batch)
     if args.kv_slots is not None and args.kv_slots < args.max_batch:
         print("superfluid: --kv-slots must be at least --max-batch", file=sys.stderr)
@@ -160,6 +165,8 @@ def _engine_config(args: argparse.Namespace, src) -> EngineConfig | int:
                         runtime=args.runtime or default_runtime(src.path), pooling=args.pooling,
                         matryoshka=args.matryoshka, speculative=args.speculative,
                         spec_max_tokens=args.spec_max_tokens, draft_model=draft,
+                        rope_scaling=args.rope_scaling, rope_scale=args.rope_scale,
+                        yarn_orig_ctx=args.yarn_orig_ctx,
                         sampling=sampling_defaults.from_args(args),
                         **_kv_disk(args))
 
@@ -257,6 +264,10 @@ def _serve(args: argparse.Namespace) -> int:
     if sum(map(bool, (args.pipeline, args.fleet or (args.fleet_listen and not rpc), rpc))) > 1:
         print("superfluid: --pipeline, --rpc-nodes and --fleet/--fleet-listen are ways to serve the model: pick one",
               file=sys.stderr)
+        return 2
+    if args.pipeline and (args.rope_scaling or args.rope_scale):
+        print("superfluid: --rope-scaling and --rope-scale are not offered on --pipeline stages: serve the "
+              "model on one host or split it with --rpc-nodes", file=sys.stderr)
         return 2
     if args.pipeline or rpc:
         from .fleet_cli import read_token, rpc_engine

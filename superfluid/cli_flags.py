@@ -16,6 +16,24 @@ def _positive(s: str) -> int:
     return v
 
 
+def _scale(s: str) -> float:
+    """--rope-scale: a positive number of times the trained window."""
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got '{s}'") from None
+    if not v > 0 or v == float("inf"):
+        raise argparse.ArgumentTypeError("must be a positive number")
+    return v
+
+
+def _window(s: str) -> int:
+    """--yarn-orig-ctx: a token count; 0 is llama-server's "the model's"."""
+    if not s.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a token count, got '{s}'")
+    return int(s)
+
+
 def _hostport(s: str) -> tuple[str, int]:
     host, sep, port = s.rpartition(":")
     if not sep or not port.isdigit() or int(port) > 65535:
@@ -104,4 +122,7 @@ def _engine_flags(s: argparse.ArgumentParser) -> None:
     s.add_argument("--pooling", choices=("mean", "cls", "last"), help="embeddings from a GGUF: how token states become one vector (default: what the GGUF declares, else mean)")
     s.add_argument("--matryoshka", action="store_true", help="the model was trained for shortened embeddings: requests may ask for fewer dimensions")
     s.add_argument("--kv-disk", choices=("on", "off"), default="on", help="keep finished and evicted prefixes' KV on disk under $SUPERFLUID_HOME/kv, restored instead of prefilled, across restarts too (default on; llama.cpp models)")
+    s.add_argument("--rope-scaling", choices=("none", "linear", "yarn"), default="", help="serve a window past the model's trained one by stretching its rotary positions: yarn (degrades least), linear, or none (never stretch); with --max-context past the trained window and no --rope-scale, the stretch is --max-context over the trained window (default: the model's own rope settings; docs/context.md)")
+    s.add_argument("--rope-scale", type=_scale, default=0.0, metavar="N", help="stretch the positions N times (llama-server's --rope-scale: rope_freq_scale = 1/N); without --max-context the window is N x the trained one (default: derived from --max-context with --rope-scaling, else the model's own)")
+    s.add_argument("--yarn-orig-ctx", type=_window, default=0, metavar="N", help="with --rope-scaling yarn: the window the model was trained on, that yarn stretches (default: the model's trained window)")
     s.add_argument("--kv-disk-mb", type=_positive, metavar="MB", help="most MiB of KV on disk, least recently used evicted first (default: a quarter of the free disk, at most 16 GiB)")

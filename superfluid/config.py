@@ -56,6 +56,9 @@ class EngineConfig:
     rpc_nodes: tuple = ()  # llama.cpp RPC nodes (host, port) the GGUF is split over (stage_psk: their token)
     rpc_split: tuple = ()  # the layers' proportions: this host's CPU first, then each node (): by memory
     rpc_output: str = "head"  # the output layer: on this host's CPU (head) or the last node (last)
+    rope_scaling: str = ""  # none, linear or yarn: stretch the positions past the trained window ("": the model's)
+    rope_scale: float = 0.0  # the stretch (1/rope_freq_scale); 0: derived from the window (runtime/rope.py)
+    yarn_orig_ctx: int = 0  # the window yarn stretches (0: the model's trained one)
     rpc_names: tuple = ()  # RPC nodes that join (node join --rpc) by --name; "auto": every one that joins
     rpc_listen_fd: int = -1  # the socket they join on (--fleet-listen), inherited by each worker
     pooling: str | None = None  # embeddings on llama.cpp: mean, cls or last (None: the GGUF's, else mean)

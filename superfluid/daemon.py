@@ -24,6 +24,7 @@ from .monitor.access import AccessLog
 from .monitor.metrics import Metrics
 from .monitor.tui import Dashboard, LiveMonitor, LogBuffer
 from .runtime.registry import available_memory, default_runtime, fit_context, is_hf_folder, model_bytes
+from .runtime.rope import derive, describe, trained_window
 from .session.store import Store
 from .delivery import SessionLog
 from .service import Service, Sessions
@@ -91,10 +92,24 @@ def tokenizer_for(path: str):
 
 def build_engine(ec: EngineConfig, log: SessionLog | None = None) -> Engine:
     tok = tokenizer_for(ec.model_path)
-    n_ctx = fit_context(requested=ec.max_context, n_ctx_train=tok.shape.n_ctx_train,
+    trained = tok.shape.n_ctx_train
+    # an explicit --rope-scale stretches the default window too; the worker applies the same
+    # derivation (runtime/rope.py), this one only sizes the window and says what it serves
+    n_ctx = fit_context(requested=ec.max_context, n_ctx_train=trained_window(trained, ec.rope_scale, ec.yarn_orig_ctx),
                         lanes=ec.slots, kv_bytes_per_token=tok.shape.kv_bytes_per_token,
                         model_bytes=model_bytes(ec.model_path), mem_bytes=available_memory())
+    say_window(ec, n_ctx, trained)
     return Engine(ec, tok, n_ctx, log)
+
+
+def say_window(ec: EngineConfig, n_ctx: int, trained: int) -> None:
+    """One line on a window past the trained one or a rope scaling asked for: what the
+    positions are stretched by, or a warning that quality degrades where they are not."""
+    if ec.runtime not in ("llamacpp", "transformers"):  # the runtimes that generate and stretch positions
+        return
+    said = describe(derive(ec.rope_scaling, ec.rope_scale, ec.yarn_orig_ctx, n_ctx=n_ctx, n_ctx_train=trained), n_ctx)
+    if said is not None:
+        (log.warning if said[1] else log.info)("%s: %s", ec.model_id, said[0])
 
 
 def open_store(cfg: ServeConfig) -> Store:

@@ -55,7 +55,8 @@ class Engine(EngineBase):
                                split=cfg.stage_split, pooling=cfg.pooling,
                                kv_dir=cfg.kv_dir, draft_model=cfg.draft_model,
                                kv_disk_mb=cfg.kv_disk_mb, rpc_nodes=cfg.rpc_nodes, rpc_split=cfg.rpc_split,
-                               rpc_output=cfg.rpc_output,
+                               rpc_output=cfg.rpc_output, rope_scaling=cfg.rope_scaling,
+                               rope_scale=cfg.rope_scale, yarn_orig_ctx=cfg.yarn_orig_ctx,
                                rpc_names=cfg.rpc_names, rpc_listen_fd=cfg.rpc_listen_fd)
         self.worker: WorkerProcess | None = None
         self._new_worker = worker_factory  # a process; tests pass an in-process worker with its face

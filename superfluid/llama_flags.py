@@ -19,6 +19,17 @@ def _count(s: str) -> int:
     return v
 
 
+def _freq_scale(s: str) -> float:
+    """--rope-freq-scale: the frequency scale itself, 1 / --rope-scale."""
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got '{s}'") from None
+    if not 0 < v <= 1:
+        raise argparse.ArgumentTypeError("must be in (0, 1]: 0.25 stretches the positions 4 times")
+    return v
+
+
 def _aliases(s: str) -> list[tuple[str, str | None]]:
     """NAME=ID (NAME stands for the model ID) or NAME (for the default model, as llama-server's
     -a); comma-separated."""
@@ -42,6 +53,8 @@ def add_flags(s: argparse.ArgumentParser) -> None:
     g.add_argument("-np", "--parallel", dest="llama_parallel", type=_count, metavar="N",
                    help="--max-batch: lanes decoded together (-1: the default)")
     g.add_argument("-t", dest="llama_threads", type=_count, metavar="N", help="--threads (-1: the default)")
+    g.add_argument("--rope-freq-scale", dest="llama_freq_scale", type=_freq_scale, metavar="F",
+                   help="--rope-scale 1/F: the positions' frequency scale (0.25 stretches them 4 times)")
     g.add_argument("--jinja", action="store_true", help="accepted: the model's own jinja chat template is always used")
     g.add_argument("-a", "--alias", dest="aliases", type=_aliases, action="append", default=[], metavar="NAME[=ID]",
                    help="NAME stands for the model ID (default: the default model); repeatable or comma-separated")
@@ -61,5 +74,9 @@ def apply_flags(args: argparse.Namespace) -> str | None:
         args.max_batch = args.llama_parallel
     if args.llama_threads and args.llama_threads > 0:
         args.threads = args.llama_threads
+    if args.llama_freq_scale:
+        if args.rope_scale and abs(args.rope_scale * args.llama_freq_scale - 1) > 1e-6:
+            return "--rope-scale N and --rope-freq-scale 1/N say the same: give one"
+        args.rope_scale = 1 / args.llama_freq_scale
     args.aliases = [a for group in args.aliases for a in group]
     return None

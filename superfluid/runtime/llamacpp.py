@@ -27,6 +27,7 @@ from ..errors import EmbeddingUnsupported, ModelLoadError
 from ..plan import EmbedItem, Run
 from .base import ModelInfo, Runtime
 from .llamacpp_embed import EMBED_WINDOW, POOLING, LlamaEmbedder
+from .rope import Rope, derive
 from .threads import ThreadGovernor
 
 
@@ -51,9 +52,20 @@ def by_seq(items):
     return sorted(items, key=lambda r: r.seq)
 
 
-def context_params(lanes: int, n_ctx: int, threads: int, batch_tokens: int):
-    """A context for `lanes` sequences of n_ctx tokens, each with its own KV stream."""
+ROPE_TYPES = {"none": ll.LLAMA_ROPE_SCALING_TYPE_NONE, "linear": ll.LLAMA_ROPE_SCALING_TYPE_LINEAR,
+              "yarn": ll.LLAMA_ROPE_SCALING_TYPE_YARN}
+
+
+def context_params(lanes: int, n_ctx: int, threads: int, batch_tokens: int, rope: Rope | None = None):
+    """A context for `lanes` sequences of n_ctx tokens, each with its own KV stream; with
+    `rope`, its positions stretched (runtime/rope.py). Without, llama.cpp's defaults keep
+    the model's own rope settings."""
     cp = ll.llama_context_default_params()
+    if rope is not None and rope.kind:
+        cp.rope_scaling_type = ROPE_TYPES[rope.kind]
+    if rope is not None:
+        cp.rope_freq_scale = rope.freq_scale  # 0: the model's own
+        cp.yarn_orig_ctx = rope.orig_ctx  # 0: the model's trained window
     cp.n_ctx = lanes * n_ctx
     cp.n_batch = batch_tokens
     cp.n_ubatch = min(batch_tokens, 512)
@@ -112,7 +124,7 @@ class LlamaCppRuntime(Runtime):
     def __init__(self, path: str, *, lanes: int, n_ctx: int, threads: int, batch_tokens: int,
                  pooling: str | None = None, rpc_nodes: list | None = None, rpc_psk: bytes | None = None,
                  rpc_split: list[float] | None = None, rpc_output: str = "head", rpc_names: list[str] | None = None,
-                 rpc_listen_fd: int = -1):
+                 rpc_listen_fd: int = -1, rope: tuple[str, float, int] = ("", 0.0, 0)):
         super().__init__()
         quiet_llama_logs()
         ll.llama_backend_init()
@@ -131,7 +143,12 @@ class LlamaCppRuntime(Runtime):
             self.close()
             raise ModelLoadError(f"llama.cpp could not load {path}")
         self.vocab = ll.llama_model_get_vocab(self.model)
-        self.ctx = ll.llama_init_from_model(self.model, context_params(lanes, n_ctx, threads, batch_tokens))
+        # read before the context exists: a context with a stretched rope reports the stretched
+        # window as the model's trained one afterwards (llama.cpp 0.3.36: 32768 for SmolLM2 x4)
+        n_ctx_train = ll.llama_model_n_ctx_train(self.model)
+        self.rope = derive(*rope, n_ctx=n_ctx, n_ctx_train=n_ctx_train)
+        self.ctx = ll.llama_init_from_model(self.model, context_params(lanes, n_ctx, threads, batch_tokens,
+                                                                       self.rope))
         if not self.ctx:
             raise ModelLoadError(f"llama.cpp could not create a context for {path} "
                                  f"({lanes} lanes x {n_ctx} tokens)")
@@ -157,12 +174,12 @@ class LlamaCppRuntime(Runtime):
                                                         and not ll.llama_model_has_decoder(self.model))
         n_ctx_seq = ll.llama_n_ctx_seq(self.ctx)
         # an input never runs past the positions the model learned (an encoder's 512, say)
-        window = min(EMBED_WINDOW, n_ctx_seq, ll.llama_model_n_ctx_train(self.model) or n_ctx_seq)
+        window = min(EMBED_WINDOW, n_ctx_seq, n_ctx_train or n_ctx_seq)
         # the disk tier's entries fit only this build's state format and this KV layout
         self.kv_format = (f"llamacpp-{ll.__version__}-streams-{ll.llama_model_n_layer(self.model)}"
                           f"x{ll.llama_model_n_embd(self.model)}")
         self.info = ModelInfo(n_vocab=n_vocab, n_ctx=n_ctx_seq, n_lanes=lanes,
-                              n_ctx_train=ll.llama_model_n_ctx_train(self.model),
+                              n_ctx_train=n_ctx_train,
                               description=desc.value.decode(errors="replace"),
                               n_embd=self.n_embd,
                               embed_window=window, embed_chunks=chunked, pooling=self.pooling,

@@ -152,7 +152,7 @@ def _runtime(s: Any):
         return LlamaCppRuntime(s.model, lanes=s.lanes, n_ctx=s.ctx,
                                threads=s.threads, batch_tokens=s.batch_tokens, pooling=s.pooling or None,
                                rpc_nodes=list(s.rpc_nodes), rpc_psk=s.stage_psk, rpc_split=list(s.rpc_split),
-                               rpc_output=s.rpc_output,
+                               rpc_output=s.rpc_output, rope=(s.rope_scaling, s.rope_scale, s.yarn_orig_ctx),
                                rpc_names=list(s.rpc_names), rpc_listen_fd=s.rpc_listen_fd)
     if s.runtime in TORCH_RUNTIMES:  # transformers; sentence: embeddings or a cross-encoder
         module, name = TORCH_RUNTIMES[s.runtime]
@@ -161,7 +161,8 @@ def _runtime(s: Any):
         except ImportError as e:
             raise RuntimeError(f"the {s.runtime} runtime needs torch and transformers: "
                                f"pip install 'superfluid[hf]' ({e})") from None
-        return cls(s.model, lanes=s.lanes, n_ctx=s.ctx, threads=s.threads, batch_tokens=s.batch_tokens)
+        rope = {"rope": (s.rope_scaling, s.rope_scale, s.yarn_orig_ctx)} if s.runtime == "transformers" else {}
+        return cls(s.model, lanes=s.lanes, n_ctx=s.ctx, threads=s.threads, batch_tokens=s.batch_tokens, **rope)
     if s.runtime == "pipeline":  # a model split by layers over stage nodes
         from .pipeline import PipelineRuntime
         return PipelineRuntime(s.model, list(s.stages), s.stage_psk, lanes=s.lanes, n_ctx=s.ctx, split=s.split,

@@ -26,6 +26,7 @@ import torch
 
 from ..errors import ModelLoadError
 from .hf_convert import GgufWeights, gguf_weights, is_hf_dir
+from .rope import Rope, hf_rope
 
 # (session, position of the first row, tokens on the first stage or hidden states [n, hidden])
 Item = tuple[Hashable, int, "Sequence[int] | np.ndarray"]
@@ -109,8 +110,19 @@ def _weight_files(folder: Path) -> dict[str, Path]:
     return out
 
 
+def _stretch(config, rope: Rope, source: str) -> None:
+    """Apply --rope-scaling to the config before the rotary embedding is built from it: only
+    for a model with one flat rope config (Llama's); a per-layer one would need each layer's."""
+    current = getattr(config, "rope_parameters", None)
+    if not isinstance(current, dict) or "rope_theta" not in current:
+        raise ModelLoadError(f"{source}: --rope-scaling on transformers needs a model with one rope config "
+                             f"(Llama's); serve a GGUF on llama.cpp instead")
+    config.rope_parameters = hf_rope(rope, current)
+
+
 class StageModel:
-    def __init__(self, source: str, first: int, last: int, *, threads: int = 1, dtype: str = "float32"):
+    def __init__(self, source: str, first: int, last: int, *, threads: int = 1, dtype: str = "float32",
+                 rope: Rope | None = None):
         from transformers import AutoConfig, AutoModelForCausalLM
 
         torch.set_num_threads(threads)
@@ -120,6 +132,8 @@ class StageModel:
             self.config = config = AutoConfig.for_model("llama", **cfg)
         else:
             self.config = config = AutoConfig.from_pretrained(str(source))
+        if rope is not None:
+            _stretch(config, rope, source)
         self.n_layer = int(config.num_hidden_layers)
         if not 0 <= first < last <= self.n_layer:
             raise ValueError(f"bad layer range [{first}, {last}) for {self.n_layer} layers")

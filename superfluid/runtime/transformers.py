@@ -20,20 +20,25 @@ from ..plan import Run
 from .base import ModelInfo, Runtime
 from .gguf_vocab import GgufVocab
 from .hf_convert import hf_dir, is_hf_dir
+from .rope import derive
 from .stage import StageModel
 
 
 class TransformersRuntime(Runtime):
     def __init__(self, path: str, *, lanes: int, n_ctx: int, threads: int, batch_tokens: int = 256,
-                 dtype: str = "float32"):
+                 dtype: str = "float32", rope: tuple[str, float, int] = ("", 0.0, 0)):
         super().__init__()
         torch.set_num_threads(threads)
         self.source = path
         self.gguf = not is_hf_dir(path)
         try:
             self.folder = hf_dir(path)
-            n_layer = int(json.loads((self.folder / "config.json").read_text())["num_hidden_layers"])
-            self.model = StageModel(str(self.folder), 0, n_layer, threads=threads, dtype=dtype)
+            raw = json.loads((self.folder / "config.json").read_text())
+            n_layer = int(raw["num_hidden_layers"])
+            # the same stretch llama.cpp would derive (runtime/rope.py); none asked: the model's own
+            stretch = derive(*rope, n_ctx=n_ctx, n_ctx_train=int(raw.get("max_position_embeddings") or 0))
+            self.model = StageModel(str(self.folder), 0, n_layer, threads=threads, dtype=dtype,
+                                    rope=stretch if rope[0] or rope[1] else None)
         except (OSError, KeyError, ValueError) as e:
             raise ModelLoadError(f"transformers could not load {path}: {e}") from e
         self.n_batch = batch_tokens

@@ -44,6 +44,9 @@ class WorkerSettings(Record):
     rpc_nodes: tuple[tuple[str, int], ...] = ()  # llama.cpp RPC nodes the model is split over (stage_psk)
     rpc_split: tuple[float, ...] = ()  # their shares of the layers, this host's CPU first (): by memory
     rpc_output: str = "head"  # the output layer: on this host's CPU (head) or the last node (last)
+    rope_scaling: str = ""  # none, linear or yarn ("": the model's own rope settings)
+    rope_scale: float = 0.0  # the stretch over the trained window (0: derived from ctx, runtime/rope.py)
+    yarn_orig_ctx: int = 0  # the window yarn stretches (0: the model's trained one)
     rpc_names: tuple[str, ...] = ()  # RPC nodes that join by name; "auto": every one that joins
     rpc_listen_fd: int = -1  # the daemon's socket they join on, inherited (-1: none)
     pooling: str | None = None  # llama.cpp embeddings: mean, cls or last (None: the GGUF's)
