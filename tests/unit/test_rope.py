@@ -1,6 +1,8 @@
 """RoPE scaling's pure parts (runtime/rope.py): the stretch derived from the window, the
 line the daemon says about it, the flags, and what each runtime is handed."""
 
+import math
+
 import pytest
 
 from superfluid.cli import _engine_config, parser
@@ -127,3 +129,21 @@ def test_contradicting_flags_exit_with_one_line(capsys):
     a, _ = serve("--rope-scaling", "none", "--rope-scale", "2")
     assert _engine_config(a, ModelSource("/m.gguf", "m")) == 2
     assert "drop one" in capsys.readouterr().err
+
+
+def test_transformers_stage_stretches_its_rotary_embedding(tmp_path):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from superfluid.runtime.stage import StageModel
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                   num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=8192)
+    transformers.LlamaForCausalLM(cfg).save_pretrained(tmp_path)
+    plain = StageModel(str(tmp_path), 0, 1)
+    yarn = StageModel(str(tmp_path), 0, 1, rope=rope("yarn"))
+    linear = StageModel(str(tmp_path), 0, 1, rope=rope("linear"))
+    assert plain.rotary.attention_scaling == 1.0
+    assert yarn.rotary.attention_scaling == pytest.approx(1 + 0.1 * math.log(4))  # YaRN's mscale
+    base = plain.rotary.inv_freq
+    assert torch.allclose(linear.rotary.inv_freq, base / 4)
+    # YaRN keeps the fast-turning dimensions and stretches the slow ones
+    assert torch.isclose(yarn.rotary.inv_freq[0], base[0]) and torch.isclose(yarn.rotary.inv_freq[-1], base[-1] / 4)
