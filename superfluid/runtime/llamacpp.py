@@ -112,6 +112,15 @@ def split_params(path: str, nodes, split: list[float], output: str = "head"):
     return mp
 
 
+def rope_key(rope: Rope) -> str:
+    """The disk tier's key part for a stretched rope: keys are stored rotated, so a prefix
+    computed under another stretch must never be restored ("" for the model's own: the
+    entries written before rope scaling existed stay valid)."""
+    if not rope.kind and not rope.factor:
+        return ""
+    return f"-rope-{rope.kind or 'model'}-{rope.factor:g}-{rope.orig_ctx}"
+
+
 HEAD_TENSORS = rb"^(output|token_embd)\.weight$"  # kept on this host's CPU in a split
 
 
@@ -177,7 +186,7 @@ class LlamaCppRuntime(Runtime):
         window = min(EMBED_WINDOW, n_ctx_seq, n_ctx_train or n_ctx_seq)
         # the disk tier's entries fit only this build's state format and this KV layout
         self.kv_format = (f"llamacpp-{ll.__version__}-streams-{ll.llama_model_n_layer(self.model)}"
-                          f"x{ll.llama_model_n_embd(self.model)}")
+                          f"x{ll.llama_model_n_embd(self.model)}{rope_key(self.rope)}")
         self.info = ModelInfo(n_vocab=n_vocab, n_ctx=n_ctx_seq, n_lanes=lanes,
                               n_ctx_train=n_ctx_train,
                               description=desc.value.decode(errors="replace"),

@@ -147,3 +147,12 @@ def test_transformers_stage_stretches_its_rotary_embedding(tmp_path):
     assert torch.allclose(linear.rotary.inv_freq, base / 4)
     # YaRN keeps the fast-turning dimensions and stretches the slow ones
     assert torch.isclose(yarn.rotary.inv_freq[0], base[0]) and torch.isclose(yarn.rotary.inv_freq[-1], base[-1] / 4)
+
+
+def test_the_kv_disk_tier_never_mixes_stretches():
+    pytest.importorskip("llama_cpp")
+    from superfluid.runtime.llamacpp import rope_key
+    assert rope_key(rope(n_ctx=4096)) == ""  # the model's own: the key entries had before rope scaling
+    keys = {rope_key(r) for r in (rope("yarn"), rope("linear"), rope("yarn", scale=2.0), rope("yarn", orig=4096),
+                                  rope("none"), rope(scale=4.0))}
+    assert len(keys) == 6 and "" not in keys
