@@ -10,12 +10,12 @@ from .errors import BadRequest
 MAX_MESSAGES = 4096  # messages in one conversation
 MAX_TOOLS = 128  # tools offered in one request
 MAX_SCHEMA_DEPTH = 32  # nesting of a tool's parameters or a response format's schema
-MAX_SCHEMA_BYTES = 64 << 10  # the JSON text of all the tools' parameter schemas together
+MAX_SCHEMA_BYTES = 256 << 10  # the JSON text of all the tools' definitions together (Claude Code sends 64 KB)
 MAX_STOPS = 16  # stop strings
 MAX_STOP_LEN = 256  # characters in one stop string
 MAX_CHOICES = 16  # n
 MAX_TOP_LOGPROBS = 20  # alternatives per token
-MAX_GRAMMAR_BYTES = 256 << 10  # a compiled grammar (tools, JSON schema, format)
+MAX_GRAMMAR_BYTES = 1 << 20  # a compiled grammar (tools, JSON schema, format)
 MAX_INFILL_FILES = 64  # /infill input_extra files (their text is cut to the window, tokenized from the end)
 MAX_METADATA_KEYS = 16  # a stored response's metadata (OpenAI's limits)
 MAX_METADATA_KEY_LEN = 64
@@ -91,3 +91,13 @@ def check_metadata(value: object, param: str = "metadata") -> dict[str, str]:
             raise BadRequest(f"{param} values are strings of at most {MAX_METADATA_VALUE_LEN} characters",
                              param=f"{param}.{k}")
     return dict(value)
+
+
+def output_budget(asked: int, prompt_len: int, n_ctx: int, cap: int | None = None) -> int:
+    """The tokens a generation may produce: what the request asked, at most the room its prompt
+    leaves in the window and the operator's cap (--max-output). Coding agents ask 32,000
+    whatever the window; like llama-server and Ollama, the answer then ends with `length`
+    where the window ends, and only a prompt that does not fit by itself is refused (by the
+    engine's check, which this leaves a budget of at least 1 to reach)."""
+    room = max(1, n_ctx - prompt_len)
+    return max(1, min(asked, room, cap or asked))

@@ -52,6 +52,8 @@ def add_flags(s: argparse.ArgumentParser) -> None:
                    help="--max-context: tokens per lane (0: the model's window)")
     g.add_argument("-np", "--parallel", dest="llama_parallel", type=_count, metavar="N",
                    help="--max-batch: lanes decoded together (-1: the default)")
+    g.add_argument("-n", "--n-predict", "--predict", dest="llama_predict", type=_count, metavar="N",
+                   help="--max-output: the most tokens one generation produces (-1: no cap)")
     g.add_argument("-t", dest="llama_threads", type=_count, metavar="N", help="--threads (-1: the default)")
     g.add_argument("--rope-freq-scale", dest="llama_freq_scale", type=_freq_scale, metavar="F",
                    help="--rope-scale 1/F: the positions' frequency scale (0.25 stretches them 4 times)")
@@ -72,6 +74,8 @@ def apply_flags(args: argparse.Namespace) -> str | None:
         args.max_context = args.llama_ctx
     if args.llama_parallel and args.llama_parallel > 0:
         args.max_batch = args.llama_parallel
+    if args.llama_predict and args.llama_predict > 0:
+        args.max_output = args.llama_predict
     if args.llama_threads and args.llama_threads > 0:
         args.threads = args.llama_threads
     if args.llama_freq_scale:

@@ -19,10 +19,11 @@ from ..request import Chunk, FinishReason, GenRequest, SamplingParams
 from ..sampling_defaults import for_api
 from .schema import number_in
 from .prompt import chat_prompt as build_chat_prompt
-from .prompt import template_options
+from .prompt import response_format_grammar, template_options
 from . import resume
 from .policy import owner_of
 from .blocks import Blocks
+from .hosted import notice
 from .sse import cursor, frame, tagged
 from .streams import collect, raise_first_error, sse
 
@@ -53,11 +54,19 @@ def _text(content, where: str) -> str:
     return "".join(out)
 
 
+# `system` inside messages: Claude Code sends its later instructions there (the
+# mid-conversation-system beta); they stay where they are, so the prompt before them is
+# the previous turn's prompt and its cache still holds.
+ROLES = ("user", "assistant", "system")
+
+
 def _blocks(m: dict, i: int) -> list[dict]:
     """One Anthropic message as canonical messages: text, assistant tool calls (tool_use),
     tool results (tool_result, each a `tool` message). Thinking blocks are not fed back."""
     content = m.get("content", "")
     where = f"messages.{i}.content"
+    if m["role"] == "system":
+        return [{"role": "system", "content": _text(content, where)}]
     if isinstance(content, str):
         return [{"role": m["role"], "content": content}]
     if not isinstance(content, list):
@@ -102,8 +111,8 @@ def conversation(body: dict) -> list[dict]:
     if body.get("system") is not None:
         turns.append({"role": "system", "content": _text(body["system"], "system")})
     for i, m in enumerate(msgs):
-        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
-            raise BadRequest("each message needs role 'user' or 'assistant'", param=f"messages.{i}.role")
+        if not isinstance(m, dict) or m.get("role") not in ROLES:
+            raise BadRequest("each message needs role 'user', 'assistant' or 'system'", param=f"messages.{i}.role")
         turns += _blocks(m, i)
     return turns
 
@@ -166,8 +175,24 @@ def cache_hint(body: dict, cp) -> tuple[int, float] | None:
     return sum(len(b.span) for b in cp.bodies[:last + 1]), max(t for _, t in marks)
 
 
+# Anthropic's server tools run on Anthropic's side: this server has no web search or sandbox,
+# so they are left out of the prompt (api/hosted.py says so to the client).
+SERVER_TOOLS = ("web_search_", "web_fetch_", "code_execution_", "mcp_toolset", "tool_search_tool_")
+
+
+def hosted(tool: dict) -> bool:
+    kind = tool.get("type")
+    return isinstance(kind, str) and kind.startswith(SERVER_TOOLS)
+
+
+def dropped_tools(body: dict) -> list[str]:
+    """The types of the server tools a request offered, which the model is not given."""
+    tools = body.get("tools")
+    return [str(t.get("type")) for t in tools if isinstance(t, dict) and hosted(t)] if isinstance(tools, list) else []
+
+
 def tools_of(body: dict) -> tuple[list[dict] | None, object]:
-    """Anthropic tools and tool_choice in OpenAI's shapes."""
+    """Anthropic tools and tool_choice in OpenAI's shapes (server tools left out)."""
     tools = body.get("tools")
     if tools is None:
         return None, None
@@ -177,6 +202,8 @@ def tools_of(body: dict) -> tuple[list[dict] | None, object]:
     for i, t in enumerate(tools):
         if not isinstance(t, dict) or not isinstance(t.get("name"), str):
             raise BadRequest("each tool needs a name and an input_schema", param=f"tools.{i}")
+        if hosted(t):
+            continue
         out.append({"type": "function", "function": {"name": t["name"], "description": t.get("description", ""),
                                                       "parameters": t.get("input_schema") or {"type": "object"}}})
     choice = body.get("tool_choice")
@@ -185,6 +212,10 @@ def tools_of(body: dict) -> tuple[list[dict] | None, object]:
     kind = choice.get("type") if isinstance(choice, dict) else None
     mapped = {"auto": "auto", "any": "required", "none": "none"}.get(kind or "")
     if kind == "tool":
+        named = next((t for t in tools if isinstance(t, dict) and t.get("name") == choice.get("name")), None)
+        if named is not None and hosted(named):
+            raise BadRequest(f"tool_choice names {named['name']!r}, a server tool ({named.get('type')}) this server "
+                             "cannot run", param="tool_choice")
         return out, {"type": "function", "function": {"name": choice.get("name")}}
     if mapped is None:
         raise BadRequest("tool_choice type must be auto, any, tool or none", param="tool_choice")
@@ -214,12 +245,33 @@ def gen_request(body: dict, prompt: list[int], seed: int, qos, grammar: str = ""
     return GenRequest(new_id("msg"), prompt, sp, mt, tuple(stops), qos, channels=channels, cache=cache)
 
 
+# thinking.type: enabled / disabled turn the template's reasoning on or off; adaptive (the
+# model decides, Claude Code's default) leaves the template's own default
+THINKING = {"enabled": True, "disabled": False, "adaptive": None}
+
+
 def chat_prompt(eng, body: dict):
+    """The canonical prompt. Accepted and ignored, as Anthropic's API ignores what a model does
+    not use: metadata, context_management (this server keeps no thinking to clear),
+    output_config.effort (the template's reasoning_effort where it has one), the beta
+    headers and `?beta=true`, cache_control (cache_hint reads it)."""
     tools, choice = tools_of(body)
     thinking = body.get("thinking")
-    enabled = isinstance(thinking, dict) and thinking.get("type") == "enabled"
-    return build_chat_prompt(eng, conversation(body), tools=tools, tool_choice=choice,
-                             template_kwargs=template_options(enable_thinking=True if enabled else None))
+    kind = thinking.get("type") if isinstance(thinking, dict) else None
+    if thinking is not None and kind not in THINKING:
+        raise BadRequest("thinking.type must be enabled, disabled or adaptive", param="thinking.type")
+    oc = body.get("output_config")
+    effort = oc.get("effort") if isinstance(oc, dict) else None
+    fmt = oc.get("format") if isinstance(oc, dict) else None
+    grammar = response_format_grammar(fmt, "output_config.format") if fmt is not None else ""
+    return build_chat_prompt(eng, conversation(body), tools=tools, tool_choice=choice, grammar=grammar,
+                             parallel_tool_calls=not _no_parallel(body.get("tool_choice")),
+                             template_kwargs=template_options(enable_thinking=THINKING.get(kind or ""),
+                                                              reasoning_effort=effort))
+
+
+def _no_parallel(choice: object) -> bool:
+    return isinstance(choice, dict) and choice.get("disable_parallel_tool_use") is True
 
 
 def stop_reason(c: Chunk, made_calls: bool = False) -> str:
@@ -319,8 +371,9 @@ resume.register("anthropic.messages", lambda sid, p, chunks: events(
 
 def add_routes(app: FastAPI, models, qos_for, body_of) -> None:
     @app.post("/v1/messages")
-    async def messages(request: Request):
+    async def messages(request: Request, response: Response):
         body = await body_of(request)
+        dropped = notice("/v1/messages", dropped_tools(body))
         eng = await models.get(_model(body))
         cp = await asyncio.to_thread(chat_prompt, eng, body)  # off the event loop
         hint = cache_hint(body, cp)
@@ -329,9 +382,12 @@ def add_routes(app: FastAPI, models, qos_for, body_of) -> None:
         marked = hint[0] if hint else 0
         streams = await models.service.submit(eng, [req], cp.bodies, api="anthropic.messages",
                                               params={"response_id": req.id, "marked": marked}, owner=owner_of(request))
+        response.headers.update(dropped)
         if body.get("stream"):
-            return sse(events(req.id, eng.model_id, len(cp.prompt), streams[0], req.session, marked),
-                       models.service.on_close(eng, [req]), [req])
+            out = sse(events(req.id, eng.model_id, len(cp.prompt), streams[0], req.session, marked),
+                      models.service.on_close(eng, [req]), [req])
+            out.headers.update(dropped)
+            return out
         choices = await collect(request, streams)
         raise_first_error(choices)
         ch = choices[0]

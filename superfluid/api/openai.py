@@ -55,8 +55,7 @@ def chat_prompt(engine, body: ChatCompletionRequest) -> ChatPrompt:
     return build_chat_prompt(engine, render_messages(body.messages), tools=body.tools, tool_choice=body.tool_choice,
                              grammar=response_format_grammar(body.response_format),
                              template_kwargs=template_options(body.chat_template_kwargs, body.reasoning_effort),
-                             parallel_tool_calls=body.parallel_tool_calls
-                             and "parallel_tool_calls" in body.model_fields_set)
+                             parallel_tool_calls=body.parallel_tool_calls)
 
 
 def completion_prompt(engine, body: CompletionRequest) -> list[int]:

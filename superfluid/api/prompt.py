@@ -40,12 +40,12 @@ def parse_tool_choice(choice: object, tools: list[dict]) -> tuple[str, str | Non
 
 def chat_prompt(engine, messages: list[dict], *, tools: list | None = None, tool_choice: object = None,
                 grammar: str = "", template_kwargs: dict | None = None,
-                parallel_tool_calls: bool = False) -> ChatPrompt:
+                parallel_tool_calls: bool = True) -> ChatPrompt:
+    """`parallel_tool_calls`: one reply may carry several calls (OpenAI's default, Anthropic's
+    unless disable_parallel_tool_use); false: at most one."""
     check_chat(messages, tools)
     tools = tool_list(tools) if tools else []
     mode, name = parse_tool_choice(tool_choice, tools)
-    # parallel_tool_calls: several calls only when asked for (llama-server's default too): a
-    # small model allowed more keeps calling until its budget runs out
     if mode == "required" and not tools:
         raise BadRequest("tool_choice requires tools", param="tool_choice")
     use_tools = tools if mode != "none" else []

@@ -12,9 +12,27 @@ from .blocks import Blocks
 from .sse import cursor, frame, tagged
 
 
-def function_call_item(rid: str, call, status: str = "completed") -> dict:
+SEP = "__"  # a namespace's function is offered to the model as NAMESPACE__NAME
+
+
+def namespaces(tools: object) -> frozenset[str]:
+    """The names of the `namespace` tools a request offered (its `tools`, as given)."""
+    if not isinstance(tools, list):
+        return frozenset()
+    return frozenset(t["name"] for t in tools
+                     if isinstance(t, dict) and t.get("type") == "namespace" and isinstance(t.get("name"), str))
+
+
+def split_name(name: str, spaces: frozenset[str]) -> dict:
+    """A called function's `name` (and `namespace`, for one offered in a namespace tool), as
+    clients that send namespaces read them back (Codex dispatches on both)."""
+    ns, sep, inner = name.partition(SEP)
+    return {"name": inner, "namespace": ns} if sep and inner and ns in spaces else {"name": name}
+
+
+def function_call_item(rid: str, call, status: str = "completed", spaces: frozenset[str] = frozenset()) -> dict:
     return {"type": "function_call", "id": "fc_" + call.id.removeprefix("call_"), "call_id": call.id,
-            "name": call.name, "arguments": call.arguments, "status": status}
+            **split_name(call.name, spaces), "arguments": call.arguments, "status": status}
 
 
 def reasoning_item(rid: str, text: str) -> dict:
@@ -27,13 +45,13 @@ def message_item(rid: str, text: str, status: str = "completed") -> dict:
             "content": [{"type": "output_text", "text": text, "annotations": []}] if status == "completed" else []}
 
 
-def output_items(rid: str, text: str, reasoning: str, calls: list) -> list[dict]:
+def output_items(rid: str, text: str, reasoning: str, calls: list, spaces: frozenset[str] = frozenset()) -> list[dict]:
     out = []
     if reasoning:
         out.append(reasoning_item(rid, reasoning))
     if text or not calls:
         out.append(message_item(rid, text))
-    out += [function_call_item(rid, c) for c in calls]
+    out += [function_call_item(rid, c, spaces=spaces) for c in calls]
     return out
 
 
@@ -41,8 +59,9 @@ class _Events:
     """The Responses output items (api/blocks.py): reasoning, message and function_call,
     each opened, added to and closed with its own events, every one numbered."""
 
-    def __init__(self, rid: str):
+    def __init__(self, rid: str, spaces: frozenset[str] = frozenset()):
         self.rid = rid
+        self.spaces = spaces
         self.seq = 0
         self.parts: list[str] = []  # the open item's text or arguments so far
         self.call: dict = {}  # the open function_call item
@@ -60,7 +79,7 @@ class _Events:
                     self.ev("response.content_part.added", item_id="msg_" + rid[5:], output_index=index,
                             content_index=0, part={"type": "output_text", "text": "", "annotations": []})]
         if kind == "call":
-            self.call = function_call_item(rid, ToolCall(call.id, call.name, ""))
+            self.call = function_call_item(rid, ToolCall(call.id, call.name, ""), spaces=self.spaces)
             return [self.ev("response.output_item.added", output_index=index,
                             item={**self.call, "status": "in_progress"})]
         return [self.ev("response.output_item.added", output_index=index,
@@ -98,7 +117,7 @@ class _Events:
 
 async def events(base: dict, stream, finished, session: str | None = None) -> AsyncIterator[bytes]:
     """A Responses stream from typed output chunks, live or replayed from the log."""
-    api = _Events(base["id"])
+    api = _Events(base["id"], namespaces(base.get("tools")))
     pending = {**base, "status": "in_progress", "output": [], "usage": None, "error": None,
                "incomplete_details": None}
     yield api.ev("response.created", response=pending)

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import orjson
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Response
 
 from ..errors import BadRequest, SuperfluidError
 from ..ids import new_id
@@ -27,7 +27,8 @@ from . import resume
 from .policy import may_see, owner_of
 from .prompt import chat_prompt, response_format_grammar, template_options
 from .response_background import Background, starting_after
-from .response_events import events, output_items
+from .hosted import notice
+from .response_events import SEP, events, namespaces, output_items
 from .schema import number_in
 from .streams import collect, raise_first_error, sse
 
@@ -123,7 +124,9 @@ def input_items(inp) -> list[dict]:
         if kind == "function_call":
             if not isinstance(it.get("name"), str) or not isinstance(it.get("arguments", ""), str):
                 raise BadRequest("a function_call needs name and arguments (a JSON string)", param=f"input.{i}")
-            items.append({"type": "function_call", "call_id": str(it.get("call_id") or ""), "name": it["name"],
+            ns = it.get("namespace")
+            items.append({"type": "function_call", "call_id": str(it.get("call_id") or ""),
+                          "name": f"{ns}{SEP}{it['name']}" if isinstance(ns, str) and ns else it["name"],
                           "arguments": it.get("arguments", "")})
             continue
         if kind == "function_call_output":
@@ -131,8 +134,8 @@ def input_items(inp) -> list[dict]:
             items.append({"type": "function_call_output", "call_id": str(it.get("call_id") or ""),
                           "output": out if isinstance(out, str) else _text_of(out, f"input.{i}.output")})
             continue
-        if kind == "reasoning":
-            continue  # earlier reasoning is not fed back
+        if kind == "reasoning" or kind in HOSTED_ITEMS:
+            continue  # earlier reasoning is not fed back; nor are hosted tools' calls, never made here
         if kind != "message":
             raise BadRequest(f"input item type {kind!r} is not supported", param=f"input.{i}")
         role = it.get("role")
@@ -164,23 +167,73 @@ def turns(items: list[dict]) -> list[dict]:
     return msgs
 
 
-def tools_of(body: dict) -> tuple[list[dict] | None, object]:
+# input items of tools that run on OpenAI's side: a conversation carried over from there may
+# hold them; this server never makes them, and they are not fed back
+HOSTED_ITEMS = frozenset({"web_search_call", "file_search_call", "code_interpreter_call", "image_generation_call",
+                          "computer_call", "computer_call_output", "mcp_list_tools", "mcp_call",
+                          "mcp_approval_request", "mcp_approval_response", "tool_search_call", "tool_search_output",
+                          "local_shell_call", "local_shell_call_output"})
+
+
+def _function(t: dict, where: str, prefix: str = "") -> dict:
+    if not isinstance(t.get("name"), str) or not t["name"]:
+        raise BadRequest("a function tool needs a name", param=where)
+    return {"type": "function", "function": {"name": prefix + t["name"], "description": t.get("description") or "",
+                                             "parameters": t.get("parameters") or {"type": "object"}}}
+
+
+def tools_of(body: dict) -> tuple[list[dict] | None, object, list[str]]:
+    """(function tools in OpenAI's chat shape, tool_choice, the types of the tools left out).
+    A `namespace` tool's functions are offered as NAMESPACE__NAME (response_events.split_name
+    reads the calls back); tools that run on the provider's side (web_search, file_search ...)
+    and freeform `custom` tools are left out (api/hosted.py), unless tool_choice names one."""
     tools = body.get("tools")
     if not tools:
-        return None, None
+        return None, None, []
     if not isinstance(tools, list):
         raise BadRequest("tools must be a list", param="tools")
-    out = []
+    out: list[dict] = []
+    dropped: list[str] = []
     for i, t in enumerate(tools):
-        if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(t.get("name"), str):
-            raise BadRequest("only function tools are supported: {type: function, name, parameters}",
-                             param=f"tools.{i}")
-        out.append({"type": "function", "function": {"name": t["name"], "description": t.get("description") or "",
-                                                      "parameters": t.get("parameters") or {"type": "object"}}})
+        kind = t.get("type") if isinstance(t, dict) else None
+        if not isinstance(kind, str):
+            raise BadRequest("each tool needs a type", param=f"tools.{i}")
+        if kind == "function":
+            out.append(_function(t, f"tools.{i}"))
+        elif kind == "namespace":
+            inner = t.get("tools")
+            if not isinstance(t.get("name"), str) or not t["name"] or not isinstance(inner, list):
+                raise BadRequest("a namespace tool needs a name and a list of tools", param=f"tools.{i}")
+            for j, f in enumerate(inner):
+                if isinstance(f, dict) and f.get("type", "function") == "function":
+                    out.append(_function(f, f"tools.{i}.tools.{j}", t["name"] + SEP))
+                else:
+                    dropped.append(f"{t['name']}.{f.get('type') if isinstance(f, dict) else '?'}")
+        else:
+            dropped.append(kind)
     choice = body.get("tool_choice")
-    if isinstance(choice, dict) and choice.get("type") == "function":
-        choice = {"type": "function", "function": {"name": choice.get("name")}}
-    return out, choice
+    if isinstance(choice, dict):
+        kind = choice.get("type")
+        if kind == "function":
+            choice = {"type": "function", "function": {"name": _qualified(choice, out)}}
+        elif kind not in ("allowed_tools",):
+            raise BadRequest(f"tool_choice names a {kind!r} tool, which runs on the provider's side; this server "
+                             "cannot run it", param="tool_choice")
+        else:
+            choice = choice.get("mode", "auto")
+    return out or None, choice, dropped
+
+
+def _qualified(choice: dict, tools: list[dict]) -> object:
+    """The offered name of the function tool_choice names (NAMESPACE__NAME for a namespace's)."""
+    name, ns = choice.get("name"), choice.get("namespace")
+    if isinstance(ns, str) and ns:
+        return f"{ns}{SEP}{name}"
+    names = [t["function"]["name"] for t in tools]
+    if name in names:
+        return name
+    inner = [n for n in names if n.partition(SEP)[2] == name]
+    return inner[0] if len(inner) == 1 else name
 
 
 async def record_of(store: ResponseStore, previous: str | None, new_items: list[dict]) -> dict:
@@ -208,7 +261,7 @@ async def finish(store: ResponseStore | None, base: dict, record: dict, session:
     cut = status == "incomplete"
     resp = {**base, "status": status,
             "incomplete_details": {"reason": "max_output_tokens"} if cut else None, "error": None,
-            "output": output_items(rid, text, reasoning, calls),
+            "output": output_items(rid, text, reasoning, calls, namespaces(base.get("tools"))),
             "usage": {"input_tokens": c.prompt_tokens,
                       "input_tokens_details": {"cached_tokens": c.cached_tokens},
                       "output_tokens": c.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
@@ -236,7 +289,7 @@ def add_routes(app: FastAPI, models, qos_for, body_of, store: ResponseStore) -> 
     bg = Background(models.sessions, store)
 
     @app.post("/v1/responses")
-    async def create(request: Request):
+    async def create(request: Request, response: Response):
         body = await body_of(request)
         previous = body.get("previous_response_id")
         if previous:
@@ -264,12 +317,14 @@ def add_routes(app: FastAPI, models, qos_for, body_of, store: ResponseStore) -> 
         msgs = turns(conversation)
         if body.get("instructions"):
             msgs = [{"role": "system", "content": str(body["instructions"])}] + msgs
-        tools, choice = tools_of(body)
+        tools, choice, dropped = tools_of(body)
+        headers = notice("/v1/responses", dropped)
+        parallel = body.get("parallel_tool_calls") is not False  # OpenAI's default: true
         effort = body.get("reasoning", {}).get("effort") if isinstance(body.get("reasoning"), dict) else None
         cp = await asyncio.to_thread(  # rendering and tokenizing: off the event loop
             lambda: chat_prompt(eng, msgs, tools=tools, tool_choice=choice, grammar=grammar,
                                 template_kwargs=template_options(reasoning_effort=effort),
-                                parallel_tool_calls=body.get("parallel_tool_calls") is True))
+                                parallel_tool_calls=parallel))
         room = max(1, eng.n_ctx - len(cp.prompt))  # the engine's check refuses what does not fit
         mt = body.get("max_output_tokens")
         if mt is not None and (isinstance(mt, bool) or not isinstance(mt, int) or mt < 1):
@@ -286,7 +341,7 @@ def add_routes(app: FastAPI, models, qos_for, body_of, store: ResponseStore) -> 
                 "instructions": body.get("instructions"), "previous_response_id": body.get("previous_response_id"),
                 "max_output_tokens": mt, "temperature": sp.temperature, "top_p": sp.top_p,
                 "store": stored, "background": bool(background), "tools": body.get("tools") or [],
-                "tool_choice": body.get("tool_choice") or "auto", "parallel_tool_calls": False,
+                "tool_choice": body.get("tool_choice") or "auto", "parallel_tool_calls": parallel,
                 "text": {"format": text_opts.get("format") or {"type": "text"}}, "metadata": metadata}
         streams = await models.service.submit(eng, [req], cp.bodies, api="responses", owner=owner_of(request),
                                               params={"response_id": rid, "base": base, "input_items": new_items,
@@ -295,14 +350,16 @@ def add_routes(app: FastAPI, models, qos_for, body_of, store: ResponseStore) -> 
         async def finished(text: str, reasoning: str, calls: list, c) -> dict:
             return await finish(store, base, record, req.session, text, reasoning, calls, c)
 
+        response.headers.update(headers)
         if background:  # not tied to this connection: a task reads it; the stream reads the log
             pending = {**base, "output": [], "usage": None, "error": None, "incomplete_details": None}
             queued = await bg.start({**record, "session": req.session, "response": pending}, streams[0], finished)
             if body.get("stream"):
-                return sse(await bg.stream(rid, -1), lambda: None, [req])
+                return _with(sse(await bg.stream(rid, -1), lambda: None, [req]), headers)
             return queued
         if body.get("stream"):
-            return sse(events(base, streams[0], finished, req.session), models.service.on_close(eng, [req]), [req])
+            return _with(sse(events(base, streams[0], finished, req.session), models.service.on_close(eng, [req]),
+                             [req]), headers)
         choices = await collect(request, streams)
         raise_first_error(choices)
         ch = choices[0]
@@ -335,6 +392,11 @@ def add_routes(app: FastAPI, models, qos_for, body_of, store: ResponseStore) -> 
         its = [{**it, "id": f"msg_{rid[5:]}_{i}", "status": "completed"}
                for i, it in enumerate((await store.get(rid))["input_items"])]
         return page(its, request.query_params)
+
+
+def _with(resp, headers: dict[str, str]):
+    resp.headers.update(headers)
+    return resp
 
 
 def page(items: list[dict], q) -> dict:

@@ -1,7 +1,8 @@
 """Grammars for constrained output, compiled by llguidance and enforced in the worker as a
 token mask (runtime/sampling.py): JSON objects, JSON schemas, and tool calls in the wire
 format the model's template uses. A schema llguidance cannot compile is a 400 before
-anything runs, never an unconstrained answer."""
+anything runs, never an unconstrained answer; a tool's schema is enforced leniently
+(json_rule)."""
 
 from __future__ import annotations
 
@@ -111,9 +112,16 @@ def guarded(schema: object, avoid: str) -> object:
     return out
 
 
+# A tool's schema constrains its calls as far as the engine can: keywords it does not implement
+# (Claude Code's tools use propertyNames) are ignored, never a failed request. Only an
+# explicit response_format (json_schema above) is refused for one.
+TOOL_OPTIONS = {**JSON_OPTIONS, "lenient": True}
+
+
 def json_rule(schema: object) -> str:
-    """A lark rule body: one JSON value that matches schema, laid out as JSON_OPTIONS says."""
-    return (f"%json {{\"x-guidance\": {json.dumps(JSON_OPTIONS)}, "
+    """A lark rule body: one JSON value of a tool call that matches schema (leniently), laid
+    out as JSON_OPTIONS says."""
+    return (f"%json {{\"x-guidance\": {json.dumps(TOOL_OPTIONS)}, "
             f"\"allOf\": [{json.dumps(schema, separators=(',', ':'), ensure_ascii=False)}]}}")
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 
 from ..errors import QueueFull, SessionNotFound
-from ..limits import check_generation
+from ..limits import check_generation, output_budget
 from ..request import Chunk, GenRequest, Qos
 from ..session.events import Body, Message
 from .sessions import Sessions
@@ -27,6 +27,7 @@ class Service:
         check_generation(first.stop, len(reqs), first.sampling.top_logprobs, first.sampling.grammar)
         _room(engine, len(reqs))
         for r in reqs:
+            _fit(engine, r)
             engine.check(r)
         if self.sessions is not None:
             params = dict(params or {})
@@ -56,6 +57,7 @@ class Service:
                                                    stop=stop, qos=qos)
             check_generation(req.stop, 1, req.sampling.top_logprobs, req.sampling.grammar)
             _room(engine, 1)
+            _fit(engine, req)
             engine.check(req)
             await sessions.begin(req, bodies, lambda: engine.cancel(req.id))
             try:
@@ -87,6 +89,13 @@ class Service:
         if self.sessions is None:
             raise SessionNotFound("this daemon keeps no session log (--no-sessions)", param="session")
         return self.sessions
+
+
+def _fit(engine, req: GenRequest) -> None:
+    """The request's output budget within the window and the operator's cap (limits.output_budget)."""
+    if req.max_tokens >= 1:  # a budget below 1 is the client's error, which the engine's check names
+        req.max_tokens = output_budget(req.max_tokens, len(req.prompt), engine.n_ctx,
+                                       getattr(engine.cfg, "max_output", None))
 
 
 def _room(engine, n: int) -> None:

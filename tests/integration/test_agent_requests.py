@@ -1,0 +1,117 @@
+"""What coding agents really send, in the shapes that made their first request fail (issue 31),
+against the shared daemon: Codex's `namespace` and hosted tools on /v1/responses, Claude
+Code's `system` messages inside `messages`, adaptive thinking, context_management,
+output_config and `propertyNames` schemas on /v1/messages, and opencode's max_tokens far
+past the window on /v1/chat/completions. The agents themselves run in test_agents.py."""
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from .conftest import MODEL
+
+SCHEMA = {"type": "object", "properties": {
+    "path": {"type": "string"},
+    "env": {"type": "object", "propertyNames": {"pattern": "^[A-Z_]+$"}, "additionalProperties": {"type": "string"}}},
+    "required": ["path"]}
+
+
+def test_responses_accepts_codex_tools_and_fields(daemon):
+    body = {"model": MODEL, "input": [
+        {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "You are terse."}]},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Say hi."}]}],
+        "tools": [{"type": "function", "name": "exec_command", "description": "Run a command.", "strict": False,
+                   "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}},
+                  {"type": "namespace", "name": "multi_agent_v1", "description": "Agents.",
+                   "tools": [{"type": "function", "name": "spawn_agent", "description": "Spawn one.", "strict": False,
+                              "parameters": {"type": "object", "properties": {"task": {"type": "string"}}}}]},
+                  {"type": "web_search", "external_web_access": False}],
+        "tool_choice": "auto", "parallel_tool_calls": True, "reasoning": {"summary": "auto"}, "store": False,
+        "include": ["reasoning.encrypted_content"], "prompt_cache_key": "k-1", "client_metadata": {"a": "b"},
+        "max_output_tokens": 8}
+    r = httpx.post(daemon.url + "/v1/responses", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    assert r.headers["x-superfluid-dropped-tools"] == "web_search"
+    out = r.json()
+    assert out["parallel_tool_calls"] is True and out["status"] in ("completed", "incomplete")
+
+
+def test_responses_forced_namespace_call_comes_back_with_its_namespace(daemon):
+    """A call to a namespace's function is answered as {name, namespace}, as Codex dispatches it,
+    and read back the same way in the next request's input."""
+    tools = [{"type": "namespace", "name": "multi_agent_v1", "description": "Agents.",
+              "tools": [{"type": "function", "name": "wait_agent", "description": "Wait.",
+                         "parameters": {"type": "object", "properties": {"id": {"type": "integer"}},
+                                        "required": ["id"], "additionalProperties": False}}]}]
+    body = {"model": MODEL, "input": "Wait for agent 1.", "tools": tools, "max_output_tokens": 40,
+            "tool_choice": {"type": "function", "name": "wait_agent"}, "parallel_tool_calls": False}
+    r = httpx.post(daemon.url + "/v1/responses", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    call = next(o for o in r.json()["output"] if o["type"] == "function_call")
+    assert (call["name"], call["namespace"]) == ("wait_agent", "multi_agent_v1")
+    back = {"model": MODEL, "tools": tools, "max_output_tokens": 4, "input": [
+        {"type": "message", "role": "user", "content": "Wait for agent 1."},
+        {"type": "function_call", "name": "wait_agent", "namespace": "multi_agent_v1", "call_id": call["call_id"],
+         "arguments": call["arguments"]},
+        {"type": "function_call_output", "call_id": call["call_id"], "output": "agent 1 finished"},
+        {"type": "web_search_call", "id": "ws_1", "status": "completed"}]}
+    r = httpx.post(daemon.url + "/v1/responses", json=back, timeout=120)
+    assert r.status_code == 200, r.text
+
+
+def test_responses_tool_choice_naming_a_hosted_tool_is_refused(daemon):
+    body = {"model": MODEL, "input": "hi", "tools": [{"type": "web_search"}], "tool_choice": {"type": "web_search"}}
+    r = httpx.post(daemon.url + "/v1/responses", json=body, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice", r.text
+
+
+def test_messages_accepts_claude_code_fields(daemon):
+    c = anthropic.Anthropic(base_url=daemon.url, api_key="unused", max_retries=0, timeout=120)
+    r = c.messages.create(
+        model=MODEL, max_tokens=32000, stream=False,
+        system=[{"type": "text", "text": "You are terse.", "cache_control": {"type": "ephemeral"}}],
+        messages=[{"role": "user", "content": [{"type": "text", "text": "Say hi.",
+                                                "cache_control": {"type": "ephemeral"}}]},
+                  {"role": "system", "content": "Agents available: none."}],
+        tools=[{"name": "Bash", "description": "Run a command.", "input_schema": SCHEMA},
+               {"type": "web_search_20250305", "name": "web_search", "max_uses": 2}],
+        extra_query={"beta": "true"},
+        extra_headers={"anthropic-beta": "context-management-2025-06-27,effort-2025-11-24"},
+        extra_body={"thinking": {"type": "adaptive"}, "metadata": {"user_id": "u"},
+                    "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+                    "output_config": {"effort": "high"}})
+    # max_tokens 32000 is past the 1024-token window: the answer is capped, never refused
+    assert r.stop_reason in ("end_turn", "max_tokens", "tool_use") and r.usage.output_tokens >= 1
+
+
+def test_messages_system_message_stays_in_place(daemon):
+    """A system message inside `messages` keeps its place: the prompt before it is the prompt
+    of the turn before, so the prefix cache still holds it."""
+    def count(msgs):
+        r = httpx.post(daemon.url + "/v1/messages/count_tokens",
+                       json={"model": MODEL, "max_tokens": 8, "messages": msgs}, timeout=60)
+        assert r.status_code == 200, r.text
+        return r.json()["input_tokens"]
+    user = {"role": "user", "content": "Say hi."}
+    assert count([user, {"role": "system", "content": "Be brief."}]) > count([user])
+
+
+def test_messages_thinking_type_is_checked(daemon):
+    r = httpx.post(daemon.url + "/v1/messages", json={"model": MODEL, "max_tokens": 4, "thinking": {"type": "sometimes"},
+                                                      "messages": [{"role": "user", "content": "hi"}]}, timeout=60)
+    assert r.status_code == 400 and "thinking" in r.json()["error"]["message"]
+
+
+def test_chat_max_tokens_past_the_window_is_capped(client, daemon):
+    """opencode asks max_tokens 32000 whatever the window: the answer ends with `length` where
+    the window ends (llama-server's and Ollama's behaviour); only a prompt that does not fit by
+    itself is a 400."""
+    r = client.chat.completions.create(model=MODEL, max_tokens=32000, temperature=0, extra_body={"ignore_eos": True},
+                                       messages=[{"role": "user", "content": "word " * 950}])
+    assert r.choices[0].finish_reason == "length"
+    assert r.usage.prompt_tokens + r.usage.completion_tokens == 1024
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MODEL, max_tokens=4,
+                                       messages=[{"role": "user", "content": "word " * 1200}])
+    assert e.value.code == "context_length_exceeded"
