@@ -24,37 +24,43 @@ class Agent:
     name: str
     command: str
     what: str
+    window: int = 0  # the context window the agent needs (its first prompt and room to answer)
+    install: str = ""
 
 
 AGENTS = {
-    "claude": Agent("claude", "claude", "Claude Code, through the Anthropic Messages API"),
-    "codex": Agent("codex", "codex", "OpenAI Codex CLI, through the Responses API"),
-    "opencode": Agent("opencode", "opencode", "opencode, through the OpenAI chat API"),
+    "claude": Agent("claude", "claude", "Claude Code, through the Anthropic Messages API", 32768,
+                    "npm i -g @anthropic-ai/claude-code"),
+    "codex": Agent("codex", "codex", "OpenAI Codex CLI, through the Responses API", 16384, "npm i -g @openai/codex"),
+    "opencode": Agent("opencode", "opencode", "opencode, through the OpenAI chat API", 16384, "npm i -g opencode-ai"),
+    "pi": Agent("pi", "pi", "pi, through the OpenAI chat API", 8192, "npm i -g @mariozechner/pi-coding-agent"),
     "ollama": Agent("ollama", "ollama", "the ollama CLI, through the Ollama API"),
 }
 
 
 def listing() -> str:
-    lines = ["agents superfluid can launch:"]
+    lines = ["agents superfluid can launch (superfluid launch AGENT [-- AGENT'S ARGS]):"]
     for a in AGENTS.values():
         where = shutil.which(a.command)
-        lines.append(f"  {a.name:<9} {'installed at ' + where if where else 'not installed':<40} {a.what}")
+        state = "installed at " + where if where else f"not installed ({a.install})" if a.install else "not installed"
+        lines.append(f"  {a.name:<9} {state:<48} {a.what}")
     return "\n".join(lines)
 
 
-def server_model(url: str, api_key: str | None) -> str | None:
-    """The default model's id if a server answers at url, else None."""
+def server_model(url: str, api_key: str | None) -> tuple[str, int] | None:
+    """(the default model's id, its window) if a server answers at url, else None."""
     headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
     try:
         r = httpx.get(url + "/v1/models", headers=headers, timeout=2)
         if r.status_code == 200:
-            return r.json()["data"][0]["id"]
-    except (httpx.HTTPError, KeyError, IndexError, ValueError):
+            m = r.json()["data"][0]
+            return m["id"], int((m.get("meta") or {}).get("n_ctx") or 0)
+    except (httpx.HTTPError, KeyError, IndexError, ValueError, TypeError):
         pass
     return None
 
 
-def ensure_server(url: str, port: int, api_key: str | None, serve_args: list[str]) -> str:
+def ensure_server(url: str, port: int, api_key: str | None, serve_args: list[str]) -> tuple[str, int]:
     model = server_model(url, api_key)
     if model is not None:
         return model
@@ -74,28 +80,87 @@ def ensure_server(url: str, port: int, api_key: str | None, serve_args: list[str
     raise RuntimeError(f"the server did not come up at {url}; see {log_dir / 'serve.log'}")
 
 
-def agent_setup(name: str, url: str, model: str, api_key: str | None) -> tuple[dict[str, str], list[str]]:
-    """(environment additions, leading arguments) for one agent."""
+def _file(name: str, data: object) -> Path:
+    """A per-launch file of ours under <home>/launch (an agent's own config is never edited)."""
+    path = home() / "launch" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2))
+    return path
+
+
+def output_limit(window: int) -> int:
+    """The answer length an agent is told it may ask for: a quarter of the window."""
+    return max(256, min(32000, window // 4)) if window else 4096
+
+
+def codex_catalog(exe: str, model: str, window: int) -> Path | None:
+    """A model catalog naming the served model, so Codex knows its window (and stops warning
+    "Model metadata not found"). Built from the catalog this Codex ships (`codex debug
+    models`): its plainest listed entry, renamed, without reasoning levels, image input, web
+    search or a freeform apply_patch (a custom tool this server leaves out). None when this
+    Codex cannot print its catalog."""
+    try:
+        out = subprocess.run([exe, "debug", "models"], capture_output=True, text=True, timeout=60,
+                             env={**os.environ, "CODEX_HOME": os.environ.get("CODEX_HOME") or str(home() / "launch")})
+        models = [m for m in json.loads(out.stdout)["models"] if m.get("visibility") == "list"]
+        # the plainest entry: the newest models turn on tools that are JavaScript programs
+        # (`tool_mode`, an `additional_tools` input item of freeform tools) and lite requests
+        base = min(models, key=lambda m: ("tool_mode" in m, bool(m.get("use_responses_lite"))))
+    except (OSError, subprocess.SubprocessError, ValueError, KeyError, TypeError, StopIteration):
+        return None
+    base = {k: v for k, v in base.items() if k not in ("tool_mode", "multi_agent_version", "model_specialty")}
+    entry = {**base, "slug": model, "use_responses_lite": False, "experimental_supported_tools": [],
+             "display_name": model, "description": "served by superfluid",
+             "context_window": window, "max_context_window": window, "supported_reasoning_levels": [],
+             "default_reasoning_level": None, "upgrade": None, "availability_nux": None,
+             "additional_speed_tiers": [], "service_tiers": [], "input_modalities": ["text"],
+             "apply_patch_tool_type": None, "supports_search_tool": False, "priority": 0}
+    return _file("codex-models.json", {"models": [entry]})
+
+
+def agent_setup(name: str, url: str, model: str, api_key: str | None, window: int = 0,
+                exe: str = "") -> tuple[dict[str, str], list[str], list[str]]:
+    """(environment additions, variables to remove, leading arguments) for one agent."""
     token = api_key or "superfluid"
     if name == "claude":
-        return {"ANTHROPIC_BASE_URL": url, "ANTHROPIC_AUTH_TOKEN": token, "ANTHROPIC_MODEL": model,
-                "ANTHROPIC_SMALL_FAST_MODEL": model, "ANTHROPIC_DEFAULT_HAIKU_MODEL": model}, []
+        env = {"ANTHROPIC_BASE_URL": url, "ANTHROPIC_AUTH_TOKEN": token, "ANTHROPIC_MODEL": model,
+               "ANTHROPIC_DEFAULT_OPUS_MODEL": model, "ANTHROPIC_DEFAULT_SONNET_MODEL": model,
+               "ANTHROPIC_DEFAULT_HAIKU_MODEL": model, "ANTHROPIC_SMALL_FAST_MODEL": model,
+               "CLAUDE_CODE_SUBAGENT_MODEL": model,
+               # no per-request attribution line at the top of the system prompt: the prefix stays
+               # the same from request to request, so the prefix cache holds it
+               "CLAUDE_CODE_ATTRIBUTION_HEADER": "0"}
+        if window:
+            env |= {"CLAUDE_CODE_MAX_CONTEXT_TOKENS": str(window), "CLAUDE_CODE_AUTO_COMPACT_WINDOW": str(window)}
+        return env, ["ANTHROPIC_API_KEY"], []  # an inherited Anthropic key would win over the token
     if name == "codex":
         provider = (f'model_providers.superfluid={{name="superfluid", base_url="{url}/v1", '
                     f'env_key="SUPERFLUID_API_KEY", wire_api="responses"}}')
-        return {"SUPERFLUID_API_KEY": token}, ["-c", provider, "-c", "model_provider=superfluid", "-m", model]
+        lead = ["-c", provider, "-c", "model_provider=superfluid", "-c", 'web_search="disabled"', "-m", model]
+        catalog = codex_catalog(exe, model, window) if exe and window else None
+        if catalog is not None:
+            lead += ["-c", f"model_catalog_json={json.dumps(str(catalog))}"]
+        return {"SUPERFLUID_API_KEY": token}, [], lead
     if name == "opencode":
-        path = home() / "launch" / "opencode.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({
+        entry: dict = {"name": model}
+        if window:
+            entry["limit"] = {"context": window, "output": output_limit(window)}
+        path = _file("opencode.json", {
             "$schema": "https://opencode.ai/config.json",
             "provider": {"superfluid": {"npm": "@ai-sdk/openai-compatible", "name": "superfluid",
                                         "options": {"baseURL": f"{url}/v1", "apiKey": token},
-                                        "models": {model: {"name": model}}}},
-            "model": f"superfluid/{model}"}, indent=2))
-        return {"OPENCODE_CONFIG": str(path)}, []
+                                        "models": {model: entry}}},
+            "model": f"superfluid/{model}"})
+        return {"OPENCODE_CONFIG": str(path)}, [], []
+    if name == "pi":  # pi reads models.json from its agent folder: one of ours
+        entry = {"id": model, "contextWindow": window or 8192, "maxTokens": output_limit(window)}
+        path = _file("pi/models.json", {"providers": {"superfluid": {
+            "baseUrl": f"{url}/v1", "api": "openai-completions", "apiKey": token,
+            "compat": {"supportsDeveloperRole": False, "supportsReasoningEffort": False}, "models": [entry]}}})
+        return {"PI_CODING_AGENT_DIR": str(path.parent), "PI_OFFLINE": "1"}, [], \
+            ["--provider", "superfluid", "--model", model]
     if name == "ollama":
-        return {"OLLAMA_HOST": url}, []
+        return {"OLLAMA_HOST": url}, [], []
     raise KeyError(name)
 
 
@@ -106,16 +171,23 @@ def launch(name: str, args: list[str], *, port: int, api_key: str | None, serve_
         return 2
     exe = shutil.which(agent.command)
     if exe is None:
-        print(f"superfluid: {agent.command} is not installed (not on PATH)", file=sys.stderr)
+        hint = f": {agent.install}" if agent.install else ""
+        print(f"superfluid: {agent.command} is not installed (not on PATH){hint}", file=sys.stderr)
         return 2
     url = f"http://127.0.0.1:{port}"
     try:
-        model = ensure_server(url, port, api_key, serve_args)
+        model, window = ensure_server(url, port, api_key, serve_args)
     except RuntimeError as e:
         print(f"superfluid: {e}", file=sys.stderr)
         return 1
-    env, lead = agent_setup(name, url, model, api_key)
-    return subprocess.call([exe, *lead, *args], env={**os.environ, **env})
+    if window and window < agent.window:
+        print(f"superfluid: {agent.name} needs a window of about {agent.window} tokens; {model} is served with "
+              f"{window}, so its first request may not fit. Serve it with `superfluid serve --max-context "
+              f"{agent.window}` (add --rope-scaling yarn past the model's trained window; docs/agents.md)",
+              file=sys.stderr)
+    env, drop, lead = agent_setup(name, url, model, api_key, window, exe)
+    child = {k: v for k, v in os.environ.items() if k not in drop} | env
+    return subprocess.call([exe, *lead, *args], env=child)
 
 
 def stop(port: int, *, drain: bool, timeout: float) -> int:

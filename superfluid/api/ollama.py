@@ -155,7 +155,7 @@ resume.register("ollama.generate", _replay(False), NDJSON)
 
 
 def add_routes(app: FastAPI, models, qos_for) -> None:
-    @app.get("/")
+    @app.api_route("/", methods=["GET", "HEAD"])  # Claude Code checks the server with HEAD / first
     async def root():
         return Response("Ollama is running", media_type="text/plain")
 

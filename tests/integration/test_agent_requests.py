@@ -98,8 +98,9 @@ def test_messages_system_message_stays_in_place(daemon):
 
 
 def test_messages_thinking_type_is_checked(daemon):
-    r = httpx.post(daemon.url + "/v1/messages", json={"model": MODEL, "max_tokens": 4, "thinking": {"type": "sometimes"},
-                                                      "messages": [{"role": "user", "content": "hi"}]}, timeout=60)
+    body = {"model": MODEL, "max_tokens": 4, "thinking": {"type": "sometimes"},
+            "messages": [{"role": "user", "content": "hi"}]}
+    r = httpx.post(daemon.url + "/v1/messages", json=body, timeout=60)
     assert r.status_code == 400 and "thinking" in r.json()["error"]["message"]
 
 
@@ -115,3 +116,8 @@ def test_chat_max_tokens_past_the_window_is_capped(client, daemon):
         client.chat.completions.create(model=MODEL, max_tokens=4,
                                        messages=[{"role": "user", "content": "word " * 1200}])
     assert e.value.code == "context_length_exceeded"
+
+
+def test_head_root_answers(daemon):
+    """Claude Code's first request is HEAD /: a 2xx, as GET / is."""
+    assert httpx.head(daemon.url + "/", timeout=10).status_code == 200

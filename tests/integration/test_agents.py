@@ -1,0 +1,110 @@
+"""The real coding agents, installed from npm by .ci/run (scripts/agents.sh pins them), each
+driven through `superfluid launch` against one real daemon serving the embedded model with a
+32k window (YaRN), non-interactively: the agent exits 0, prints the model's words, and every
+request it sent got a 2xx in the daemon's access log. Greedy sampling (--temp 0) keeps a
+small model's answer short; nothing else about the agents is changed."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from .daemon import Daemon
+
+WINDOW = 32768
+
+
+class LoggedDaemon(Daemon):
+    """A daemon whose JSON access log is read as it is written (records, in order)."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.records: list[dict] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            if line.startswith("{") and '"path"' in line:
+                try:
+                    self.records.append(json.loads(line))
+                except ValueError:
+                    pass
+
+
+@pytest.fixture(scope="module")
+def d():
+    daemon = LoggedDaemon("--rope-scaling", "yarn", "--temp", "0", "--log-format", "json",
+                          max_context=WINDOW, max_batch=1, threads=2)
+    yield daemon
+    daemon.stop()
+
+
+def need(command: str) -> str:
+    exe = shutil.which(command)
+    if exe is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"{command} is not installed: .ci/run installs it (scripts/agents.sh)")
+        pytest.skip(f"{command} is not installed (bash scripts/agents.sh installs the pinned agents)")
+    return exe
+
+
+def launch(d, tmp_path, agent: str, *args: str, env: dict | None = None) -> tuple[subprocess.CompletedProcess, list]:
+    """`superfluid launch AGENT -- ARGS` in an empty folder; (the run, the access-log records
+    of the requests it made)."""
+    need(agent)
+    work = tmp_path / "work"
+    work.mkdir()
+    start = len(d.records)
+    base = {**os.environ, "SUPERFLUID_HOME": d.home, "HOME": str(tmp_path), "CODEX_HOME": str(tmp_path / "codex"),
+            "DISABLE_TELEMETRY": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "NO_COLOR": "1"}
+    (tmp_path / "codex").mkdir()
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "superfluid.cli", "launch", agent, "--port", str(d.port), "--", *args],
+                       cwd=work, capture_output=True, text=True, timeout=1200, env={**base, **(env or {})},
+                       stdin=subprocess.DEVNULL)
+    print(f"{agent}: exit {r.returncode} in {time.monotonic() - t0:.1f} s")
+    time.sleep(0.5)  # the last access-log line is written as the response ends
+    return r, [x for x in d.records[start:] if x["path"] != "/health"]
+
+
+def check(r: subprocess.CompletedProcess, recs: list, path: str) -> None:
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+    asked = [x for x in recs if x["path"] == path]
+    assert asked, (path, recs)
+    assert all(200 <= x["status"] < 300 for x in recs), recs
+    assert all(x["completion_tokens"] >= 1 for x in asked), asked
+
+
+def words(text: str) -> bool:
+    return any(c.isalpha() for c in text)
+
+
+def test_pi_one_shot(d, tmp_path):
+    r, recs = launch(d, tmp_path, "pi", "-p", "Reply with one word: hello")
+    check(r, recs, "/v1/chat/completions")
+    assert words(r.stdout), r.stdout
+
+
+def test_opencode_one_shot(d, tmp_path):
+    r, recs = launch(d, tmp_path, "opencode", "run", "Reply with one word: hello")
+    check(r, recs, "/v1/chat/completions")
+    assert words(r.stdout), r.stdout
+
+
+def test_codex_one_shot(d, tmp_path):
+    r, recs = launch(d, tmp_path, "codex", "exec", "--skip-git-repo-check", "Reply with one word: hello")
+    check(r, recs, "/v1/responses")
+    assert "Model metadata" not in r.stderr  # launch's catalog told Codex the model and its window
+    assert words(r.stdout), r.stdout
+
+
+def test_claude_one_shot(d, tmp_path):
+    r, recs = launch(d, tmp_path, "claude", "-p", "Reply with one word: hello")
+    check(r, recs, "/v1/messages")
+    assert max(x["prompt_tokens"] for x in recs if x["path"] == "/v1/messages") > 8192  # past the trained window
+    assert words(r.stdout), r.stdout
