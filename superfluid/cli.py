@@ -157,7 +157,7 @@ def _engine_config(args: argparse.Namespace, src) -> EngineConfig | int:
             print(f"superfluid: cannot read --chat-template-file {args.chat_template_file}: {e.strerror}",
                   file=sys.stderr)
             return 2
-    return EngineConfig(model_path=src.path, model_id=src.id, max_batch=args.max_batch, max_queue=args.max_queue,
+    return EngineConfig(model_path=src.path, model_id=src.id, max_batch=args.max_batch, max_queue=args.max_queue, max_output=args.max_output,
                         max_context=args.max_context, threads=args.threads, step_tokens=step_tokens,
                         kv_slots=args.kv_slots, class_lanes=args.class_lanes,
                         aging_steps=args.aging_steps, step_target_s=args.step_ms / 1000, chat_template=template,

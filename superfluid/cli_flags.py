@@ -106,6 +106,7 @@ def _engine_flags(s: argparse.ArgumentParser) -> None:
     """The flags of a model's engine (serve and node serve)."""
     s.add_argument("--max-batch", type=_positive, default=8, help="lanes: sequences decoded together (default 8)")
     s.add_argument("--max-queue", type=_positive, default=512, help="generations a model keeps waiting for a lane; more get 503 queue_full with Retry-After (default 512)")
+    s.add_argument("--max-output", type=_positive, metavar="N", help="the most tokens one generation produces, whatever a request asks (default: the room its prompt leaves in the window; llama-server's -n)")
     s.add_argument("--max-context", type=_positive, help="tokens per lane (default: the model's trained window, capped to fit memory)")
     s.add_argument("--threads", type=_positive, default=default_threads(), help="the most llama.cpp threads a step uses (default: every core; fewer while other processes keep cores busy)")
     s.add_argument("--runtime", choices=("llamacpp", "transformers"), help="the inference runtime: llama.cpp on a GGUF, or transformers (PyTorch; needs superfluid[hf]) on a Hugging Face folder or a GGUF converted once to one under the home (default: llamacpp for a GGUF, transformers for a folder)")

@@ -42,6 +42,7 @@ class EngineConfig:
     step_tokens: int = 256  # most tokens in one step (decodes first, then prefill chunks)
     max_respawns: int = 3
     max_queue: int = 512  # generations waiting for a lane; more get 503 queue_full (Ollama's default)
+    max_output: int | None = None  # most tokens one generation produces, whatever it asks (None: the window's room)
     kv_slots: int | None = None  # KV sequences in the worker (None: 2 x max_batch); extra ones cache prefixes
     class_lanes: tuple[tuple[int, int], ...] = ()  # (qos, most lanes) caps
     aging_steps: int = 256  # a waiting job rises one QoS class every this many steps
