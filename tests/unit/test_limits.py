@@ -3,7 +3,7 @@
 import pytest
 
 from superfluid.errors import BadRequest
-from superfluid.limits import MAX_SCHEMA_DEPTH, check_chat, check_generation, depth
+from superfluid.limits import MAX_GRAMMAR_BYTES, MAX_SCHEMA_DEPTH, check_chat, check_generation, depth, output_budget
 
 
 def nested(n: int) -> dict:
@@ -28,9 +28,16 @@ def test_depth_is_measured_without_recursion_and_stops_early():
     (lambda: check_generation(("a" * 300,), 1, -1, ""), "stop"),
     (lambda: check_generation((), 17, -1, ""), "n"),
     (lambda: check_generation((), 1, 21, ""), "top_logprobs"),
-    (lambda: check_generation((), 1, -1, "x" * (300 << 10)), "response_format"),
+    (lambda: check_generation((), 1, -1, "x" * (MAX_GRAMMAR_BYTES + 1)), "response_format"),
 ])
 def test_each_limit_is_a_400_naming_its_parameter(call, param):
     with pytest.raises(BadRequest) as e:
         call()
     assert e.value.param == param
+
+
+def test_output_budget_is_capped_by_the_room_left_and_the_operator():
+    assert output_budget(32000, 7776, 8192) == 416  # opencode's ask: capped, not refused
+    assert output_budget(100, 10, 8192) == 100
+    assert output_budget(32000, 10, 8192, cap=256) == 256
+    assert output_budget(32000, 8192, 8192) == 1  # no room: the engine's check refuses the prompt itself

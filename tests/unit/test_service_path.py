@@ -10,7 +10,7 @@ import pytest
 
 from superfluid.api import anthropic, responses, resume, streams
 from superfluid.api.prompt import chat_prompt
-from superfluid.errors import ContextLengthExceeded
+from superfluid.errors import BadRequest, ContextLengthExceeded
 from superfluid.request import CallDelta, Calls, FinishReason, GenRequest, Qos, SamplingParams
 from superfluid.service import Service, Sessions
 from superfluid.session.events import Generated
@@ -97,14 +97,16 @@ def test_a_request_too_long_for_the_context_leaves_nothing_running():
     assert idle and rows == [] and busy == {} and batches == []
 
 
-def test_generate_on_a_session_refused_for_length_appends_nothing():
+def test_generate_on_a_session_refused_appends_nothing():
+    """A budget past the window is capped (limits.output_budget), not refused; a refused one
+    (a budget below 1) appends nothing to the session."""
     m = FakeModel(n_ctx=256)
 
     async def body(eng, service, sessions):
         st = await sessions.create(eng, params={}, messages=[{"role": "user", "content": "hi"}])
         before = kinds(sessions, st.id)
-        with pytest.raises(ContextLengthExceeded):
-            await service.generate(eng, st.id, max_tokens=10_000, overrides={}, stop=None, qos=Qos.AGENT)
+        with pytest.raises(BadRequest):
+            await service.generate(eng, st.id, max_tokens=0, overrides={}, stop=None, qos=Qos.AGENT)
         refused = (kinds(sessions, st.id), sessions.busy(st.id), eng.idle)
         req, it = await service.generate(eng, st.id, max_tokens=None, overrides={"temperature": 0}, stop=None,
                                          qos=Qos.AGENT)
