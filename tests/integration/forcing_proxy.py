@@ -54,6 +54,7 @@ class ForcingProxy:
         self.target, self.tool, self.args = target, tool, args
         self.bodies: list[tuple[str, dict]] = []
         self.forced = False
+        self.forced_at = -1  # the forced request's index in `bodies`
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         proxy = self
@@ -81,7 +82,7 @@ class ForcingProxy:
                     if not proxy.forced and any(
                             (t.get("name") or (t.get("function") or {}).get("name")) == proxy.tool
                             for t in body.get("tools") or [] if isinstance(t, dict)):
-                        proxy.forced = True
+                        proxy.forced, proxy.forced_at = True, len(proxy.bodies) - 1
                         raw = json.dumps(force(self.path, body, proxy.tool, proxy.args)).encode()
                 self._forward(raw)
 

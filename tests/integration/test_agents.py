@@ -70,6 +70,7 @@ def launch(d, tmp_path, agent: str, *args: str, env: dict | None = None,
             "DISABLE_TELEMETRY": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "NO_COLOR": "1"}
     (tmp_path / "codex").mkdir()
     t0 = time.monotonic()
+    base["PWD"] = str(work)  # agents take the folder from $PWD (opencode), which cwd= does not set
     r = subprocess.run([sys.executable, "-m", "superfluid.cli", "launch", agent, "--port", str(port or d.port), "--",
                         *args],
                        cwd=work, capture_output=True, text=True, timeout=1200, env={**base, **(env or {})},
@@ -141,6 +142,5 @@ def test_tool_loop(d, tmp_path, agent):
         proxy.close()
     check(r, recs, path)
     assert proxy.forced, [p for p, _ in proxy.bodies]
-    later = [json.dumps(b) for p, b in proxy.bodies if p.startswith(path)]
-    at = next(i for i, b in enumerate(later) if tool in b)  # the forced request
-    assert any("7291" in b for b in later[at + 1:]), "the tool's result never reached the model"
+    later = [json.dumps(b) for p, b in proxy.bodies[proxy.forced_at + 1:] if p.startswith(path)]
+    assert any("7291" in b for b in later), "the tool's result never reached the model"
