@@ -1,5 +1,6 @@
-"""`superfluid launch` with stand-in agents (the real ones are not installable offline),
-`superfluid stop`, and draining with SIGUSR1."""
+"""What `superfluid launch` hands each agent (its environment and arguments, recorded by a
+stand-in on PATH: the real agents run in test_agents.py), `superfluid stop`, and draining
+with SIGUSR1."""
 
 import json
 import os
@@ -15,7 +16,8 @@ from .daemon import Daemon, free_port
 
 STAND_IN = """#!{python}
 import json, os, sys
-keys = [k for k in os.environ if k.startswith(("ANTHROPIC_", "OLLAMA_", "OPENCODE_", "SUPERFLUID_API"))]
+keys = [k for k in os.environ if k.startswith(("ANTHROPIC_", "CLAUDE_", "OLLAMA_", "OPENCODE_", "SUPERFLUID_API",
+                                               "PI_"))]
 with open(os.environ["RECORD"], "w") as f:
     json.dump({{"argv": sys.argv[1:], "env": {{k: os.environ[k] for k in keys}}}}, f)
 """
@@ -24,7 +26,7 @@ with open(os.environ["RECORD"], "w") as f:
 def stand_ins(tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for name in ("claude", "codex", "opencode", "ollama"):
+    for name in ("claude", "codex", "opencode", "pi", "ollama"):
         p = bin_dir / name
         p.write_text(STAND_IN.format(python=sys.executable))
         p.chmod(p.stat().st_mode | stat.S_IEXEC)
@@ -45,11 +47,26 @@ def test_launch_each_agent_against_a_running_server(tmp_path):
     try:
         rec = tmp_path / "rec.json"
         port = str(d.port)
-        r = cli("launch", "claude", "--port", port, "--", "--print", "hi", home=d.home, path=bin_dir, record=rec)
+        os.environ["ANTHROPIC_API_KEY"] = "sk-ant-inherited"
+        try:
+            r = cli("launch", "claude", "--port", port, "--", "--print", "hi", home=d.home, path=bin_dir, record=rec)
+        finally:
+            del os.environ["ANTHROPIC_API_KEY"]
         assert r.returncode == 0, r.stderr
+        assert "needs a window of about 32768 tokens" in r.stderr  # the daemon serves 256
         got = json.loads(rec.read_text())
         assert got["argv"] == ["--print", "hi"]
-        assert got["env"]["ANTHROPIC_BASE_URL"] == d.url and got["env"]["ANTHROPIC_MODEL"] == MODEL
+        env = got["env"]
+        assert env["ANTHROPIC_BASE_URL"] == d.url and env["ANTHROPIC_MODEL"] == MODEL
+        assert env["ANTHROPIC_DEFAULT_OPUS_MODEL"] == env["CLAUDE_CODE_SUBAGENT_MODEL"] == MODEL
+        assert env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] == "256" and env["CLAUDE_CODE_ATTRIBUTION_HEADER"] == "0"
+        assert "ANTHROPIC_API_KEY" not in env
+
+        cli("launch", "pi", "--port", port, "--", "-p", "hi", home=d.home, path=bin_dir, record=rec)
+        got = json.loads(rec.read_text())
+        assert got["argv"] == ["--provider", "superfluid", "--model", MODEL, "-p", "hi"]
+        models = json.loads(open(os.path.join(got["env"]["PI_CODING_AGENT_DIR"], "models.json")).read())
+        assert models["providers"]["superfluid"]["baseUrl"] == d.url + "/v1"
 
         cli("launch", "codex", "--port", port, "--", "exec", "task", home=d.home, path=bin_dir, record=rec)
         got = json.loads(rec.read_text())
