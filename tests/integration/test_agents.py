@@ -19,6 +19,8 @@ from .daemon import Daemon
 from .forcing_proxy import ForcingProxy
 
 WINDOW = 32768
+# each agent's first prompt is prefilled cold: 2-5 minutes on two cores (Claude Code's 19k tokens)
+pytestmark = pytest.mark.timeout(1500)
 # a greedy 135M model can repeat itself until the window ends (24k tokens: ten minutes here);
 # the operator's cap (llama-server's -n) ends such an answer with `length`
 MAX_OUTPUT = 256
@@ -121,7 +123,6 @@ LOOPS = {  # agent: (its arguments, the tool it is made to call, the call's argu
     "pi": (["-p"], "read", {"path": "note.txt"}, "/v1/chat/completions"),
     "opencode": (["run"], "read", {"filePath": "{work}/note.txt"}, "/v1/chat/completions"),
     "codex": (["exec", "--skip-git-repo-check"], "exec_command", {"cmd": "cat note.txt"}, "/v1/responses"),
-    "claude": (["-p", "--allowedTools", "Read"], "Read", {"file_path": "{work}/note.txt"}, "/v1/messages"),
 }
 
 
