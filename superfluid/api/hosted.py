@@ -11,6 +11,10 @@ import logging
 log = logging.getLogger("superfluid.api")
 
 HEADER = "x-superfluid-dropped-tools"
+# tool types are the client's strings: the header and the once-per-type memory are bounded
+MAX_NAMES = 16
+MAX_NAME = 64
+MAX_SAID = 256
 _said: set[tuple[str, str]] = set()
 
 
@@ -18,9 +22,9 @@ def notice(api: str, kinds: list[str]) -> dict[str, str]:
     """The response header naming the dropped tool types ({} when none); logs each new type once."""
     if not kinds:
         return {}
-    names = sorted(set(kinds))
+    names = sorted({k[:MAX_NAME].replace(",", " ") for k in kinds})[:MAX_NAMES]
     new = [k for k in names if (api, k) not in _said]
-    if new:
+    if new and len(_said) < MAX_SAID:
         _said.update((api, k) for k in new)
         log.warning("%s: left out tools that run on the provider's side, which this server cannot run: %s "
                     "(said once per type; the %s header names them on every answer)", api, ", ".join(new), HEADER)
