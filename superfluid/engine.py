@@ -258,7 +258,7 @@ class Engine(EngineBase):
                     self.sched.reset(requeue=True)
                     self._fail_poisoned(err)
                 else:
-                    self._lose_lanes(err)
+                    self._lose_lanes(err, retry=True)
                 await self._respawn()  # now, not at the next request: /health comes back
                 continue
             self._failures = 0
@@ -295,7 +295,7 @@ class Engine(EngineBase):
         """Replace a dead worker. Gives up after max_respawns failures in a row (until the
         next request) and fails every waiting request with WorkerUnavailable."""
         if self.worker is not None:
-            self._lose_lanes(WorkerCrashed("the worker process died"))
+            self._lose_lanes(WorkerCrashed("the worker process died"), retry=True)
             await self.worker.stop(timeout=1.0)
             self.worker = None
         while not self._gave_up:
@@ -325,8 +325,10 @@ class Engine(EngineBase):
                 self._end(st, Chunk(job.id, finish=FinishReason.ERROR, error=err))
         return False
 
-    def _lose_lanes(self, err: SuperfluidError) -> None:
-        for job in self.sched.reset():
+    def _lose_lanes(self, err: SuperfluidError, *, retry: bool = False) -> None:
+        """Running requests end with err; with retry (the worker died, not the engine's
+        own error), those that have streamed nothing yet are requeued once instead."""
+        for job in self.sched.reset(retry=retry):
             st = self._streams.get(job.id)
             if st is not None:
                 self._end(st, st.final(FinishReason.ERROR, err))

@@ -36,6 +36,7 @@ class Job:
     enqueued_step: int = 0
     order: int = 0
     preemptions: int = 0
+    retried: bool = False  # requeued once after a worker died before it produced a token
     prior: tuple[int, ...] = ()  # tokens of this turn generated before this job (in the prompt)
     session: str | None = None  # the session it generates for (a pinned session's context stays warm)
     cache: tuple[int, float] | None = None  # a cache hint: (prompt tokens, seconds) to keep warm

@@ -115,20 +115,30 @@ class Scheduler(KvTiers, Results):
         job.status, job.finish = JobStatus.FINISHED, job.finish or reason
         return True
 
-    def reset(self, *, requeue: bool = False) -> list[Job]:
-        """The worker is gone with all its KV and in-flight steps: drop running jobs and
-        return them; or, with requeue, put them back at the front of their queues with what
-        they generated (as a preemption does: the next worker re-prefills them, and the
-        counter-based sampler draws what it would have). Waiting jobs stay queued."""
-        lost = list(self.running.values())
-        for job in sorted(lost, key=lambda j: j.admitted, reverse=True):
-            if requeue:
+    def reset(self, *, requeue: bool = False, retry: bool = False) -> list[Job]:
+        """The worker is gone with all its KV and in-flight steps: drop the running jobs
+        and return them; or, with requeue, put them back at the front of their queues with
+        what they generated (as a preemption does: the next worker re-prefills them, and the
+        counter-based sampler draws what it would have) and return them. Waiting jobs stay.
+
+        With retry (the worker died), a running job that has produced no token yet is
+        requeued once rather than dropped, and not returned: its client has seen nothing,
+        so a worker that died before the job got going (killed while idle, its death not
+        yet noticed) costs a re-prefill, not an error. A job that itself kills the worker
+        fails at its second try."""
+        lost: list[Job] = []
+        for job in sorted(self.running.values(), key=lambda j: j.admitted, reverse=True):
+            if requeue or (retry and not (job.output or job.retried)):
+                job.retried = job.retried or not requeue
                 job.status, job.pending, job.seq = JobStatus.WAITING, 0, None
                 job.preemptions += 1
                 self.waiting.push_front(job, self._step)
+                if requeue:
+                    lost.append(job)
             else:
                 job.status, job.finish = JobStatus.FINISHED, FinishReason.ERROR
                 self.jobs.pop(job.id, None)
+                lost.append(job)
         self.running.clear()
         self._to_close.clear()
         self._inflight.clear()

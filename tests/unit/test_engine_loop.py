@@ -154,6 +154,24 @@ def test_a_runtime_error_fails_every_lane_on_the_worker_and_the_worker_is_respaw
     assert "".join(c.text for c in after) == "Hello world." and after[-1].finish == FinishReason.END_OF_TURN
 
 
+def test_a_worker_that_dies_before_a_requests_first_token_costs_a_retry_not_an_error():
+    """The worker dies before the request produced anything (killed while idle, its death
+    noticed only when the step fails): the request runs again on the next worker, and its
+    client sees only the answer. A request that kills every worker fails at its second try."""
+    m = FakeModel()
+    m.reply = lambda p: m.vocab.script(BOOM) if len(m.runtimes) == 1 or "poison" in m.vocab.decode(p) \
+        else m.vocab.script("Hello world.")
+
+    async def body(eng):
+        first = await drain(eng.submit(req(m, "r1", "hi")))
+        poison = await drain(eng.submit(req(m, "r2", "poison")))
+        return first, poison, eng.respawns
+    first, poison, respawns = run(m, body)
+    assert "".join(c.text for c in first) == "Hello world." and first[-1].finish == FinishReason.END_OF_TURN
+    assert poison[-1].finish == FinishReason.ERROR and isinstance(poison[-1].error, WorkerCrashed)
+    assert respawns == 3
+
+
 def test_a_worker_that_cannot_start_again_fails_waiting_requests_until_the_next_one():
     m = FakeModel(lambda p: m.vocab.script("Hello", BOOM))
 

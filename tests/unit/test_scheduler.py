@@ -438,3 +438,21 @@ def test_penalty_context_is_the_prompt_before_this_turn_within_repeat_last_n():
     assert whole.penalty_context() == (1, 2, 3, 4)
     last = Job("c", prompt, SamplingParams(repeat_penalty=1.1, repeat_last_n=3), 10, prior=(6,))
     assert last.penalty_context() == (3, 4, 5)
+
+
+def test_reset_with_retry_requeues_jobs_that_produced_nothing_once():
+    """A worker that died before a job's first token (killed while idle, not yet noticed):
+    the job is retried on the next worker, once; a job with output ends with the error."""
+    s = sched(lanes=2)
+    a = job("a")
+    s.add(a)
+    step(s, default=7)  # a has output
+    b = job("b")
+    s.add(b)
+    s.schedule()  # b admitted and prefilling: nothing received yet
+    assert [j.id for j in s.reset(retry=True)] == ["a"]
+    assert "a" not in s.jobs and b.status == JobStatus.WAITING and b.retried
+    s.schedule()
+    assert [j.id for j in s.running.values()] == ["b"]
+    assert [j.id for j in s.reset(retry=True)] == ["b"]  # its second worker death: it fails
+    assert not s.jobs and not s.has_work
