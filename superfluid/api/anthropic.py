@@ -25,7 +25,7 @@ from .policy import owner_of
 from .blocks import Blocks
 from .hosted import notice
 from .sse import cursor, frame, tagged
-from .streams import collect, raise_first_error, sse
+from .streams import access_record, collect, raise_first_error, sse
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
@@ -381,7 +381,8 @@ def add_routes(app: FastAPI, models, qos_for, body_of) -> None:
                           hint, eng.sampling_defaults)
         marked = hint[0] if hint else 0
         streams = await models.service.submit(eng, [req], cp.bodies, api="anthropic.messages",
-                                              params={"response_id": req.id, "marked": marked}, owner=owner_of(request))
+                                              params={"response_id": req.id, "marked": marked}, owner=owner_of(request),
+                                              access=access_record(request))
         response.headers.update(dropped)
         if body.get("stream"):
             out = sse(events(req.id, eng.model_id, len(cp.prompt), streams[0], req.session, marked),

@@ -31,7 +31,7 @@ from .guard import Guard
 from .policy import KeyPolicy, key_of, owner_of
 from .schema import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, ModelRequest, TokenizeRequest,
                      json_object, parse)
-from .streams import (ClientGone, chat_events, collect, completion_events, raise_first_error, record,
+from .streams import (ClientGone, access_record, chat_events, collect, completion_events, raise_first_error,
                       session_header, sse)
 
 log = logging.getLogger("superfluid.api")
@@ -84,14 +84,6 @@ async def _send_413(send, limit: int) -> None:
                 "headers": [(b"content-type", b"application/json"),
                             (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
-
-
-def access_record(request: Request, engine, qos: Qos) -> dict:
-    """The access log's record for this request (scope state "access"): the log middleware
-    writes it out when the response is done. Counts and timings only, never content."""
-    rec = request.scope.setdefault("state", {}).setdefault("access", {})
-    rec.update(model=engine.model_id, qos=qos.name.lower())
-    return rec
 
 
 def parse_qos(request: Request, default: Qos = Qos.AGENT) -> Qos:
@@ -276,13 +268,11 @@ def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Q
         created = int(time.time())
         streams = await models.service.submit(eng, reqs, cp.bodies, api="chat.completions", params={
             "response_id": rid, "created": created, "logprobs": bool(body.logprobs), "include_usage": include_usage},
-            owner=owner_of(request))
-        rec = access_record(request, eng, reqs[0].qos)
+            owner=owner_of(request), access=access_record(request))
         if body.stream:
-            return sse(chat_events(rid, eng.model_id, streams, body.logprobs, include_usage, rec, reqs,
+            return sse(chat_events(rid, eng.model_id, streams, body.logprobs, include_usage, reqs,
                                    created=created), models.service.on_close(eng, reqs), reqs)
         choices = await collect(request, streams)
-        record(rec, [c.last for c in choices if c.last is not None])
         raise_first_error(choices)
         resp = _json(oa.chat_response(rid, eng.model_id, choices, body.logprobs))
         resp.headers.update(session_header(reqs))
@@ -302,13 +292,11 @@ def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Q
         created = int(time.time())
         streams = await models.service.submit(eng, reqs, api="completions", params={
             "response_id": rid, "created": created, "logprobs": top >= 0, "include_usage": include_usage},
-            owner=owner_of(request))
-        rec = access_record(request, eng, reqs[0].qos)
+            owner=owner_of(request), access=access_record(request))
         if body.stream:
-            return sse(completion_events(rid, eng.model_id, streams, top >= 0, include_usage, rec, reqs,
+            return sse(completion_events(rid, eng.model_id, streams, top >= 0, include_usage, reqs,
                                          created=created), models.service.on_close(eng, reqs), reqs)
         choices = await collect(request, streams)
-        record(rec, [c.last for c in choices if c.last is not None])
         raise_first_error(choices)
         resp = _json(oa.completion_response(rid, eng.model_id, choices, top >= 0))
         resp.headers.update(session_header(reqs))

@@ -27,7 +27,7 @@ from .policy import owner_of
 from ..session.turns import context_text
 from .schema import ChatCompletionRequest, json_object, parse
 from .sse import cursor, event, tagged
-from .streams import collect, raise_first_error, record, session_header, sse
+from .streams import access_record, collect, raise_first_error, session_header, sse
 
 NATIVE = frozenset({"/completion", "/infill", "/tokenize", "/detokenize", "/apply-template", "/props", "/slots"})
 UNPREFIXED = ("/v1/chat/completions", "/v1/completions", "/v1/models")  # /embeddings: embeddings.py
@@ -189,12 +189,9 @@ async def answer(models, eng, request: Request, prompt: list[int], opts: Options
     text = context_text(eng.tokenizer, prompt)
     t0 = time.monotonic()
     streams = await models.service.submit(eng, [req], api="llama.completion", params={
-        "response_id": rid, "model": eng.model_id}, owner=owner_of(request))
-    rec = request.scope.setdefault("state", {}).setdefault("access", {})
-    rec.update(model=eng.model_id, qos=req.qos.name.lower())
+        "response_id": rid, "model": eng.model_id}, owner=owner_of(request), access=access_record(request))
 
     def final(c: Chunk, content: str = "", tokens: list[int] | None = None, lps=()) -> dict:
-        record(rec, [c])
         return final_body(c, content, tokens or [], list(lps), opts=opts, model=eng.model_id, n_ctx=eng.n_ctx,
                           seed=seed, prompt=text, wall_s=time.monotonic() - t0)
 

@@ -29,7 +29,7 @@ from ..codec.tools import new_call_id
 from . import keep_alive, resume
 from .policy import owner_of
 from .prompt import chat_prompt, template_options
-from .streams import collect, raise_first_error, sse
+from .streams import access_record, collect, raise_first_error, sse
 
 OLLAMA_VERSION = "0.12.0"  # the API level we follow
 NDJSON = "application/x-ndjson"
@@ -294,7 +294,7 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
                          qos_for(request, Qos.COMPLETION if fill else None), channels=channels)
         streams = await models.service.submit(eng, [req], bodies, api="ollama." + ("chat" if chat else "generate"),
                                               params={"response_id": req.id, "t0": time.time()},
-                                              owner=owner_of(request))
+                                              owner=owner_of(request), access=access_record(request))
         keep_alive.apply(request, models, eng.model_id, ka)  # submitted: 0 unloads it once the request is done
         model = eng.model_id
         if body.get("stream", True):

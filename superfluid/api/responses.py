@@ -30,7 +30,7 @@ from .response_background import Background, starting_after
 from .hosted import notice
 from .response_events import SEP, events, namespaces, output_items
 from .schema import number_in
-from .streams import collect, raise_first_error, sse
+from .streams import access_record, collect, raise_first_error, sse
 
 log = logging.getLogger("superfluid.api")
 
@@ -344,6 +344,7 @@ def add_routes(app: FastAPI, models, qos_for, body_of, store: ResponseStore) -> 
                 "tool_choice": body.get("tool_choice") or "auto", "parallel_tool_calls": parallel,
                 "text": {"format": text_opts.get("format") or {"type": "text"}}, "metadata": metadata}
         streams = await models.service.submit(eng, [req], cp.bodies, api="responses", owner=owner_of(request),
+                                              access=access_record(request),
                                               params={"response_id": rid, "base": base, "input_items": new_items,
                                                       "store": base["store"]})
 

@@ -17,7 +17,7 @@ from .resume import media_type, rest_of_generation, subscription
 from .schema import (SessionCreate, SessionFork, SessionGenerate, SessionMessage, SessionMetaBody, SessionToolResult,
                      SessionTrim, parse)
 from .sse import DONE, cursor, event, parse_cursor
-from .streams import SSE_HEADERS, collect, raise_first_error, sse
+from .streams import SSE_HEADERS, access_record, collect, raise_first_error, sse
 
 
 def _json(obj, status: int = 200) -> Response:
@@ -143,7 +143,8 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
         body = parse(SessionGenerate, await request.body())
         eng = await engine_of(sid)
         req, stream = await models.service.generate(eng, sid, max_tokens=body.max_tokens, overrides=body.overrides(),
-                                              stop=body.stops(), qos=qos_for(request))
+                                              stop=body.stops(), qos=qos_for(request),
+                                              access=access_record(request))
         if body.stream:
             return sse(_generated(sid, stream), models.service.on_close(eng, [req]), [req])
         choices = await collect(request, [stream])

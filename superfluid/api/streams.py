@@ -96,6 +96,13 @@ def session_header(reqs: list[GenRequest]) -> dict:
     return {"x-superfluid-session": ",".join(ids)} if ids else {}
 
 
+def access_record(request: Request) -> dict:
+    """The access log's record for this request (scope state "access"): the log middleware
+    writes it out when the response is done; Service.submit fills in the model, class,
+    counts and timings (never content)."""
+    return request.scope.setdefault("state", {}).setdefault("access", {})
+
+
 def sse(gen: AsyncIterator[bytes], on_close: Callable[[], None], reqs: list[GenRequest],
         media_type: str = "text/event-stream") -> StreamingResponse:
     """A streamed response that runs `on_close` however it ends (Service.on_close: a
@@ -108,19 +115,8 @@ def _error_event(c: Chunk) -> bytes:
     return frame(c.error.body())
 
 
-def record(rec: dict | None, choices_done: list[Chunk]) -> None:
-    """Fill the access-log record (counts and timings, never content) from final chunks."""
-    if rec is None or not choices_done:
-        return
-    first = choices_done[0]
-    rec.update(prompt_tokens=first.prompt_tokens, cached_tokens=first.cached_tokens,
-               completion_tokens=sum(c.completion_tokens for c in choices_done),
-               finish=first.finish.openai if first.finish else None,
-               ttft_s=min((c.ttft_s for c in choices_done if c.ttft_s is not None), default=None))
-
-
 async def _events(kind: str, rid: str, model: str, streams, want_logprobs: bool, include_usage: bool,
-                  rec: dict | None, sessions: list[str | None], created: int,
+                  sessions: list[str | None], created: int,
                   indices: list[int] | None = None) -> AsyncIterator[bytes]:
     """SSE events of a chat completion (kind "chat") or a completion ("text") from typed
     output chunks, live or replayed from the log (api/resume.py). Each chunk's frames carry
@@ -166,7 +162,6 @@ async def _events(kind: str, rid: str, model: str, streams, want_logprobs: bool,
             out.append(frame(final))
         for o in tagged(out, cursor(sessions[k], c.event_id)):
             yield o
-    record(rec, finals)
     if include_usage and finals:
         yield event({"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
                      "created": created, "model": model, "choices": [],
@@ -175,22 +170,22 @@ async def _events(kind: str, rid: str, model: str, streams, want_logprobs: bool,
     yield DONE
 
 
-def chat_events(rid, model, streams, want_logprobs, include_usage, rec=None, reqs=(), *,
+def chat_events(rid, model, streams, want_logprobs, include_usage, reqs=(), *,
                 created: int) -> AsyncIterator[bytes]:
     sessions = [r.session for r in reqs] or [None] * len(streams)
-    return _events("chat", rid, model, streams, want_logprobs, include_usage, rec, sessions, created)
+    return _events("chat", rid, model, streams, want_logprobs, include_usage, sessions, created)
 
 
-def completion_events(rid, model, streams, want_logprobs, include_usage, rec=None, reqs=(), *,
+def completion_events(rid, model, streams, want_logprobs, include_usage, reqs=(), *,
                       created: int) -> AsyncIterator[bytes]:
     sessions = [r.session for r in reqs] or [None] * len(streams)
-    return _events("text", rid, model, streams, want_logprobs, include_usage, rec, sessions, created)
+    return _events("text", rid, model, streams, want_logprobs, include_usage, sessions, created)
 
 
 def _replay(kind: str):
     def translate(sid: str, p: dict, chunks: AsyncIterator[Chunk]) -> AsyncIterator[bytes]:
         return _events(kind, str(p.get("response_id") or sid), str(p.get("model") or ""), [chunks],
-                       bool(p.get("logprobs")), bool(p.get("include_usage")), None, [sid],
+                       bool(p.get("logprobs")), bool(p.get("include_usage")), [sid],
                        int(p.get("created") or 0), [int(p.get("index") or 0)])
     return translate
 

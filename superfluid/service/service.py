@@ -19,10 +19,13 @@ class Service:
         self.sessions = sessions
 
     async def submit(self, engine, reqs: list[GenRequest], bodies: list[Body] | None = None, *, api: str,
-                     params: dict | None = None, owner: str | None = None) -> list[AsyncIterator[Chunk]]:
+                     params: dict | None = None, owner: str | None = None,
+                     access: dict | None = None) -> list[AsyncIterator[Chunk]]:
         """Start a request's generations (one per choice). With a session log each is a
         session, recorded under `owner` (its key's name): `bodies` are the prompt's events
-        (one raw prompt message when not given), committed before the engine sees it."""
+        (one raw prompt message when not given), committed before the engine sees it.
+        `access` (the HTTP request's access-log record) gets the counts and timings once
+        every choice has ended, whatever the API."""
         first = reqs[0]
         check_generation(first.stop, len(reqs), first.sampling.top_logprobs, first.sampling.grammar)
         _room(engine, len(reqs))
@@ -46,10 +49,11 @@ class Service:
                 if self.sessions is not None:
                     self.sessions.finished(r.id)
             raise
-        return streams
+        return recorded(access, engine, reqs[0].qos, streams)
 
     async def generate(self, engine, sid: str, *, max_tokens: int | None, overrides: dict,
-                       stop: tuple[str, ...] | None, qos: Qos) -> tuple[GenRequest, AsyncIterator[Chunk]]:
+                       stop: tuple[str, ...] | None, qos: Qos,
+                       access: dict | None = None) -> tuple[GenRequest, AsyncIterator[Chunk]]:
         """Generate on a session: its open turn goes on, or a new assistant turn opens."""
         sessions = self._log()
         async with sessions.turn(sid):
@@ -61,7 +65,7 @@ class Service:
             engine.check(req)
             await sessions.begin(req, bodies, lambda: engine.cancel(req.id))
             try:
-                return req, engine.submit(req)
+                return req, recorded(access, engine, req.qos, [engine.submit(req)])[0]
             except BaseException:
                 sessions.finished(req.id)
                 raise
@@ -89,6 +93,39 @@ class Service:
         if self.sessions is None:
             raise SessionNotFound("this daemon keeps no session log (--no-sessions)", param="session")
         return self.sessions
+
+
+def recorded(access: dict | None, engine, qos: Qos,
+             streams: list[AsyncIterator[Chunk]]) -> list[AsyncIterator[Chunk]]:
+    """The streams, passed through, filling the access-log record (counts and timings,
+    never content) from their final chunks once every one has ended. Closing one closes
+    the engine's stream under it (which cancels what is not kept running)."""
+    if access is None:
+        return streams
+    access.update(model=engine.model_id, qos=qos.name.lower())
+    finals: list[Chunk] = []
+
+    async def one(it: AsyncIterator[Chunk]) -> AsyncIterator[Chunk]:
+        try:
+            async for c in it:
+                if c.finish is not None:
+                    finals.append(c)
+                    if len(finals) == len(streams):
+                        _record(access, finals)
+                yield c
+        finally:
+            close = getattr(it, "aclose", None)
+            if close is not None:
+                await close()
+    return [one(it) for it in streams]
+
+
+def _record(rec: dict, finals: list[Chunk]) -> None:
+    first = finals[0]
+    rec.update(prompt_tokens=first.prompt_tokens, cached_tokens=first.cached_tokens,
+               completion_tokens=sum(c.completion_tokens for c in finals),
+               finish=first.finish.openai if first.finish else None,
+               ttft_s=min((c.ttft_s for c in finals if c.ttft_s is not None), default=None))
 
 
 def _fit(engine, req: GenRequest) -> None:

@@ -60,7 +60,7 @@ async def chat(eng, service: Service, content: str = "call f", **kw):
     r = GenRequest(f"{rid}-0", cp.prompt, sp, kw.pop("max_tokens", 64), channels=cp.channels)
     its = await service.submit(eng, [r], cp.bodies, api="chat.completions", params={
         "response_id": rid, "created": CREATED, "logprobs": lp, "include_usage": True})
-    live = b"".join([b async for b in streams.chat_events(rid, eng.model_id, its, lp, True, None, [r],
+    live = b"".join([b async for b in streams.chat_events(rid, eng.model_id, its, lp, True, [r],
                                                           created=CREATED)])
     return r, live
 
@@ -278,7 +278,7 @@ def raw_completion(m: FakeModel):
         r = GenRequest("cmpl-1-0", eng.encode_prompt("Hello"), SamplingParams(temperature=0, top_logprobs=1), 16)
         its = await service.submit(eng, [r], api="completions", params={
             "response_id": "cmpl-1", "created": CREATED, "logprobs": True, "include_usage": False})
-        live = b"".join([b async for b in streams.completion_events("cmpl-1", eng.model_id, its, True, False, None,
+        live = b"".join([b async for b in streams.completion_events("cmpl-1", eng.model_id, its, True, False,
                                                                     [r], created=CREATED)])
         events = await sessions.store.events(r.session)
         rests = {ev.id: b"".join([b async for b in resume.rest_of_generation(sessions, r.session, ev.id)])
