@@ -29,6 +29,7 @@ from . import ui as web_ui
 from . import openai as oa
 from .guard import Guard
 from .policy import KeyPolicy, key_of, owner_of
+from .prompt import prompt_cache_hint
 from .schema import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, ModelRequest, TokenizeRequest,
                      json_object, parse)
 from .streams import (ClientGone, access_record, chat_events, collect, completion_events, raise_first_error,
@@ -263,7 +264,9 @@ def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Q
         reqs = oa.gen_requests(body, cp.prompt, base_id=rid, n_ctx=eng.n_ctx, seed=eng.new_seed(),
                                default_max=None, top_logprobs=top, qos=qos(request),
                                max_tokens=body.max_completion_tokens, grammar=cp.grammar, channels=cp.channels,
-                               tokenizer=eng.tokenizer, defaults=eng.sampling_defaults)
+                               tokenizer=eng.tokenizer, defaults=eng.sampling_defaults,
+                               cache=prompt_cache_hint(body.prompt_cache_key, body.prompt_cache_retention,
+                                                       len(cp.prompt)))
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         created = int(time.time())
         streams = await models.service.submit(eng, reqs, cp.bodies, api="chat.completions", params={

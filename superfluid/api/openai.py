@@ -77,7 +77,8 @@ def completion_prompt(engine, body: CompletionRequest) -> list[int]:
 def gen_requests(body: Sampling, prompt: list[int], *, base_id: str, n_ctx: int, seed: int,
                  default_max: int | None, top_logprobs: int, qos: Qos,
                  max_tokens: int | None = None, grammar: str = "", channels=None,
-                 tokenizer=None, defaults: dict | None = None) -> list[GenRequest]:
+                 tokenizer=None, defaults: dict | None = None,
+                 cache: tuple[int, float] | None = None) -> list[GenRequest]:
     """One request per choice. `tokenizer`: the model's, which logit_bias ids must be in;
     `defaults`: the engine's sampling defaults (operator and model), over OpenAI's."""
     d = for_api(DEFAULTS, defaults or {})
@@ -99,7 +100,7 @@ def gen_requests(body: Sampling, prompt: list[int], *, base_id: str, n_ctx: int,
             repeat_penalty=body.repetition_penalty or get("repeat_penalty"), top_logprobs=top_logprobs,
             ignore_eos=body.ignore_eos, grammar=grammar, logit_bias=bias, typical_p=get("typical_p"),
             repeat_last_n=int(get("repeat_last_n")))
-        reqs.append(GenRequest(f"{base_id}-{i}", prompt, sp, mt, stops, qos, channels=channels))
+        reqs.append(GenRequest(f"{base_id}-{i}", prompt, sp, mt, stops, qos, channels=channels, cache=cache))
     return reqs
 
 

@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass, replace
 
 from ..codec import grammar as gr
-from ..limits import check_chat
+from ..limits import MAX_CACHE_KEY_LEN, check_chat
 from ..codec.channels import ChannelSpec, spec_for
 from ..codec.tools import EXAMPLE, tool_list
 from ..errors import BadRequest
@@ -133,3 +133,23 @@ def template_options(chat_template_kwargs: object = None, reasoning_effort: obje
     if enable_thinking is not None:
         kw.setdefault("enable_thinking", bool(enable_thinking))
     return kw
+
+
+# OpenAI's prompt caching keeps a prefix "in memory" for 5-10 minutes of inactivity, or a
+# day with prompt_cache_retention "24h"
+CACHE_TTL = {"in_memory": 600.0, "in-memory": 600.0, "24h": 86400.0}
+
+
+def prompt_cache_hint(key: object, retention: object, prompt_len: int) -> tuple[int, float] | None:
+    """OpenAI's prompt_cache_key as the cache hint it is (GenRequest.cache): requests that
+    share a key share a prefix, so this prompt is kept warm for the next one (an agent's
+    next turn extends it; pins.hint hands the older prefix's share to the longer one)."""
+    if key is None:
+        return None
+    if not isinstance(key, str) or len(key) > MAX_CACHE_KEY_LEN:
+        raise BadRequest(f"prompt_cache_key must be a string of at most {MAX_CACHE_KEY_LEN} characters",
+                         param="prompt_cache_key")
+    if retention is not None and not (isinstance(retention, str) and retention in CACHE_TTL):
+        raise BadRequest("prompt_cache_retention must be 'in_memory' or '24h'", param="prompt_cache_retention")
+    return prompt_len, CACHE_TTL[retention or "in_memory"]
+

@@ -25,7 +25,7 @@ from ..request import FinishReason, GenRequest, SamplingParams
 from ..sampling_defaults import for_api
 from . import resume
 from .policy import may_see, owner_of
-from .prompt import chat_prompt, response_format_grammar, template_options
+from .prompt import chat_prompt, prompt_cache_hint, response_format_grammar, template_options
 from .response_background import Background, starting_after
 from .hosted import notice
 from .response_events import SEP, events, namespaces, output_items
@@ -336,7 +336,9 @@ def add_routes(app: FastAPI, models, qos_for, body_of, store: ResponseStore) -> 
                             seed=eng.new_seed() if seed is None else seed % (1 << 63),
                             grammar=cp.grammar)
         rid = "resp_" + new_id("r").split("-", 1)[1]
-        req = GenRequest(rid, cp.prompt, sp, mt or room, (), qos_for(request), channels=cp.channels)
+        req = GenRequest(rid, cp.prompt, sp, mt or room, (), qos_for(request), channels=cp.channels,
+                         cache=prompt_cache_hint(body.get("prompt_cache_key"), body.get("prompt_cache_retention"),
+                                                 len(cp.prompt)))
         base = {"id": rid, "object": "response", "created_at": int(time.time()), "model": eng.model_id,
                 "instructions": body.get("instructions"), "previous_response_id": body.get("previous_response_id"),
                 "max_output_tokens": mt, "temperature": sp.temperature, "top_p": sp.top_p,

@@ -84,6 +84,8 @@ class ChatCompletionRequest(Sampling):
     response_format: dict | None = None
     chat_template_kwargs: dict | None = None
     reasoning_effort: str | None = None
+    prompt_cache_key: object = None  # checked by prompt_cache_hint
+    prompt_cache_retention: object = None
 
 
 class CompletionRequest(Sampling):

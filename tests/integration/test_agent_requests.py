@@ -137,3 +137,19 @@ def test_chat_max_tokens_past_the_window_is_capped(client, daemon):
 def test_head_root_answers(daemon):
     """Claude Code's first request is HEAD /: a 2xx, as GET / is."""
     assert httpx.head(daemon.url + "/", timeout=10).status_code == 200
+
+
+@pytest.mark.parametrize("path,extra", [("/v1/responses", {"input": "hi", "max_output_tokens": 2}),
+                                        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                                                  "max_tokens": 2})])
+def test_prompt_cache_key_is_a_cache_hint_and_checked(daemon, path, extra):
+    """prompt_cache_key (Codex sends one per conversation) keeps the prompt warm for the next
+    turn (api/prompt.prompt_cache_hint); a key that is not a bounded string is a 400 naming it."""
+    ok = httpx.post(daemon.url + path, json={"model": MODEL, **extra, "prompt_cache_key": "conv-1",
+                                              "prompt_cache_retention": "24h"}, timeout=60)
+    assert ok.status_code == 200, ok.text
+    for key, retention in ((["list"], None), ("k" * 1025, None), ("conv-1", "forever")):
+        bad = httpx.post(daemon.url + path, json={"model": MODEL, **extra, "prompt_cache_key": key,
+                                                   "prompt_cache_retention": retention}, timeout=60)
+        assert bad.status_code == 400, bad.text
+        assert bad.json()["error"]["param"] in ("prompt_cache_key", "prompt_cache_retention")
