@@ -6,7 +6,6 @@ refused: the models served take text only."""
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 
 import orjson
@@ -307,6 +306,9 @@ def _sse(event: str, data: dict) -> bytes:
     return frame(data, event)
 
 
+PING = _sse("ping", {"type": "ping"})  # Anthropic's keepalive event (api/streams.sse sends it when idle)
+
+
 class _Events:
     """Anthropic's content blocks (api/blocks.py): thinking, text and tool_use, whose input
     streams as input_json_delta fragments."""
@@ -334,9 +336,8 @@ async def events(rid: str, model: str, prompt_tokens: int, stream, session: str 
                    "stop_reason": None, "stop_sequence": None,
                    "usage": {"input_tokens": prompt_tokens, "output_tokens": 0}}
     yield _sse("message_start", {"type": "message_start", "message": start})
-    yield _sse("ping", {"type": "ping"})
+    yield PING
     blocks = Blocks(_Events())
-    last_ping = time.monotonic()
     async for c in stream:
         out = blocks.feed(c)
         if c.finish is not None:
@@ -359,9 +360,6 @@ async def events(rid: str, model: str, prompt_tokens: int, stream, session: str 
             yield o
         if c.finish is not None:
             return
-        if time.monotonic() - last_ping > 10:
-            last_ping = time.monotonic()
-            yield _sse("ping", {"type": "ping"})
 
 
 resume.register("anthropic.messages", lambda sid, p, chunks: events(
@@ -386,7 +384,7 @@ def add_routes(app: FastAPI, models, qos_for, body_of) -> None:
         response.headers.update(dropped)
         if body.get("stream"):
             out = sse(events(req.id, eng.model_id, len(cp.prompt), streams[0], req.session, marked),
-                      models.service.on_close(eng, [req]), [req])
+                      models.service.on_close(eng, [req]), [req], keepalive=PING)
             out.headers.update(dropped)
             return out
         choices = await collect(request, streams)

@@ -103,11 +103,50 @@ def access_record(request: Request) -> dict:
     return request.scope.setdefault("state", {}).setdefault("access", {})
 
 
+KEEPALIVE_S = 15.0  # most seconds an event stream goes without a byte (a long prefill)
+COMMENT = b": keepalive\n\n"  # an SSE comment: every client's parser skips it
+
+
 def sse(gen: AsyncIterator[bytes], on_close: Callable[[], None], reqs: list[GenRequest],
-        media_type: str = "text/event-stream") -> StreamingResponse:
+        media_type: str = "text/event-stream", keepalive: bytes | None = COMMENT) -> StreamingResponse:
     """A streamed response that runs `on_close` however it ends (Service.on_close: a
-    session's generation gets the grace period to be resumed, any other is cancelled)."""
-    return _EngineStream(gen, on_close, media_type, session_header(reqs))
+    session's generation gets the grace period to be resumed, any other is cancelled).
+    An event stream sends `keepalive` when it has had nothing to say for KEEPALIVE_S (a
+    long prompt being prefilled): clients with an idle timeout (Claude Code's is 300 s) do
+    not give up and retry, and a client that went away is noticed then, not at the first
+    token. NDJSON streams (Ollama's) have no such frame."""
+    if media_type != "text/event-stream":
+        keepalive = None
+    return _EngineStream(gen if keepalive is None else kept_alive(gen, keepalive, KEEPALIVE_S), on_close,
+                         media_type, session_header(reqs))
+
+
+async def kept_alive(gen: AsyncIterator[bytes], frame: bytes, every: float) -> AsyncIterator[bytes]:
+    """`gen`'s bytes, with `frame` whenever `every` seconds pass without one. The wait for
+    the next item is never cancelled by the timer (that would end the generation)."""
+    it = gen.__aiter__()
+    nxt: asyncio.Future | None = None
+    try:
+        while True:
+            if nxt is None:
+                nxt = asyncio.ensure_future(it.__anext__())
+            done, _ = await asyncio.wait({nxt}, timeout=every)
+            if not done:
+                yield frame
+                continue
+            fut, nxt = nxt, None
+            try:
+                item = fut.result()
+            except StopAsyncIteration:
+                return
+            yield item
+    finally:
+        if nxt is not None:
+            nxt.cancel()
+            await asyncio.gather(nxt, return_exceptions=True)
+        close = getattr(it, "aclose", None)
+        if close is not None:
+            await close()
 
 
 def _error_event(c: Chunk) -> bytes:
