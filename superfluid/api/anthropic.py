@@ -295,9 +295,14 @@ def tool_use_block(call) -> dict:
 
 def usage(c: Chunk, output_tokens: int, marked: int = 0) -> dict:
     """Anthropic's split of the prompt: read from cache (reused KV, restored included), written
-    to it (the marked prefix this request computed), and the rest; the three sum to the prompt."""
-    read = c.cached_tokens
-    created = max(0, min(marked, c.prompt_tokens) - read)
+    to it (the marked prefix this request computed), and the rest; the three sum to the prompt.
+    The rest is at least the prompt's last token (always computed: its logits start the
+    answer): a client adds message_delta's counts to message_start's, and Claude Code keeps
+    message_start's input_tokens (the whole prompt) when the delta's is 0, which counted the
+    prompt twice and made it stop with "Prompt is too long"."""
+    last = max(0, c.prompt_tokens - 1)
+    read = min(c.cached_tokens, last)
+    created = max(0, min(marked, last) - read)
     return {"input_tokens": c.prompt_tokens - read - created, "output_tokens": output_tokens,
             "cache_read_input_tokens": read, "cache_creation_input_tokens": created}
 
