@@ -120,12 +120,13 @@ class LlamaServerProcess:
     llama-cpp-python in this one (two ggml builds in one process would share symbols):
     `parallel` slots over n_ctx tokens in all, `threads` (0: llama.cpp's own default)."""
 
-    def __init__(self, model: str, threads: int, n_ctx: int, parallel: int = 1):
+    def __init__(self, model: str, threads: int, n_ctx: int, parallel: int = 1, conf: str = ""):
+        """`conf`: more lines of the configure function (indented 4, `p` the params, `x` the module)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         code = (f"import sys, time; sys.path.insert(0, {str(ROOT / 'bench')!r}); from common import LlamaServer\n"
                 f"def conf(p, x):\n    p.n_parallel = {parallel}; p.port = {self.port}\n"
-                f"    if {threads} <= 0: p.cpuparams.n_threads = p.cpuparams_batch.n_threads = -1\n"
+                f"    if {threads} <= 0: p.cpuparams.n_threads = p.cpuparams_batch.n_threads = -1\n{conf}"
                 f"s = LlamaServer({model!r}, {max(threads, 1)}, {n_ctx}, conf)\nprint('ready', flush=True)\n"
                 "time.sleep(1e9)")
         self.proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)

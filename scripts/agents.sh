@@ -13,3 +13,16 @@ if [ "${#missing[@]}" -gt 0 ]; then
   echo "installing ${missing[*]}" >&2
   npm install -g --no-fund --no-audit "${missing[@]}"
 fi
+
+# Hermes Agent (PyPI), in a virtual environment of its own (its pins are not ours), linked
+# onto PATH as `hermes`
+hermes_pin="0.19.0"
+venv="${HERMES_VENV:-$HOME/.local/share/superfluid-agents/hermes}"
+if ! "$venv/bin/python" -m pip show hermes-agent 2>/dev/null | grep -qx "Version: $hermes_pin"; then
+  echo "installing hermes-agent==$hermes_pin into $venv" >&2
+  "${PYTHON:-python3}" -m venv "$venv"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check "hermes-agent==$hermes_pin"
+fi
+if [ -w /usr/local/bin ]; then bin=/usr/local/bin; else bin="$HOME/.local/bin"; mkdir -p "$bin"; fi
+ln -sf "$venv/bin/hermes" "$bin/hermes"
+command -v hermes >/dev/null || echo "note: $bin is not on PATH; hermes is at $venv/bin/hermes" >&2

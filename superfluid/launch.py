@@ -19,6 +19,9 @@ import httpx
 from .config import home
 
 
+HERMES_MIN = 64000
+
+
 @dataclass(frozen=True)
 class Agent:
     name: str
@@ -34,6 +37,9 @@ AGENTS = {
     "codex": Agent("codex", "codex", "OpenAI Codex CLI, through the Responses API", 16384, "npm i -g @openai/codex"),
     "opencode": Agent("opencode", "opencode", "opencode, through the OpenAI chat API", 16384, "npm i -g opencode-ai"),
     "pi": Agent("pi", "pi", "pi, through the OpenAI chat API", 8192, "npm i -g @mariozechner/pi-coding-agent"),
+    # Hermes refuses a model whose window is under 64,000 tokens
+    "hermes": Agent("hermes", "hermes", "Hermes Agent, through the OpenAI chat API", HERMES_MIN,
+                    "pip install hermes-agent (in a venv of its own: scripts/agents.sh)"),
     "ollama": Agent("ollama", "ollama", "the ollama CLI, through the Ollama API"),
 }
 
@@ -159,6 +165,14 @@ def agent_setup(name: str, url: str, model: str, api_key: str | None, window: in
             "compat": {"supportsDeveloperRole": False, "supportsReasoningEffort": False}, "models": [entry]}}})
         return {"PI_CODING_AGENT_DIR": str(path.parent), "PI_OFFLINE": "1"}, [], \
             ["--provider", "superfluid", "--model", model]
+    if name == "hermes":  # its endpoint can only come from config.yaml in its home: one of ours
+        told = max(window, HERMES_MIN)  # under its minimum it will not start (launch has warned)
+        path = _file("hermes/config.yaml", {  # JSON is YAML
+            "model": {"provider": "custom", "base_url": f"{url}/v1", "default": model, "api_key": token,
+                      # it takes this server for Ollama (it answers /api/tags) and then checks num_ctx too
+                      "context_length": told, "ollama_num_ctx": told},
+            "security": {"allow_lazy_installs": False}})  # no pip installs of tools' packages at run time
+        return {"HERMES_HOME": str(path.parent), "HERMES_DISABLE_LAZY_INSTALLS": "1"}, [], []
     if name == "ollama":
         return {"OLLAMA_HOST": url}, [], []
     raise KeyError(name)
@@ -182,7 +196,7 @@ def launch(name: str, args: list[str], *, port: int, api_key: str | None, serve_
         return 1
     if window and window < agent.window:
         print(f"superfluid: {agent.name} needs a window of about {agent.window} tokens; {model} is served with "
-              f"{window}, so its first request may not fit. Serve it with `superfluid serve --max-context "
+              f"{window}, so its requests may not fit. Serve it with `superfluid serve --max-context "
               f"{agent.window}` (add --rope-scaling yarn past the model's trained window; docs/agents.md)",
               file=sys.stderr)
     env, drop, lead = agent_setup(name, url, model, api_key, window, exe)

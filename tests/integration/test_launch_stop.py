@@ -17,7 +17,7 @@ from .daemon import Daemon, free_port
 STAND_IN = """#!{python}
 import json, os, sys
 keys = [k for k in os.environ if k.startswith(("ANTHROPIC_", "CLAUDE_", "OLLAMA_", "OPENCODE_", "SUPERFLUID_API",
-                                               "PI_"))]
+                                               "PI_", "HERMES_"))]
 with open(os.environ["RECORD"], "w") as f:
     json.dump({{"argv": sys.argv[1:], "env": {{k: os.environ[k] for k in keys}}}}, f)
 """
@@ -26,7 +26,7 @@ with open(os.environ["RECORD"], "w") as f:
 def stand_ins(tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for name in ("claude", "codex", "opencode", "pi", "ollama"):
+    for name in ("claude", "codex", "opencode", "pi", "hermes", "ollama"):
         p = bin_dir / name
         p.write_text(STAND_IN.format(python=sys.executable))
         p.chmod(p.stat().st_mode | stat.S_IEXEC)
@@ -78,6 +78,14 @@ def test_launch_each_agent_against_a_running_server(tmp_path):
         assert cfg_path.startswith(d.home)
         cfg = json.loads(open(cfg_path).read())
         assert cfg["provider"]["superfluid"]["options"]["baseURL"] == d.url + "/v1"
+
+        r = cli("launch", "hermes", "--port", port, "--", "-z", "hi", home=d.home, path=bin_dir, record=rec)
+        assert "needs a window of about 64000 tokens" in r.stderr
+        got = json.loads(rec.read_text())
+        assert got["argv"] == ["-z", "hi"] and got["env"]["HERMES_DISABLE_LAZY_INSTALLS"] == "1"
+        cfg = json.loads(open(os.path.join(got["env"]["HERMES_HOME"], "config.yaml")).read())  # JSON is YAML
+        assert cfg["model"]["base_url"] == d.url + "/v1" and cfg["model"]["default"] == MODEL
+        assert cfg["model"]["context_length"] == 64000  # Hermes's floor: it refuses less (launch warned)
 
         cli("launch", "ollama", "--port", port, "--", "list", home=d.home, path=bin_dir, record=rec)
         got = json.loads(rec.read_text())
