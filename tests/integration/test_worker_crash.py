@@ -75,7 +75,10 @@ def test_non_streaming_request_gets_500_then_served(d):
     deadline = time.monotonic() + 30
     while next(iter(d.health()["models"].values()))["running"] == 0 and time.monotonic() < deadline:
         time.sleep(0.05)
-    while decoded(d) <= before and time.monotonic() < deadline:  # it is generating, not just admitted
+    # it has generated tokens, not just been admitted: decodes are counted as they are planned,
+    # two plans ahead of their results, and a request that produced nothing yet is retried on
+    # the next worker instead of failing
+    while decoded(d) <= before + 4 and time.monotonic() < deadline:
         time.sleep(0.05)
     os.kill(pid, signal.SIGKILL)
     t.join(60)
