@@ -152,4 +152,3 @@ def prompt_cache_hint(key: object, retention: object, prompt_len: int) -> tuple[
     if retention is not None and not (isinstance(retention, str) and retention in CACHE_TTL):
         raise BadRequest("prompt_cache_retention must be 'in_memory' or '24h'", param="prompt_cache_retention")
     return prompt_len, CACHE_TTL[retention or "in_memory"]
-
