@@ -86,20 +86,18 @@ def timed_completion(url: str, tokens: list[int]) -> float:
 
 
 def prefill(n_tokens: int, repeats: int) -> dict:
-    d = ours()
+    """Both servers up at once and each prompt sent to one then the other, so a slower spell
+    of a shared machine falls on both."""
+    d, s = ours(), peer()
     try:
         tok = lambda text: httpx.post(d.url + "/tokenize", json={"content": text}).json()["tokens"]  # noqa: E731
-        prompts = []
-        for i in range(repeats):
-            t = tok(document(100 + i, n_tokens))
-            prompts.append(t[:n_tokens])
-        ours_s = [timed_completion(d.url, p) for p in prompts]
+        prompts = [tok(document(100 + i, n_tokens))[:n_tokens] for i in range(repeats)]
+        ours_s, peer_s = [], []
+        for p in prompts:
+            ours_s.append(timed_completion(d.url, p))
+            peer_s.append(timed_completion(s.url, p))
     finally:
         d.stop()
-    s = peer()
-    try:
-        peer_s = [timed_completion(s.url, p) for p in prompts]
-    finally:
         s.stop()
     o, p = statistics.median(ours_s), statistics.median(peer_s)
     return {"tokens": n_tokens, "repeats": repeats, "ours_s": [round(x, 2) for x in ours_s],
@@ -148,7 +146,7 @@ def agent(name: str, d: LoggedDaemon) -> dict | None:
     work = os.path.join(home, "work")
     os.makedirs(os.path.join(home, "codex"))
     os.makedirs(work)
-    proxy = ForcingProxy(d.url, "\0none", {}, choose=False)  # keeps the bodies, forces nothing
+    proxy = ForcingProxy(d.url)  # keeps the bodies, forces nothing
     start = len(d.records)
     env = {**os.environ, "SUPERFLUID_HOME": d.home, "HOME": home, "CODEX_HOME": os.path.join(home, "codex"),
            "PWD": work, "DISABLE_TELEMETRY": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "NO_COLOR": "1"}

@@ -4,12 +4,18 @@ rewritten so the model must call one named tool with fixed arguments (tool_choic
 tool, and its schema is replaced by one whose only value is those arguments); the grammar
 engine then makes the real model write exactly that call. Everything else (the model's call,
 the agent running the tool, the result going back, the answer) is the real path. Every
-request body is kept in `bodies`, to look into."""
+request body is kept in `bodies`, to look into.
+
+The tool's schema is rewritten in every request, so all of them render the same tools (one
+cached prefix); `choose=False` never forces a call (a one-shot that warms that prefix).
+`answer`: a JSON schema each Responses request's text answer must follow (Codex fails a run
+whose answer was cut by the output cap, which a small greedy model can ramble into)."""
 
 from __future__ import annotations
 
 import http.server
 import json
+import sys
 import threading
 
 import httpx
@@ -24,34 +30,51 @@ def const_schema(args: dict) -> dict:
             "required": list(args), "additionalProperties": False}
 
 
-def force(path: str, body: dict, tool: str, args: dict) -> dict:
-    """`body` (a generation request on `path`) forced to call `tool` with `args`."""
+def force(path: str, body: dict, tool: str, args: dict, choose: bool = True) -> dict:
+    """`body` (a generation request on `path`) with `tool` taking only `args`; forced to call
+    it when `choose`."""
     out = dict(body)
     tools = [dict(t) for t in body.get("tools") or []]
     if path.startswith("/v1/messages"):
         for t in tools:
             if t.get("name") == tool:
                 t["input_schema"] = const_schema(args)
-        out["tool_choice"] = {"type": "tool", "name": tool, "disable_parallel_tool_use": True}
+        if choose:
+            out["tool_choice"] = {"type": "tool", "name": tool, "disable_parallel_tool_use": True}
     elif path.startswith("/v1/responses"):
         for t in tools:
             if t.get("name") == tool:
                 t["parameters"] = const_schema(args)
-        out["tool_choice"] = {"type": "function", "name": tool}
-        out["parallel_tool_calls"] = False
+        if choose:
+            out["tool_choice"] = {"type": "function", "name": tool}
+            out["parallel_tool_calls"] = False
     else:
         for t in tools:
             if (t.get("function") or {}).get("name") == tool:
                 t["function"] = {**t["function"], "parameters": const_schema(args)}
-        out["tool_choice"] = {"type": "function", "function": {"name": tool}}
-        out["parallel_tool_calls"] = False
+        if choose:
+            out["tool_choice"] = {"type": "function", "function": {"name": tool}}
+            out["parallel_tool_calls"] = False
     out["tools"] = tools
     return out
 
 
+def names(body: dict) -> set:
+    return {t.get("name") or (t.get("function") or {}).get("name")
+            for t in body.get("tools") or [] if isinstance(t, dict)}
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    def handle_error(self, request, client_address) -> None:
+        """An agent that hangs up mid-stream (it had what it needed) is not an error here."""
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
 class ForcingProxy:
-    def __init__(self, target: str, tool: str, args: dict):
-        self.target, self.tool, self.args = target, tool, args
+    def __init__(self, target: str, tool: str | None = None, args: dict | None = None,
+                 choose: bool = True, answer: dict | None = None):
+        self.target, self.tool, self.args, self.choose, self.answer = target, tool, args or {}, choose, answer
         self.bodies: list[tuple[str, dict]] = []
         self.forced = False
         self.forced_at = -1  # the forced request's index in `bodies`
@@ -79,11 +102,7 @@ class ForcingProxy:
                     body = None
                 if isinstance(body, dict):
                     proxy.bodies.append((self.path, body))
-                    if not proxy.forced and any(
-                            (t.get("name") or (t.get("function") or {}).get("name")) == proxy.tool
-                            for t in body.get("tools") or [] if isinstance(t, dict)):
-                        proxy.forced, proxy.forced_at = True, len(proxy.bodies) - 1
-                        raw = json.dumps(force(self.path, body, proxy.tool, proxy.args)).encode()
+                    raw = json.dumps(proxy.rewrite(self.path, body)).encode()
                 self._forward(raw)
 
             def _forward(self, raw: bytes) -> None:
@@ -103,8 +122,20 @@ class ForcingProxy:
                         self.wfile.flush()
                     self.wfile.write(b"0\r\n\r\n")
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self.server = _Server(("127.0.0.1", self.port), Handler)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def rewrite(self, path: str, body: dict) -> dict:
+        choose = False
+        if self.tool in names(body):
+            choose = self.choose and not self.forced
+            if choose:
+                self.forced, self.forced_at = True, len(self.bodies) - 1
+            body = force(path, body, self.tool, self.args, choose)
+        if self.answer is not None and path.startswith("/v1/responses") and not choose:
+            body = {**body, "text": {**(body.get("text") or {}), "format": {
+                "type": "json_schema", "name": "answer", "schema": self.answer, "strict": True}}}
+        return body
 
     def close(self) -> None:
         self.server.shutdown()
