@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import EmbeddingUnsupported, ModelLoadError
+from ..errors import EmbeddingUnsupported, ErrorReport, ModelLoadError
 from ..plan import PLACEHOLDER, EmbedItem, KvIo, LaneError, Run, Sampled, Save, StepPlan, StepResult, Vector
 from .kvstore import KvStore
 from .sampling import LaneSampler
@@ -203,8 +203,7 @@ class Runtime(ABC):
         """A lane's own failure: skip its runs until it is opened again; its request fails."""
         self._faulted.add(seq)
         self._samplers.pop(seq, None)
-        msg = getattr(e, "message", None) or f"{type(e).__name__}: {e}"
-        errors.append(LaneError(seq, msg[:500], getattr(e, "code", None) or "generation_failed"))
+        errors.append(LaneError(seq, ErrorReport.of(e)))  # a LINKED error reaches its client typed
 
     def _break(self, seq: int, failed: list[int]) -> None:
         """The lane's KV is lost: empty it, skip its runs until it is opened again, and tell

@@ -264,7 +264,7 @@ def test_a_lanes_own_failure_fails_that_request_only():
         return res, alone, eng.respawns, len(m.runtimes)
     (bad, good), alone, respawns, runtimes = run(m, body)
     assert bad[-1].finish == FinishReason.ERROR and bad[-1].error.code == "generation_failed"
-    assert "recursion" in bad[-1].error.message
+    assert "recursion" in bad[-1].error.message and bad[-1].error.status == 500  # not the request's fault
     assert "".join(c.text for c in good) == "Hello world." == "".join(c.text for c in alone)
     assert good[-1].finish == FinishReason.END_OF_TURN
     assert respawns == 0 and runtimes == 1  # the worker never died
