@@ -357,7 +357,7 @@ class Engine(EngineBase):
         if ev.error is not None:  # its lane failed on its own: it ends with the error, no other does
             st.done = True
             self._streams.pop(st.req.id, None)
-            return st, st.final(FinishReason.ERROR, SuperfluidError(ev.error[1], code=ev.error[0]))
+            return st, st.final(FinishReason.ERROR, ev.error.exception())  # typed as the worker raised it
         self._timed(st)
         lp = None
         if ev.logprob is not None and ev.token not in self.tokenizer.eog:

@@ -3,6 +3,8 @@ with an HTTP status and an OpenAI-style type/code; foreign errors are mapped at 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 
 class SuperfluidError(Exception):
     status = 500
@@ -137,3 +139,56 @@ class NotSupported(SuperfluidError):
     status = 501
     type = "not_supported_error"
     code = "not_supported"
+
+
+# -- across a link ---------------------------------------------------------------------------
+# The request's own errors that a worker's runtime may raise for one lane (a grammar it cannot
+# compile against the model's vocabulary, an input it refuses). They cross Link W by class name
+# and only these names are taken back: a name from the wire never picks any other class.
+LINKED: dict[str, type[SuperfluidError]] = {c.__name__: c for c in (
+    BadRequest, ContextLengthExceeded, EmbeddingUnsupported, PayloadTooLarge)}
+MESSAGE_MAX = 1000  # characters of a message that crosses a link (a grammar error quotes the grammar)
+NAME_MAX = 64  # characters of a code or param
+
+
+def _bounded(text: object, limit: int) -> str:
+    s = text if isinstance(text, str) else str(text)
+    return s if len(s) <= limit else s[:limit - 1] + "\u2026"
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorReport:
+    """An error as it crosses a link (plan.LaneError: one lane's own failure in the worker).
+    `kind` names a LINKED class: the client then gets the same class, status, code and param
+    it would get had the error been raised in the daemon. Anything else (kind ""), a bug or a
+    runtime fault, crosses as a server error (500) with its message and code."""
+    message: str
+    code: str | None = None
+    kind: str = ""
+    param: str | None = None
+
+    @classmethod
+    def of(cls, e: BaseException, code: str = "generation_failed") -> ErrorReport:
+        """How the worker reports `e`: typed when it is (a subclass of) a LINKED class."""
+        if not isinstance(e, SuperfluidError):
+            return cls(_bounded(f"{type(e).__name__}: {e}", MESSAGE_MAX), code)
+        kind = next((k.__name__ for k in type(e).__mro__ if LINKED.get(k.__name__) is k), "")
+        return cls.from_wire([kind, e.message, e.code or (None if kind else code), e.param])
+
+    def to_wire(self) -> list:
+        return [self.kind, self.message, self.code, self.param]
+
+    @classmethod
+    def from_wire(cls, w: list) -> ErrorReport:
+        """What the receiving end takes: bounded strings, and a kind only if it is LINKED."""
+        kind, message, code, param = w
+        return cls(_bounded(message, MESSAGE_MAX), None if code is None else _bounded(code, NAME_MAX),
+                   kind if isinstance(kind, str) and kind in LINKED else "",
+                   None if param is None else _bounded(param, NAME_MAX))
+
+    def exception(self) -> SuperfluidError:
+        """The error to end the request with, typed as it was raised."""
+        cls = LINKED.get(self.kind)
+        if cls is None:
+            return SuperfluidError(self.message, code=self.code or "generation_failed")
+        return cls(self.message, param=self.param, code=self.code)

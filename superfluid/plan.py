@@ -13,6 +13,7 @@ from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .errors import ErrorReport
 from .request import SamplingParams
 
 # A run's token that is "the token this lane sampled last": lets the scheduler plan a decode
@@ -197,10 +198,10 @@ class KvIo:
 
 @dataclass(frozen=True, slots=True)
 class LaneError:
-    """A lane's own failure (its grammar, its sampler): that request fails, no other."""
+    """A lane's own failure (its grammar, its sampler): that request fails, no other, with
+    the error as the runtime raised it (typed when it is the request's fault: errors.LINKED)."""
     seq: int
-    message: str
-    code: str = "generation_failed"
+    error: ErrorReport
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,7 +222,7 @@ class StepResult:
                 [[v.key, v.data, v.error, v.code] for v in self.vectors],
                 list(self.failed), list(self.dropped),
                 [self.kvio.saved, self.kvio.restored, self.kvio.evicted],
-                [[e.seq, e.message, e.code] for e in self.errors],
+                [[e.seq, *e.error.to_wire()] for e in self.errors],
                 [[q, n] for q, n in self.drafted]]
 
     @classmethod
@@ -231,5 +232,5 @@ class StepResult:
                                for q, t, lp, top in sampled), elapsed,
                    tuple(Vector(k, bytes(d), str(e), str(c)) for k, d, e, c in vectors),
                    tuple(failed), tuple(dropped), KvIo(*kvio),
-                   tuple(LaneError(int(q), str(m), str(c)) for q, m, c in errors),
+                   tuple(LaneError(int(e[0]), ErrorReport.from_wire(e[1:])) for e in errors),
                    tuple((int(q), int(n)) for q, n in drafted))

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import EmbeddingUnsupported, ModelLoadError
+from ..errors import BadRequest, EmbeddingUnsupported, ErrorReport, ModelLoadError
 from ..plan import PLACEHOLDER, EmbedItem, KvIo, LaneError, Run, Sampled, Save, StepPlan, StepResult, Vector
 from .kvstore import KvStore
 from .sampling import LaneSampler
@@ -88,7 +88,12 @@ class Runtime(ABC):
 
         if self._lltok is None:
             self._lltok = self.grammar_tokenizer()
-        return llguidance.LLMatcher(self._lltok, grammar, log_level=0)
+        matcher = llguidance.LLMatcher(self._lltok, grammar, log_level=0)
+        if matcher.is_error():  # llguidance raises nothing: it allows only the end token, an empty answer
+            # the daemon validated the grammar without a vocabulary (codec/grammar.py); what only
+            # this vocabulary refuses (a token id past its end) is the request's fault all the same
+            raise BadRequest(f"the grammar cannot be enforced with this model: {matcher.get_error()}")
+        return matcher
 
     def grammar_tokenizer(self):
         raise NotImplementedError(f"{type(self).__name__} has no grammar support")
@@ -203,8 +208,7 @@ class Runtime(ABC):
         """A lane's own failure: skip its runs until it is opened again; its request fails."""
         self._faulted.add(seq)
         self._samplers.pop(seq, None)
-        msg = getattr(e, "message", None) or f"{type(e).__name__}: {e}"
-        errors.append(LaneError(seq, msg[:500], getattr(e, "code", None) or "generation_failed"))
+        errors.append(LaneError(seq, ErrorReport.of(e)))  # a LINKED error reaches its client typed
 
     def _break(self, seq: int, failed: list[int]) -> None:
         """The lane's KV is lost: empty it, skip its runs until it is opened again, and tell

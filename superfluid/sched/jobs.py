@@ -6,6 +6,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from ..errors import ErrorReport
 from ..plan import PLACEHOLDER
 from ..request import FinishReason, Qos, SamplingParams
 
@@ -91,7 +92,7 @@ class TokenEvent:
     top: tuple[tuple[int, float], ...]
     finish: FinishReason | None
     cached: int = 0
-    error: tuple[str, str] | None = None  # (code, message): its lane failed on its own (token is -1)
+    error: ErrorReport | None = None  # its lane failed on its own (token is -1)
 
 
 @dataclass

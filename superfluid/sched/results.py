@@ -79,7 +79,7 @@ class Results:
             self.slots[seq].kv = []  # what its lane holds is not known: no cache entry
             self.jobs.pop(job.id, None)
             job.status = JobStatus.FINISHED
-            events.append(TokenEvent(job.id, -1, None, (), FinishReason.ERROR, job.cached or 0, (e.code, e.message)))
+            events.append(TokenEvent(job.id, -1, None, (), FinishReason.ERROR, job.cached or 0, e.error))
         return events
 
     def _observe_drafts(self, step: int, result: StepResult, owners: dict) -> None:

@@ -264,10 +264,44 @@ def test_a_lanes_own_failure_fails_that_request_only():
         return res, alone, eng.respawns, len(m.runtimes)
     (bad, good), alone, respawns, runtimes = run(m, body)
     assert bad[-1].finish == FinishReason.ERROR and bad[-1].error.code == "generation_failed"
-    assert "recursion" in bad[-1].error.message
+    assert "recursion" in bad[-1].error.message and bad[-1].error.status == 500  # not the request's fault
     assert "".join(c.text for c in good) == "Hello world." == "".join(c.text for c in alone)
     assert good[-1].finish == FinishReason.END_OF_TURN
     assert respawns == 0 and runtimes == 1  # the worker never died
+
+
+def test_a_grammar_only_the_models_vocabulary_refuses_is_the_requests_400():
+    """The daemon checks a grammar without a vocabulary (codec/grammar.py); a token id past the
+    model's vocabulary passes there, and the worker's matcher, in its error state, used to allow
+    only the end token: a 200 with an empty answer. Now the worker raises the BadRequest the
+    daemon would have, it crosses Link W typed (plan.LaneError), and only that request fails,
+    with the 400's body."""
+    import llguidance
+
+    from superfluid.codec import grammar as gr
+    from superfluid.errors import BadRequest
+
+    class Bytes:  # the fake's bytes as an llguidance vocabulary
+        eos_token_id, bos_token_id = 256, None
+        tokens = [bytes([b]) for b in range(256)] + [b"<eos>"]
+        special_token_ids = [256]
+
+        def __call__(self, s):
+            return list(s.encode() if isinstance(s, str) else s)
+    m = FakeModel()
+    grammar = gr.lark("start: <[99999]>")  # the daemon's check lets it through
+
+    async def body(eng):
+        m.runtime.grammar_tokenizer = lambda: llguidance.LLTokenizer(llguidance.TokenizerWrapper(Bytes()))
+        bad = req(m, "bad", "hi", sampling=SamplingParams(temperature=0, grammar=grammar))
+        return await asyncio.gather(drain(eng.submit(bad)), drain(eng.submit(req(m, "good", "hi")))), eng.respawns
+    (bad, good), respawns = run(m, body)
+    err = bad[-1].error
+    assert bad[-1].finish == FinishReason.ERROR and type(err) is BadRequest and err.status == 400
+    assert err.body()["error"]["type"] == "invalid_request_error" and "99999" in err.message
+    assert len(bad) == 1 and not bad[0].tokens  # nothing was sampled for it
+    assert "".join(c.text for c in good) == "Hello world." and good[-1].finish == FinishReason.END_OF_TURN
+    assert respawns == 0
 
 
 def test_a_full_queue_is_a_typed_503_with_retry_after():

@@ -42,3 +42,72 @@ def test_code_can_be_overridden_per_instance():
 
 def test_context_length_exceeded_is_a_bad_request():
     assert issubclass(E.ContextLengthExceeded, E.BadRequest)
+
+
+# -- across Link W (errors.ErrorReport, in plan.LaneError) ---------------------------------
+
+def _across(e: BaseException) -> E.SuperfluidError:
+    """What the client gets for `e` raised for one lane in the worker: the report as the real
+    StepResult codec and msgpack carry it over Link W, then taken back in the daemon."""
+    import msgpack
+
+    from superfluid.plan import LaneError, StepResult
+    wire = msgpack.unpackb(msgpack.packb(StepResult(1, (), errors=(LaneError(3, E.ErrorReport.of(e)),)).to_wire()))
+    (lane,) = StepResult.from_wire(wire).errors
+    assert lane.seq == 3
+    return lane.error.exception()
+
+
+@pytest.mark.parametrize("err", [
+    E.BadRequest("the grammar cannot be enforced", param="response_format"),
+    E.ContextLengthExceeded("input 0 has 900 tokens", param="input"),
+    E.EmbeddingUnsupported("this model embeds an input in one piece", param="model"),
+    E.PayloadTooLarge("too large"),
+    E.BadRequest("x", code="invalid_json"),
+])
+def test_the_requests_own_error_keeps_its_class_status_code_and_param_across_the_link(err):
+    got = _across(err)
+    assert type(got) is type(err) and got.status == err.status < 500
+    assert got.body() == err.body()
+
+
+def test_a_subclass_crosses_as_its_nearest_linked_class_with_its_code():
+    class TooDeep(E.BadRequest):  # a class of the runtime's own: its name is never looked up
+        code = "too_deep"
+    got = _across(TooDeep("nested too deep", param="grammar"))
+    assert type(got) is E.BadRequest and got.status == 400
+    assert got.body()["error"] == {"message": "nested too deep", "type": "invalid_request_error",
+                                   "param": "grammar", "code": "too_deep"}
+
+
+@pytest.mark.parametrize(("err", "code"), [
+    (RecursionError("maximum recursion depth exceeded"), "generation_failed"),
+    (ValueError("lane 3 has no sampled token to feed"), "generation_failed"),  # a bug, not the request
+    (E.WorkerCrashed("the stage went away", code="stage_unavailable"), "stage_unavailable"),
+    (E.SessionBusy("busy"), "session_busy"),  # a 4xx the worker never raises: not linked, so a 5xx
+])
+def test_a_worker_fault_stays_a_server_error(err, code):
+    got = _across(err)
+    assert type(got) is E.SuperfluidError and got.status == 500 and got.type == "server_error"
+    assert got.code == code and str(err) in got.message
+
+
+@pytest.mark.parametrize("kind", ["WorkerCrashed", "SuperfluidError", "Exception", "os.system", "", 7, None,
+                                  ["BadRequest"], "badrequest"])
+def test_a_name_from_the_wire_picks_only_a_linked_class(kind):
+    got = E.ErrorReport.from_wire([kind, "m", "c", "p"]).exception()
+    assert type(got) is E.SuperfluidError and got.status == 500 and got.code == "c"
+
+
+def test_what_crosses_is_bounded():
+    got = _across(E.BadRequest("x" * 100_000, param="p" * 1000, code="c" * 1000))
+    assert type(got) is E.BadRequest
+    assert len(got.message) == E.MESSAGE_MAX and got.message.endswith("\u2026")
+    assert len(got.param) == len(got.code) == E.NAME_MAX
+    huge = E.ErrorReport.from_wire(["BadRequest", "y" * 100_000, None, None])  # a peer that did not bound it
+    assert len(huge.message) == E.MESSAGE_MAX and huge.exception().status == 400
+    assert len(_across(ValueError("z" * 100_000)).message) == E.MESSAGE_MAX
+
+
+def test_only_client_errors_are_linked():
+    assert E.LINKED and all(400 <= c.status < 500 and E.LINKED[c.__name__] is c for c in E.LINKED.values())
