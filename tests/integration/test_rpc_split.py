@@ -126,7 +126,8 @@ def test_the_bytes_between_head_and_node_are_ciphertext(split):
         tail = f.read(8 << 20)
     probes = [tail[i:i + 32] for i in range(0, len(tail), 1 << 20)]
     assert all(p not in seen for p in probes)
-    assert b"GGUF" not in seen and b"blk." not in seen  # no tensor names either
+    # no tensor names either; 4-byte strings such as b"GGUF" turn up in ~100 MB of random bytes by chance
+    assert b".weight" not in seen and b"attn_norm" not in seen
 
 
 def test_the_rpc_ports_are_loopback_only(split):
