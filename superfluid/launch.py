@@ -137,7 +137,11 @@ def agent_setup(name: str, url: str, model: str, api_key: str | None, window: in
                # the same from request to request, so the prefix cache holds it
                "CLAUDE_CODE_ATTRIBUTION_HEADER": "0"}
         if window:
-            env |= {"CLAUDE_CODE_MAX_CONTEXT_TOKENS": str(window), "CLAUDE_CODE_AUTO_COMPACT_WINDOW": str(window)}
+            # its own check refuses to send a conversation past window - min(max output, 20000)
+            # - 3000, max output defaulting to 32000 for a model it does not know: at 32k, less
+            # than its own 19k-token system prompt, so no tool turn could follow the first
+            env |= {"CLAUDE_CODE_MAX_CONTEXT_TOKENS": str(window), "CLAUDE_CODE_AUTO_COMPACT_WINDOW": str(window),
+                    "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(output_limit(window))}
         return env, ["ANTHROPIC_API_KEY"], []  # an inherited Anthropic key would win over the token
     if name == "codex":
         provider = (f'model_providers.superfluid={{name="superfluid", base_url="{url}/v1", '

@@ -160,6 +160,24 @@ def test_claude_one_shot(d, claude_home):
     assert words(r.stdout), r.stdout
 
 
+def test_claude_tool_loop(d, claude_home):
+    """Claude Code is made to call Read on a note (its permission given by --allowedTools); the
+    note reaches the model, and the loop's big requests reuse the cached prefix (≥ 80%)."""
+    proxy = claude_proxy(d, claude_home, choose=True)
+    try:
+        r, recs = launch(d, claude_home, "claude", "-p", "Read note.txt and tell me what it says.",
+                         "--allowedTools", "Read", port=proxy.port)
+    finally:
+        proxy.close()
+    check(r, recs, "/v1/messages")
+    assert proxy.forced, [p for p, _ in proxy.bodies]
+    later = [json.dumps(b) for p, b in proxy.bodies[proxy.forced_at + 1:] if p.startswith("/v1/messages")]
+    assert any("7291" in b for b in later), "the tool's result never reached the model"
+    big = [x for x in recs if x["path"] == "/v1/messages" and x.get("prompt_tokens", 0) > 10000]
+    assert len(big) >= 2, recs
+    assert all(x["cached_tokens"] >= 0.8 * x["prompt_tokens"] for x in big), big
+
+
 def hermes_run(d, tmp_path, prompt: str, toolsets: str, port: int | None = None) -> tuple:
     """`hermes -z PROMPT`: its exit code does not say whether the turn ended (it exits 0 on a
     failed one), so its usage file must say the turn completed."""

@@ -60,6 +60,7 @@ def test_launch_each_agent_against_a_running_server(tmp_path):
         assert env["ANTHROPIC_BASE_URL"] == d.url and env["ANTHROPIC_MODEL"] == MODEL
         assert env["ANTHROPIC_DEFAULT_OPUS_MODEL"] == env["CLAUDE_CODE_SUBAGENT_MODEL"] == MODEL
         assert env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] == "256" and env["CLAUDE_CODE_ATTRIBUTION_HEADER"] == "0"
+        assert env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == "256"  # output_limit's floor
         assert "ANTHROPIC_API_KEY" not in env
 
         cli("launch", "pi", "--port", port, "--", "-p", "hi", home=d.home, path=bin_dir, record=rec)
