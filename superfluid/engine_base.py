@@ -122,9 +122,6 @@ class EngineBase:
         if st is not None:
             st.keep = True
 
-    def running(self, request_id: str) -> bool:
-        return request_id in self._streams
-
     async def _iterate(self, st: _Stream) -> AsyncIterator[Chunk]:
         try:
             while True:
