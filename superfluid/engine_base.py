@@ -116,7 +116,7 @@ class EngineBase:
         return await self.embedder.embed(inputs, qos)
 
     def keep_running(self, request_id: str) -> None:
-        """Its consumer going away no longer cancels it: someone else (a resumed stream,
+        """Its consumer going away does not cancel it: someone else (a resumed stream,
         a grace timer) decides."""
         st = self._streams.get(request_id)
         if st is not None:

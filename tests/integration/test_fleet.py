@@ -315,9 +315,9 @@ def test_garbage_and_stalled_handshakes_never_hurt_a_node(fleet):
 
 
 def test_a_real_head_gets_in_while_idle_sockets_flood_the_node(fleet):
-    """A node used to take 8 connections mid-handshake, each held up to 10 s, and close any
-    more at once: 8 idle sockets kept a real head out. Now a new connection past the limits
-    closes the oldest waiting one, so with 50 idle sockets open a head's handshake (a real
+    """A node holds at most 8 connections mid-handshake, each up to 10 s; refusing any more
+    would let 8 idle sockets keep a real head out, so a new connection past the limits
+    closes the oldest waiting one instead. With 50 idle sockets open a head's handshake (a real
     Link F HELLO, from here) completes, and the head that is connected goes on serving.
     (Node B: an earlier test killed node A.)"""
     import asyncio
