@@ -16,7 +16,7 @@ Two parts, both with a 32k window (YaRN), two threads, one lane, greedy:
    (TTFT as the client sees it, and the prompt tokens llama-server counted; it renders the
    tools its own way, or not at all for a template without tool support).
 
-Not yet run: written in session 14, its figures are still to be measured."""
+Its figures are still to be measured (docs/agents.md)."""
 
 from __future__ import annotations
 

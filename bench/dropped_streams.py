@@ -1,8 +1,8 @@
 """Clients that go away: 8 long streams hold the 8 lanes, their clients hang up, and 8 short
 chats arrive right after. Reports the chats' time to first token against an idle daemon's,
 and how long the lanes stay busy after the last hang-up, for the default (a dropped stream
-is cut at once, and a resume continues it from the log) and `--resume-grace 10` (the old
-behaviour: it keeps generating 10 s, waiting to be resumed), in the same run.
+is cut at once, and a resume continues it from the log) and `--resume-grace 10` (it keeps
+generating 10 s, waiting to be resumed), in the same run.
 
     python bench/dropped_streams.py [--rounds 3]
 

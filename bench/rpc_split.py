@@ -1,5 +1,5 @@
 """A GGUF split over llama.cpp RPC nodes inside Link F, against the same model on one machine
-and against today's --pipeline (transformers stages), on loopback, in one run.
+and against --pipeline (transformers stages), on loopback, in one run.
 
     python bench/rpc_split.py [--threads 1] [--rounds 3] [--tokens 64] [--prompt-words 600] [--no-pipeline]
                               [--rpc-output head[,last]]

@@ -12,14 +12,14 @@ haiku about rain.", ...), where a call is a false one (calls_on_other). Greedy b
 `tools` support with --jinja), bench only.
 
 Measured 2026-12-01 on the 2-core machine (SmolLM2-135M Q4_1, lazy auto grammar):
-- before, with only the system note: 0/50 calls greedy and 0/50 at temperature 1; llama-server
+- with only the system note: 0/50 calls greedy and 0/50 at temperature 1; llama-server
   0/50 greedy. The model never opened a call on a fresh question under any of 9 note wordings
   nor under the SmolLM2 model card's own function-calling prompt (0/10 greedy; 16 to 24 tokens
   were more likely than `<` as the reply's first). SmolLM2-135M/360M-Instruct were tuned on
   smol-smoltalk, which has no function-calling data.
-- now, the note followed by three example exchanges built from the tool schemas
-  (codec/tools.examples): greedy 50/50 calls, 50/50 right account, 1/10 calls on the control
-  requests; temperature 1: 20/50 calls, 15/50 right, 1/10 on the control requests."""
+- with the note followed by three example exchanges built from the tool schemas (what
+  codec/tools.examples adds, for this reason): greedy 50/50 calls, 50/50 right account, 1/10
+  calls on the control requests; temperature 1: 20/50 calls, 15/50 right, 1/10 on the control requests."""
 
 from __future__ import annotations
 

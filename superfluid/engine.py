@@ -34,7 +34,8 @@ from .sched.jobs import TokenEvent
 from .sched.scheduler import Job, Scheduler
 from .delivery import SessionLog
 from .delivery import Stream as _Stream
-from .worker.supervisor import WorkerProcess, WorkerSpec
+from .worker.protocol import WorkerSettings
+from .worker.supervisor import WorkerProcess
 
 log = logging.getLogger("superfluid.engine")
 
@@ -48,16 +49,16 @@ PREFILL_FLOOR = 64
 
 class Engine(EngineBase):
     def __init__(self, cfg: EngineConfig, tokenizer: Tokenizer, n_ctx: int, log: SessionLog | None = None,
-                 worker_factory: Callable[[WorkerSpec], WorkerProcess] = WorkerProcess):
+                 worker_factory: Callable[[WorkerSettings], WorkerProcess] = WorkerProcess):
         super().__init__(cfg, tokenizer, log)
-        self.spec = WorkerSpec(cfg.model_path, cfg.slots, n_ctx, cfg.threads, cfg.step_tokens, runtime=cfg.runtime,
-                               stages=cfg.stages, spares=cfg.stage_spares, stage_psk=cfg.stage_psk,
-                               split=cfg.stage_split, pooling=cfg.pooling,
-                               kv_dir=cfg.kv_dir, draft_model=cfg.draft_model,
-                               kv_disk_mb=cfg.kv_disk_mb, rpc_nodes=cfg.rpc_nodes, rpc_split=cfg.rpc_split,
-                               rpc_output=cfg.rpc_output, rope_scaling=cfg.rope_scaling,
-                               rope_scale=cfg.rope_scale, yarn_orig_ctx=cfg.yarn_orig_ctx,
-                               rpc_names=cfg.rpc_names, rpc_listen_fd=cfg.rpc_listen_fd)
+        self.spec = WorkerSettings(cfg.model_path, cfg.slots, n_ctx, cfg.threads, cfg.step_tokens, runtime=cfg.runtime,
+                                   stages=cfg.stages, spares=cfg.stage_spares, stage_psk=cfg.stage_psk,
+                                   split=cfg.stage_split, pooling=cfg.pooling,
+                                   kv_dir=cfg.kv_dir, draft_model=cfg.draft_model,
+                                   kv_disk_mb=cfg.kv_disk_mb, rpc_nodes=cfg.rpc_nodes, rpc_split=cfg.rpc_split,
+                                   rpc_output=cfg.rpc_output, rope_scaling=cfg.rope_scaling,
+                                   rope_scale=cfg.rope_scale, yarn_orig_ctx=cfg.yarn_orig_ctx,
+                                   rpc_names=cfg.rpc_names, rpc_listen_fd=cfg.rpc_listen_fd)
         self.worker: WorkerProcess | None = None
         self._new_worker = worker_factory  # a process; tests pass an in-process worker with its face
         self.sched = Scheduler(lanes=cfg.max_batch, n_ctx=n_ctx, step_tokens=cfg.step_tokens,

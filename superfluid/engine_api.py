@@ -152,8 +152,6 @@ class EngineAPI(Protocol):
 
     def keep_running(self, request_id: str) -> None: ...
 
-    def running(self, request_id: str) -> bool: ...
-
     @property
     def queued(self) -> int:
         """Generations waiting here for a lane (--max-queue bounds it)."""

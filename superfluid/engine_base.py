@@ -116,14 +116,11 @@ class EngineBase:
         return await self.embedder.embed(inputs, qos)
 
     def keep_running(self, request_id: str) -> None:
-        """Its consumer going away no longer cancels it: someone else (a resumed stream,
+        """Its consumer going away does not cancel it: someone else (a resumed stream,
         a grace timer) decides."""
         st = self._streams.get(request_id)
         if st is not None:
             st.keep = True
-
-    def running(self, request_id: str) -> bool:
-        return request_id in self._streams
 
     async def _iterate(self, st: _Stream) -> AsyncIterator[Chunk]:
         try:

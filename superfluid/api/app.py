@@ -18,7 +18,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from .. import __version__
-from ..config import home
 from ..errors import BadRequest, Forbidden, PayloadTooLarge, SuperfluidError
 from ..engine_records import health_row
 from ..ids import new_id
@@ -175,8 +174,7 @@ def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Q
     if models.sessions is not None:
         sessions_api.add_routes(app, models, qos)
     if models.sessions is not None:
-        rstore = responses.ResponseStore(models.sessions.store, home() / "responses")
-        rstore.import_legacy()
+        rstore = responses.ResponseStore(models.sessions.store)
         responses.add_routes(app, models, qos, json_body, rstore)
 
     @app.get("/health")

@@ -10,10 +10,8 @@ api/response_events.py."""
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import orjson
 from fastapi import FastAPI, Request, Response
@@ -32,8 +30,6 @@ from .response_events import SEP, events, namespaces, output_items
 from .schema import number_in
 from .streams import access_record, collect, raise_first_error, sse
 
-log = logging.getLogger("superfluid.api")
-
 
 class ResponseNotFound(SuperfluidError):
     status = 404
@@ -43,28 +39,10 @@ class ResponseNotFound(SuperfluidError):
 
 class ResponseStore:
     """Stored responses: a record {conversation, input_items, response} per id, in the
-    session store's `responses` table. Records written by earlier versions as JSON files
-    under <home>/responses are imported once."""
+    session store's `responses` table."""
 
-    def __init__(self, store, legacy_dir: Path | None = None):
+    def __init__(self, store):
         self.store = store
-        self.legacy_dir = legacy_dir
-
-    def import_legacy(self) -> int:
-        d = self.legacy_dir
-        if d is None or not d.is_dir():
-            return 0
-        n = 0
-        for path in sorted(d.glob("resp_*.json")):
-            rid = path.stem
-            data = path.read_bytes()
-            self.store.call_sync(lambda c, rid=rid, data=data: c.execute(
-                "INSERT OR IGNORE INTO responses VALUES (?,?,?,?)", (rid, None, time.time(), data)), write=True)
-            path.rename(path.with_suffix(".imported"))
-            n += 1
-        if n:
-            log.info("imported %d stored responses from %s into the session store", n, d)
-        return n
 
     @staticmethod
     def _check(rid: str) -> None:

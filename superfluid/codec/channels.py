@@ -71,10 +71,6 @@ class Channels:
         """Text is held back because it may be the start of a marker."""
         return bool(self._held) or (self._tools is not None and self._tools.holding)
 
-    @property
-    def n_calls(self) -> int:
-        return self._tools.calls if self._tools is not None else 0
-
     def feed(self, text: str) -> Parts:
         parts = Parts()
         content = self._split_reasoning(text, parts)

@@ -1,10 +1,10 @@
 """A fleet's stats: what a node reports of its engine in NODE_STATUS, and the head's
 stats() record built from those reports (engine_api.EngineStats with a row per node).
 
-NODE_STATUS {lanes (the node's lane count), running, waiting, kv_used, kv_total} is what
-every node has always sent (the record link/messages.NodeStatus: a field added here is
-added there too). A node now also sends, each optional (a head that predates them
-ignores them; a node that does not send them shows as lanes of unknown class and phase):
+NODE_STATUS (the record link/messages.NodeStatus: a field added here is added there too)
+always carries {lanes (the node's lane count), running, waiting, kv_used, kv_total}. These
+are optional, each (a head that does not know one ignores it; a node that does not send them
+shows as lanes of unknown class and phase):
 `lane_list` [[lane, class, phase, prompt, generated, cached]...], `queue` {class: waiting}
 (classes with none waiting left out), `counters` {scheduler counter: value}, `rates`
 [prefill tokens/s, decode tokens/s], `restarts`, `steps` and `kv_slots`.

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-KINDS = ("none", "linear", "yarn")  # "" (no flag): the model's own rope settings, as today
+KINDS = ("none", "linear", "yarn")  # "" (no flag): the model's own rope settings
 STRETCH = ("linear", "yarn")  # the kinds that stretch positions over a larger window
 
 

@@ -42,8 +42,7 @@ class Generated:
     output they released (codec/output.py): content text, reasoning text, tool-call pieces
     (`CallDelta.to_wire()` lists) and, when the request asked for them, the logprobs of the
     content tokens. The last one says how the generation ended, with the caller's stop
-    string that matched; the first and the last carry the prompt tokens whose KV was reused. (Logs written before
-    typed output hold the raw text, markup included, in `text`.)"""
+    string that matched; the first and the last carry the prompt tokens whose KV was reused."""
     span: tuple[int, ...]
     text: str = ""
     finish: str | None = None

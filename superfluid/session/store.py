@@ -36,6 +36,7 @@ CREATE TABLE IF NOT EXISTS sessions (
   title TEXT, archived INTEGER NOT NULL DEFAULT 0, purged INTEGER NOT NULL DEFAULT 0,
   generating INTEGER NOT NULL DEFAULT 0, owner TEXT);
 CREATE INDEX IF NOT EXISTS sessions_created ON sessions (created);
+CREATE INDEX IF NOT EXISTS sessions_owner ON sessions (owner, created);
 CREATE TABLE IF NOT EXISTS events (
   session TEXT NOT NULL, id INTEGER NOT NULL, epoch INTEGER NOT NULL, ts REAL NOT NULL,
   kind TEXT NOT NULL, body BLOB NOT NULL, PRIMARY KEY (session, id)) WITHOUT ROWID;
@@ -151,9 +152,6 @@ class Store:
                 page = conn.execute("PRAGMA page_size").fetchone()[0]
                 conn.execute(f"PRAGMA max_page_count={max(16, self.max_bytes // page)}")
             conn.executescript(SCHEMA)
-            if "owner" not in {r[1] for r in conn.execute("PRAGMA table_info(sessions)")}:  # from before owners
-                conn.execute("ALTER TABLE sessions ADD COLUMN owner TEXT")
-            conn.execute("CREATE INDEX IF NOT EXISTS sessions_owner ON sessions (owner, created)")
             conn.execute("INSERT OR IGNORE INTO meta VALUES ('format', ?)", (FORMAT,))
         except sqlite3.DatabaseError as e:
             conn.close()

@@ -24,9 +24,6 @@ from .protocol import LINK_W, VERSION, Hello, HelloAck, Msg, Shutdown, WorkerErr
 
 log = logging.getLogger("superfluid.worker")
 
-WorkerSpec = WorkerSettings  # what the engine builds: the settings the worker gets in HELLO
-
-
 SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH")
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-RENAMED = {11: "<fim_prefix>", 12: "<fim_middle>", 13: "<fim_suffix>", 14: "<fim_pad>"}  # were <jupyter_*>
+RENAMED = {11: "<fim_prefix>", 12: "<fim_middle>", 13: "<fim_suffix>", 14: "<fim_pad>"}  # the model's <jupyter_*>
 FIM_PRE, FIM_MID, FIM_SUF, FIM_PAD = 11, 12, 13, 14
 HOME = Path(tempfile.mkdtemp(prefix="superfluid-fim-"))
 

@@ -146,7 +146,8 @@ def test_limits_are_typed_400s_naming_the_parameter_on_every_api(daemon, what, v
 
 
 def test_metrics_label_requests_by_route_never_by_a_made_up_path(daemon):
-    """Unknown paths used to become new label values (memory that grows with each one)."""
+    """An unknown path is never a label value of its own: each would be a new series, memory
+    that grows with every path a client makes up."""
     for i in range(5):
         httpx.get(f"{daemon.url}/no/such/path/{i}", timeout=10)
         httpx.get(f"{daemon.url}/v1/sessions/sess-nope{i}", timeout=10)
@@ -158,9 +159,10 @@ def test_metrics_label_requests_by_route_never_by_a_made_up_path(daemon):
 
 
 def test_a_stdout_nobody_reads_never_freezes_the_daemon():
-    """Log lines used to be written on the event loop: with stdout a pipe nobody reads (as
-    here), about 64 KiB of access lines (a few requests with long paths) froze the daemon,
-    even /health. Now a thread writes them (and paths are logged up to 256 characters)."""
+    """A thread writes the log lines, never the event loop: with stdout a pipe nobody reads
+    (as here), about 64 KiB of access lines (a few requests with long paths) would block a
+    write on the loop and freeze the daemon, even /health. Paths are logged up to 256
+    characters."""
     from .daemon import Daemon
     d = Daemon(max_batch=1, max_context=256)  # its stdout: a pipe this test never reads
     try:

@@ -4,6 +4,7 @@ import asyncio
 
 import httpx
 import openai
+import pytest
 
 from .conftest import MODEL
 
@@ -57,7 +58,7 @@ def test_streaming_grammar(client):
 
 def test_stream_ends_with_done_and_usage_chunk(daemon):
     body = {"model": MODEL, "messages": HELLO, "max_tokens": 4, "stream": True, "ignore_eos": True,
-            "stream_options": {"include_usage": True}}  # sampled: an end of turn within 4 tokens was flaky
+            "stream_options": {"include_usage": True}}  # sampled: an end of turn may come within 4 tokens
     with httpx.stream("POST", daemon.url + "/v1/chat/completions", json=body, timeout=60) as r:
         assert r.headers["content-type"].startswith("text/event-stream")
         lines = [ln for ln in r.iter_lines() if ln]
@@ -102,10 +103,38 @@ def test_seed_determinism_with_temperature(client):
     assert len(others | {a}) > 1  # different seeds draw differently
 
 
-def test_sampling_params_are_accepted(client):
-    r = chat(client, "Name a fruit.", temperature=0.7, top_p=0.9, seed=7, presence_penalty=0.5,
-             frequency_penalty=0.5, extra_body={"top_k": 20, "min_p": 0.05, "some_unknown_field": 1})
-    assert r.choices[0].message.content is not None
+PENALTIES = {"presence_penalty": 0.5, "frequency_penalty": 0.5}
+
+
+def test_sampling_params_take_effect(client):
+    """OpenAI's sampling fields and vLLM's top_k / min_p reach the sampler: all of them with a
+    seed give the same text twice; top_k 1, min_p 1 or a tiny top_p each leave only the
+    likeliest token, so a hot draw gives the greedy text (penalties and all), which the same
+    draw without them does not; an unknown field is ignored."""
+    kw = dict(temperature=0.7, top_p=0.9, seed=7, **PENALTIES)
+    extra = {"top_k": 20, "min_p": 0.05, "some_unknown_field": 1}
+    a, b = (chat(client, "Name a fruit.", **kw, extra_body=extra) for _ in range(2))
+    assert a.choices[0].message.content and a.choices[0].message.content == b.choices[0].message.content
+    assert a.choices[0].finish_reason in ("stop", "length")
+    assert 1 <= a.usage.completion_tokens <= 16 and a.usage.prompt_tokens > 5
+    assert a.usage.total_tokens == a.usage.prompt_tokens + a.usage.completion_tokens
+
+    greedy = chat(client, "Name a fruit.", temperature=0, **PENALTIES).choices[0].message.content
+    hot = dict(temperature=1.5, seed=3, **PENALTIES)
+    assert chat(client, "Name a fruit.", **hot).choices[0].message.content != greedy  # this seed's draw
+    for only_top in ({"top_k": 1}, {"min_p": 1.0}, {"top_p": 1e-6}):
+        r = chat(client, "Name a fruit.", **hot, extra_body=only_top)
+        assert r.choices[0].message.content == greedy, only_top
+
+
+@pytest.mark.parametrize("field,value", [("temperature", -1), ("temperature", 2.5), ("top_p", 2), ("top_p", 0),
+                                         ("top_k", -1), ("min_p", 2), ("presence_penalty", 3),
+                                         ("frequency_penalty", -3), ("seed", "x")])
+def test_an_out_of_range_sampling_param_is_a_400_naming_it(client, field, value):
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(client, "Name a fruit.", extra_body={field: value})
+    assert e.value.status_code == 400
+    assert e.value.body["param"] == field and e.value.body["type"] == "invalid_request_error"
 
 
 def test_n_choices(client):

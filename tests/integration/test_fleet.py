@@ -143,21 +143,49 @@ def test_the_heads_metrics_health_and_top_show_the_nodes_lanes_while_they_genera
             t.join(60)
 
 
+def decoded(rows: list[dict]) -> int:
+    """Decode steps the nodes ran, as their last status reports say."""
+    return sum(int(n["status"].get("counters", {}).get("decode_tokens", 0)) for n in rows)
+
+
+def until(head, ok, timeout: float, what: str) -> list[dict]:
+    """The head's node rows once ok(rows) holds; fails after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = nodes(head)
+        if ok(rows):
+            return rows
+        if time.monotonic() > deadline:
+            pytest.fail(f"waited {timeout:.0f} s for {what}: {rows}")
+        time.sleep(0.1)
+
+
 def test_cancel_reaches_the_node(fleet):
+    """A client that hangs up stops the generation on the node, not only at the head. A node
+    reports within 0.25 s of a change, so each step waits for a report sent after the one
+    before it: the node running the lane (after placement), then running none (after the
+    hang-up), with fewer decode steps than the whole generation (so it did not just end)."""
     head = fleet[0]
+    max_tokens = 900
+
+    def idle(rows):
+        return all(n["placed"] == 0 and n["status"].get("running", 0) == 0 for n in rows)
+
+    rows = until(head, idle, 60, "an earlier test's generations to end")
+    base = decoded(rows)
     with httpx.stream("POST", head.url + "/v1/chat/completions", timeout=60,
-                      json={"model": MODEL, "messages": STORY, "max_tokens": 900, "ignore_eos": True,
+                      json={"model": MODEL, "messages": STORY, "max_tokens": max_tokens, "ignore_eos": True,
                             "stream": True}) as r:
-        lines = r.iter_lines()
-        for _ in range(6):
-            next(lines)
-    deadline = time.monotonic() + 15  # the node reports every 2 s
-    while time.monotonic() < deadline:
-        if sum(n["placed"] for n in nodes(head)) == 0 and all(n["status"].get("running", 0) == 0
-                                                              for n in nodes(head)):
-            return
-        time.sleep(0.2)
-    pytest.fail(f"the node kept generating: {nodes(head)}")
+        lines, deadline = r.iter_lines(), time.monotonic() + 30
+        while True:  # read on (the stream stays live) until the node it was placed on reports its lane
+            for _ in range(6):
+                next(lines)
+            if any(n["placed"] >= 1 and n["status"].get("running", 0) >= 1 for n in nodes(head)):
+                break
+            assert time.monotonic() < deadline, f"no node reported the generation: {nodes(head)}"
+    # the stream is closed: the head cancels, and the node that ran it must report no lane
+    rows = until(head, idle, 15, "the node to stop generating")
+    assert 0 < decoded(rows) - base < max_tokens - 1, (base, rows)  # cut short, not run to its end
 
 
 def stream_text(head, after_first=None, body_extra=None):
@@ -315,9 +343,9 @@ def test_garbage_and_stalled_handshakes_never_hurt_a_node(fleet):
 
 
 def test_a_real_head_gets_in_while_idle_sockets_flood_the_node(fleet):
-    """A node used to take 8 connections mid-handshake, each held up to 10 s, and close any
-    more at once: 8 idle sockets kept a real head out. Now a new connection past the limits
-    closes the oldest waiting one, so with 50 idle sockets open a head's handshake (a real
+    """A node holds at most 8 connections mid-handshake, each up to 10 s; refusing any more
+    would let 8 idle sockets keep a real head out, so a new connection past the limits
+    closes the oldest waiting one instead. With 50 idle sockets open a head's handshake (a real
     Link F HELLO, from here) completes, and the head that is connected goes on serving.
     (Node B: an earlier test killed node A.)"""
     import asyncio

@@ -204,8 +204,8 @@ def routes(fuzzer):
 PATH_PARAM = (st.sampled_from(["nope", "..%2F..%2Fetc%2Fpasswd", "%00", "x" * 300, "y" * 5000, MODEL + "x",
                                "resp_1"])
               | UNICODE.filter(lambda s: s and "/" not in s and s != MODEL))
-# Long path parameters too: the shared fixture never reads the daemon's stdout, and log lines
-# written on the event loop once froze it when that pipe filled (now a thread writes them).
+# Long path parameters too: the shared fixture never reads the daemon's stdout, so they check
+# that a full pipe never freezes the daemon (a thread writes the log lines, not the event loop).
 
 
 def fill(path: str, value: str, sid: str, use_sid: bool) -> str:

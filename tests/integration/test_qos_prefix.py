@@ -3,6 +3,7 @@
 import asyncio
 import re
 import threading
+import time
 
 import httpx
 import openai
@@ -15,11 +16,13 @@ DOC = ("The river Ouse rises in the hills and flows past old mills, quiet farms 
        "where boats once carried wool and grain to the sea. ") * 12
 
 
-def metric(url: str, name: str) -> float:
+def metric(url: str, name: str, **labels: str) -> float:
+    """The sum of a metric's series, or of those that have all these label values."""
     text = httpx.get(url + "/metrics", timeout=10).text
     total = 0.0
-    for m in re.finditer(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.M):
-        total += float(m.group(1))
+    for m in re.finditer(rf"^{name}(?:{{([^}}]*)}})? ([0-9.e+-]+)$", text, re.M):
+        if all(f'{k}="{v}"' in (m.group(1) or "").split(",") for k, v in labels.items()):
+            total += float(m.group(2))
     return total
 
 
@@ -173,16 +176,28 @@ def test_metrics_names(daemon):
 
 
 def test_metrics_move_under_load(daemon):
+    """Each figure moves by exactly what the requests did: 3 greedy chats of 4 tokens each
+    (ignore_eos, so none ends early: the first token of each comes from its prefill, 3 from
+    decode steps) and 1 request with no messages (a 400)."""
     url = daemon.url
-    before = {n: metric(url, n) for n in ("superfluid_decode_tokens_total", "superfluid_requests_total",
-                                          "superfluid_ttft_seconds_count", "superfluid_errors_total")}
+    deadline = time.monotonic() + 60
+    while (row := next(iter(daemon.health()["models"].values())))["running"] or row["waiting"]:
+        assert time.monotonic() < deadline, row  # an earlier test's generation still running
+        time.sleep(0.2)
+    chat, bad = {"path": "/v1/chat/completions", "status": "200"}, {"path": "/v1/chat/completions", "status": "400"}
+    figures = {"decode": ("superfluid_decode_tokens_total", {}), "requests": ("superfluid_requests_total", {}),
+               "chats": ("superfluid_requests_total", chat),
+               "bad": ("superfluid_requests_total", bad), "ttft": ("superfluid_ttft_seconds_count", {}),
+               "errors": ("superfluid_errors_total", {}),
+               "invalid": ("superfluid_errors_total", {"type": "invalid_request_error"})}
+    before = {k: metric(url, name, **labels) for k, (name, labels) in figures.items()}
     for i in range(3):
         r = httpx.post(url + "/v1/chat/completions", timeout=60, json={
-            "model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": f"count {i}"}]})
-        assert r.status_code == 200
-    assert httpx.post(url + "/v1/chat/completions", json={"model": "nope", "messages": []}).status_code in (400, 404)
-    assert metric(url, "superfluid_decode_tokens_total") >= before["superfluid_decode_tokens_total"] + 9
-    assert metric(url, "superfluid_requests_total") == before["superfluid_requests_total"] + 4
-    assert metric(url, "superfluid_ttft_seconds_count") == before["superfluid_ttft_seconds_count"] + 3
-    assert metric(url, "superfluid_errors_total") == before["superfluid_errors_total"] + 1
+            "model": MODEL, "max_tokens": 4, "temperature": 0, "ignore_eos": True,
+            "messages": [{"role": "user", "content": f"count {i}"}]})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+    r = httpx.post(url + "/v1/chat/completions", timeout=60, json={"model": MODEL, "messages": []})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+    moved = {k: metric(url, name, **labels) - before[k] for k, (name, labels) in figures.items()}
+    assert moved == {"decode": 9, "requests": 4, "chats": 3, "bad": 1, "ttft": 3, "errors": 1, "invalid": 1}
     assert 0 < metric(url, "superfluid_kv_tokens_used") <= metric(url, "superfluid_kv_tokens_total")

@@ -134,7 +134,7 @@ def test_a_throwaway_store_keeps_nothing(tmp_path):
 def test_a_full_store_fails_requests_with_a_typed_error_and_stays_whole(tmp_path):
     import httpx
     # a small store and a short prompt: it fills up in about twenty requests, the first of
-    # which prefills ~150 tokens (a long prompt's prefill was most of this test's time)
+    # which prefills ~150 tokens (a long prompt's prefill would be most of this test's time)
     d = Daemon("--sessions-max-mb", "0.08", home=str(tmp_path))
     try:
         body = {"model": "SmolLM2-135M-Instruct", "max_tokens": 2, "temperature": 0,

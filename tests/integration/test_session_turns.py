@@ -102,9 +102,9 @@ CALLS_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.cont
 
 @pytest.mark.parametrize("own", [True, False], ids=["model-template", "calls-without-content"])
 def test_a_long_conversation_costs_linear_rendering_and_gets_the_exact_spans(engine, monkeypatch, own):
-    """4,096 messages once cost a minute of CPU (every prefix rendered); past the first
-    EXACT messages the spans now come from one rendering, split by the learned markup, and
-    equal what rendering every prefix gives."""
+    """Rendering every prefix costs quadratic time (4,096 messages: a minute of CPU), so past
+    the first EXACT messages the spans come from one rendering, split by the learned markup;
+    they equal what rendering every prefix gives."""
     from superfluid.session import turns
     template = engine.template if own else ChatTemplate(CALLS_TEMPLATE)
     roles = ["user", "assistant", "user", "assistant", "tool"]

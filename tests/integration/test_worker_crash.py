@@ -141,11 +141,12 @@ def test_a_worker_gets_its_settings_in_hello_and_reports_why_it_cannot_load():
     import asyncio
 
     from superfluid.errors import WorkerCrashed
-    from superfluid.worker.supervisor import WorkerProcess, WorkerSpec
+    from superfluid.worker.protocol import WorkerSettings
+    from superfluid.worker.supervisor import WorkerProcess
 
     async def start() -> str:
-        w = WorkerProcess(WorkerSpec("/nonexistent.gguf", 1, 64, 1, 16, runtime="no-such-runtime",
-                                     load_timeout_s=60))
+        w = WorkerProcess(WorkerSettings("/nonexistent.gguf", 1, 64, 1, 16, runtime="no-such-runtime",
+                                         load_timeout_s=60))
         with pytest.raises(WorkerCrashed) as e:
             await w.start()
         await w.stop()

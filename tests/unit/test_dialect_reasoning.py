@@ -116,7 +116,7 @@ def test_the_reader_splits_the_reasoning_from_the_call(family):
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_without_a_block_the_call_comes_first(family):
-    # reasoning turned off (or a model that does not reason): the grammar it always was
+    # reasoning turned off (or a model that does not reason): the dialect's own forced grammar
     dialect, _, thought, _ = FAMILIES[family]
     g = forced(dialect, None)
     assert g == BY_NAME[dialect].grammar(TOOLS, None)

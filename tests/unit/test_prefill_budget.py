@@ -20,7 +20,7 @@ def adapt(cost_s: float, lanes: int = 8, step_tokens: int = 256, target: float =
 
 def test_a_slow_machine_still_prefills_in_chunks_on_the_batched_path():
     assert PREFILL_FLOOR == 64
-    assert adapt(0.05) == 64  # 0.25 s / 50 ms a token would be 5; was max(lanes + 16, 5) = 24
+    assert adapt(0.05) == 64  # 0.25 s / 50 ms a token would be 5: the floor keeps the batched path
     assert adapt(0.05, lanes=64) == 80  # every lane's decode row plus some prefill
 
 

@@ -92,7 +92,7 @@ def test_llamacpp_context_params():
         ll.LLAMA_ROPE_SCALING_TYPE_UNSPECIFIED, 0.0, 0)
     assert (asked.rope_scaling_type, asked.rope_freq_scale, asked.yarn_orig_ctx) == (
         ll.LLAMA_ROPE_SCALING_TYPE_YARN, 0.25, 0)
-    same = context_params(2, 4096, 1, 256, rope())  # no flag: exactly today's parameters
+    same = context_params(2, 4096, 1, 256, rope())  # no flag: llama.cpp's defaults, the model's own rope
     assert (same.rope_scaling_type, same.rope_freq_scale, same.yarn_orig_ctx) == (
         ll.LLAMA_ROPE_SCALING_TYPE_UNSPECIFIED, 0.0, 0)
 

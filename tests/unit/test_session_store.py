@@ -238,8 +238,9 @@ def test_a_subscriber_that_falls_behind_is_cut_loose_not_buffered_forever(tmp_pa
 
 
 def test_one_bad_write_fails_alone_in_its_batch():
-    """A body nested past the recursion limit (deep `tools` in a session's params) used to
-    roll the whole group commit back, failing every other session's tokens in it."""
+    """A body nested past the recursion limit (deep `tools` in a session's params) fails its
+    own write only, never rolling the whole group commit back with every other session's
+    tokens in it."""
     deep: dict = {}
     cur = deep
     for _ in range(5000):

@@ -4,7 +4,7 @@ markers, <think>): llguidance never matches a special token against quoted text,
 grammar's free text cannot hold one, so a grammar must name such a marker as the token, or
 the model is made to spell it byte by byte. Run with the runtime's own grammar tokenizer
 (llguidance.llamacpp over the vocab) on a real GGUF vocabulary (special_vocab.py); where
-the markers are text (the embedded model), the grammars are the ones they always were."""
+the markers are text (the embedded model), the grammars are the same as with no special tokens."""
 
 import json
 
