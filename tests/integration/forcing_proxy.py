@@ -8,8 +8,10 @@ request body is kept in `bodies`, to look into.
 
 The tool's schema is rewritten in every request, so all of them render the same tools (one
 cached prefix); `choose=False` never forces a call (a one-shot that warms that prefix).
-`answer`: a JSON schema each Responses request's text answer must follow (Codex fails a run
-whose answer was cut by the output cap, which a small greedy model can ramble into)."""
+`answer`: a JSON schema the text answer must follow, in each Responses request (Codex fails a
+run whose answer was cut by the output cap, which a small greedy model can ramble into) and in
+each Messages request carrying the tool after the forced one (a greedy model would call the
+tool again and again: Claude Code keeps going while the model calls tools)."""
 
 from __future__ import annotations
 
@@ -132,9 +134,14 @@ class ForcingProxy:
             if choose:
                 self.forced, self.forced_at = True, len(self.bodies) - 1
             body = force(path, body, self.tool, self.args, choose)
-        if self.answer is not None and path.startswith("/v1/responses") and not choose:
+        if self.answer is None or choose:
+            return body
+        if path.startswith("/v1/responses"):
             body = {**body, "text": {**(body.get("text") or {}), "format": {
                 "type": "json_schema", "name": "answer", "schema": self.answer, "strict": True}}}
+        elif path.startswith("/v1/messages") and self.tool in names(body):  # the agent's own turns
+            body = {**body, "output_config": {**(body.get("output_config") or {}), "format": {
+                "type": "json_schema", "schema": self.answer}}}
         return body
 
     def close(self) -> None:

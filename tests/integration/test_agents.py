@@ -144,7 +144,8 @@ CLAUDE_READ = ("Read", {"file_path": "{work}/note.txt"})
 
 def claude_proxy(d, home, choose: bool) -> ForcingProxy:
     tool, call = CLAUDE_READ
-    return ForcingProxy(d.url, tool, {k: v.format(work=home / "work") for k, v in call.items()}, choose=choose)
+    return ForcingProxy(d.url, tool, {k: v.format(work=home / "work") for k, v in call.items()}, choose=choose,
+                        answer=SHORT if choose else None)
 
 
 def test_claude_one_shot(d, claude_home):
@@ -162,7 +163,8 @@ def test_claude_one_shot(d, claude_home):
 
 def test_claude_tool_loop(d, claude_home):
     """Claude Code is made to call Read on a note (its permission given by --allowedTools); the
-    note reaches the model, and the loop's big requests reuse the cached prefix (≥ 80%)."""
+    note reaches the model, and the loop's big requests after its first reuse the cached prefix
+    (≥ 80%). After the forced call the answer is a short JSON string (forcing_proxy.py)."""
     proxy = claude_proxy(d, claude_home, choose=True)
     try:
         r, recs = launch(d, claude_home, "claude", "-p", "Read note.txt and tell me what it says.",
@@ -175,7 +177,7 @@ def test_claude_tool_loop(d, claude_home):
     assert any("7291" in b for b in later), "the tool's result never reached the model"
     big = [x for x in recs if x["path"] == "/v1/messages" and x.get("prompt_tokens", 0) > 10000]
     assert len(big) >= 2, recs
-    assert all(x["cached_tokens"] >= 0.8 * x["prompt_tokens"] for x in big), big
+    assert all(x["cached_tokens"] >= 0.8 * x["prompt_tokens"] for x in big[1:]), big  # the first may be cold
 
 
 def hermes_run(d, tmp_path, prompt: str, toolsets: str, port: int | None = None) -> tuple:
