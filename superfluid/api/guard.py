@@ -1,9 +1,10 @@
 """The HTTP front door, as ASGI middleware: browser-borne requests (CORS for loopback pages
 and `--cors-origins`, everything else and `Origin: null` refused; a rebound Host; simple
 content types on a browser's state-changing request), repeated control headers, API keys
-and their policies, per-key and per-IP rate limits, concurrency. `/health` is always open
-(its details need a key when there are keys). Denials are OpenAI-style error bodies; 429s
-carry Retry-After."""
+and their policies, per-key and per-IP rate limits, concurrency. `/health` and `/` are always
+open: /health's details need a key when there are keys, and `/` is Ollama's liveness probe
+to a client that does not ask for the page (which is served without a key too, as
+llama-server serves its own). Denials are OpenAI-style error bodies; 429s carry Retry-After."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from ..net import is_loopback_host
 from ..request import Qos
 from .policy import KeyPolicy, find_key
 
-OPEN_PATHS = {"/health"}
+OPEN_PATHS = {"/health", "/"}  # a status, and Ollama's "Ollama is running" (the page is ui.py's)
 WINDOW_S = 60.0
 MAX_IP_WINDOWS = 4096  # per-client windows kept before the idle ones are pruned
 # a header that says who the caller is or how to treat it must come once: a repeated one would

@@ -73,6 +73,7 @@ def test_keys_required_except_health():
     assert status == 401 and orjson.loads(body)["error"]["code"] == "invalid_api_key"
     assert call(g, headers={"authorization": "Bearer sk-wrongggg"})[0] == 401
     assert call(g, path="/health")[0] == 200
+    assert call(g, path="/")[0] == 200  # Ollama's probe, like llama-server's page, needs no key
     assert call(g, headers={"authorization": "Bearer sk-aaaaaaaa"})[0] == 200
     assert call(g, headers={"x-api-key": "sk-aaaaaaaa"})[0] == 200
 
