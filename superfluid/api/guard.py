@@ -1,13 +1,15 @@
 """The HTTP front door, as ASGI middleware: browser-borne requests (CORS for loopback pages
 and `--cors-origins`, everything else and `Origin: null` refused; a rebound Host; simple
 content types on a browser's state-changing request), repeated control headers, API keys
-and their policies, per-key and per-IP rate limits, concurrency. `/health` is always open
-(its details need a key when there are keys). Denials are OpenAI-style error bodies; 429s
-carry Retry-After."""
+and their policies, per-key and per-IP rate limits, concurrency. `/health` and `/` are always
+open: /health's details need a key when there are keys, and `/` is Ollama's liveness probe
+to a client that does not ask for the page (which is served without a key too, as
+llama-server serves its own). Denials are OpenAI-style error bodies; 429s carry Retry-After."""
 
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections import deque
 from urllib.parse import urlsplit
@@ -18,7 +20,7 @@ from ..net import is_loopback_host
 from ..request import Qos
 from .policy import KeyPolicy, find_key
 
-OPEN_PATHS = {"/health"}
+OPEN_PATHS = {"/health", "/"}  # a status, and Ollama's "Ollama is running" (the page is ui.py's)
 WINDOW_S = 60.0
 MAX_IP_WINDOWS = 4096  # per-client windows kept before the idle ones are pruned
 # a header that says who the caller is or how to treat it must come once: a repeated one would
@@ -27,6 +29,8 @@ SINGLE = ("authorization", "x-api-key", "x-superfluid-qos", "origin", "host", "c
 CHANGES = {"POST", "PUT", "PATCH", "DELETE"}
 SIMPLE_TYPES = ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data")
 ALLOW_HEADERS = "authorization, content-type, x-api-key, x-superfluid-qos, last-event-id"
+ALLOW_METHODS = b"GET, POST, PATCH, DELETE, OPTIONS"
+TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9a-z-]+")  # a header name (RFC 9110 token)
 EXPOSE_HEADERS = b"x-superfluid-session, retry-after"
 
 
@@ -54,7 +58,8 @@ class Guard:
         self.policies = policies
         self.loopback_bind = loopback_bind
         self.ip_rpm = ip_rpm
-        self.cors_origins = {o.rstrip("/").lower() for o in cors_origins}
+        # `localhost` is llama-server's word for loopback pages, which are always let in here
+        self.cors_origins = {o.rstrip("/").lower() for o in cors_origins} - {"localhost"}
         self.clock = clock
         self._key_windows: dict[str, _Window] = {}
         self._ip_windows: dict[str, _Window] = {}
@@ -68,18 +73,24 @@ class Guard:
         twice = sorted({n for n in names if n in SINGLE and names.count(n) > 1})
         if twice:
             return await _deny_in(scope, send, 400, f"the header {twice[0]} must be sent once", "duplicate_header")
-        denied = self._browser_check(headers)
+        denied = self._host_check(headers)
         if denied:
             return await _deny_in(scope, send, 403, denied, "forbidden")
         origin = headers.get("origin")
         if origin is not None:
+            granted = self._allowed(origin, headers.get("host", ""))
             if scope.get("method") == "OPTIONS" and "access-control-request-method" in headers:
-                return await _preflight(send, origin, headers)
+                if not granted:  # a 2xx without a grant: the browser sends nothing more (as llama-server)
+                    scope.setdefault("state", {}).setdefault("access", {})["error"] = "origin_refused"
+                return await _preflight(send, origin if granted else None, headers)
+            if not granted:
+                return await _deny_in(scope, send, 403, f"cross-origin requests are refused (Origin {origin}); "
+                                      "--cors-origins lets a page in", "forbidden")
+            send = _with_cors(send, origin)
             if scope.get("method") in CHANGES and headers.get("content-type", "").split(";")[0].strip().lower() \
                     in SIMPLE_TYPES:
                 return await _deny_in(scope, send, 415, "a browser's request that changes something must send "
                                       "application/json", "unsupported_media_type")
-            send = _with_cors(send, origin)
         if scope.get("path") in OPEN_PATHS:
             if self.policies:  # the details need a key; the status does not
                 presented = _presented_key(headers)
@@ -125,10 +136,7 @@ class Guard:
         finally:
             self._active[policy.name] -= 1
 
-    def _browser_check(self, headers: dict[str, str]) -> str | None:
-        origin = headers.get("origin")
-        if origin is not None and not self._allowed(origin, headers.get("host", "")):
-            return f"cross-origin requests are refused (Origin {origin}); --cors-origins lets a page in"
+    def _host_check(self, headers: dict[str, str]) -> str | None:
         if self.loopback_bind and "host" in headers and not is_loopback_host(headers["host"]):
             return f"Host {headers['host']!r} is not this loopback server (DNS rebinding?)"
         return None
@@ -174,13 +182,20 @@ def _with_cors(send, origin: str):
     return wrapped
 
 
-async def _preflight(send, origin: str, headers: dict[str, str]) -> None:
-    out = [(b"access-control-allow-origin", origin.encode("latin-1")),
-           (b"access-control-allow-methods", b"GET, POST, PATCH, DELETE, OPTIONS"),
-           (b"access-control-allow-headers", ALLOW_HEADERS.encode()),
-           (b"access-control-allow-credentials", b"true"), (b"access-control-max-age", b"600"),
-           (b"vary", b"origin"), (b"content-length", b"0")]
-    await send({"type": "http.response.start", "status": 204, "headers": out})
+async def _preflight(send, origin: str | None, headers: dict[str, str]) -> None:
+    """A preflight's answer: 200 (any 2xx will do; llama-server's clients check for 200) with the
+    grant for an allowed `origin`: the headers the page asked for (an SDK's anthropic-version,
+    x-stainless-*), else the ones this API reads. None: no grant, so the browser stops there."""
+    out = [(b"vary", b"origin, access-control-request-method, access-control-request-headers"),
+           (b"content-length", b"0")]
+    if origin is not None:
+        asked = [h.strip() for h in headers.get("access-control-request-headers", "").lower().split(",")]
+        allow = ", ".join(h for h in asked if TOKEN.fullmatch(h)) or ALLOW_HEADERS
+        out += [(b"access-control-allow-origin", origin.encode("latin-1")),
+                (b"access-control-allow-methods", ALLOW_METHODS),
+                (b"access-control-allow-headers", allow.encode("latin-1")),
+                (b"access-control-allow-credentials", b"true"), (b"access-control-max-age", b"600")]
+    await send({"type": "http.response.start", "status": 200, "headers": out})
     await send({"type": "http.response.body", "body": b""})
 
 

@@ -73,6 +73,7 @@ def test_keys_required_except_health():
     assert status == 401 and orjson.loads(body)["error"]["code"] == "invalid_api_key"
     assert call(g, headers={"authorization": "Bearer sk-wrongggg"})[0] == 401
     assert call(g, path="/health")[0] == 200
+    assert call(g, path="/")[0] == 200  # Ollama's probe, like llama-server's page, needs no key
     assert call(g, headers={"authorization": "Bearer sk-aaaaaaaa"})[0] == 200
     assert call(g, headers={"x-api-key": "sk-aaaaaaaa"})[0] == 200
 
@@ -176,17 +177,20 @@ def test_cors_for_pages_on_this_machine_and_named_origins_only():
     assert status == 200 and h["access-control-allow-origin"] == "http://localhost:3000"
     assert h["vary"] == "origin" and "x-superfluid-session" in h["access-control-expose-headers"]
     status, h = call_raw(g, "OPTIONS", "/v1/chat/completions", [("origin", "http://127.0.0.1:5173"),
-                                                                 ("access-control-request-method", "POST"),
-                                                                 ("access-control-request-headers", "content-type")])
-    assert status == 204 and h["access-control-allow-origin"] == "http://127.0.0.1:5173"
+                                                                 ("access-control-request-method", "POST")])
+    assert status == 200 and h["access-control-allow-origin"] == "http://127.0.0.1:5173"
     assert "POST" in h["access-control-allow-methods"] and "authorization" in h["access-control-allow-headers"]
+    assert "origin" in h["vary"] and h["access-control-allow-credentials"] == "true"
     assert call_raw(g, headers=[("origin", "https://app.example")])[1]["access-control-allow-origin"] == \
         "https://app.example"
     calls = app.calls
-    for bad in ("null", "https://evil.example", "file://", "http://localhost.evil.example"):
+    for bad in ("null", "https://evil.example", "file://", "http://localhost.evil.example", "http://notlocalhost",
+                "localhost"):
         assert call_raw(g, "POST", "/v1/models/load", [("origin", bad)])[0] == 403, bad
-        assert call_raw(g, "OPTIONS", "/v1/models/load", [("origin", bad),
-                                                          ("access-control-request-method", "POST")])[0] == 403
+        # a preflight gets a 2xx without any grant, so the browser sends nothing more
+        status, h = call_raw(g, "OPTIONS", "/v1/models/load", [("origin", bad), ("access-control-request-method",
+                                                                                  "POST")])
+        assert status == 200 and not [k for k in h if k.startswith("access-control-")], bad
     assert app.calls == calls  # none of them reached the app
     assert "access-control-allow-origin" not in call_raw(g)[1]  # no Origin, no CORS headers
 
@@ -228,3 +232,50 @@ def test_the_workers_threads_wait_passively_unless_the_operator_says_otherwise()
     assert worker_env({"PATH": "/bin"}) == {"PATH": "/bin", "OMP_WAIT_POLICY": "PASSIVE"}
     assert worker_env({"OMP_WAIT_POLICY": "ACTIVE"})["OMP_WAIT_POLICY"] == "ACTIVE"
     assert default_threads() == len(os.sched_getaffinity(0))  # every core this process may use
+
+
+PREFLIGHT = [("access-control-request-method", "POST"),
+             ("access-control-request-headers", "Authorization, Content-Type, anthropic-version, x-stainless-os")]
+
+
+def test_a_page_on_any_loopback_origin_is_granted_the_headers_it_asks_for():
+    g = Guard(App(), policies=KEYS, loopback_bind=True, cors_origins=("localhost",))  # llama-server's word
+    for origin in ("http://localhost", "http://localhost:8080", "https://localhost:8443", "http://127.0.0.1:3000",
+                   "http://127.0.0.2:9000", "http://[::1]", "http://[::1]:5173", "http://app.localhost:3000"):
+        status, h = call_raw(g, "OPTIONS", "/v1/messages", [("origin", origin), *PREFLIGHT])
+        assert status == 200 and h["access-control-allow-origin"] == origin, origin
+        assert h["access-control-allow-headers"] == "authorization, content-type, anthropic-version, x-stainless-os"
+        status, h = call_raw(g, "POST", "/v1/chat/completions", [("origin", origin), ("content-type",
+                                                                 "application/json"), ("x-api-key", "sk-aaaaaaaa")])
+        assert status == 200 and h["access-control-allow-origin"] == origin and h["vary"] == "origin", origin
+    # its 401 carries the grant too, so the page can read it and ask for a key
+    status, h = call_raw(g, "GET", "/v1/models", [("origin", "http://localhost:3000")])
+    assert status == 401 and h["access-control-allow-origin"] == "http://localhost:3000"
+    # a header list that is not header names is not echoed
+    status, h = call_raw(g, "OPTIONS", "/v1/models", [("origin", "http://localhost:3000"),
+                                                      ("access-control-request-method", "GET"),
+                                                      ("access-control-request-headers", "a b, x-ok")])
+    assert h["access-control-allow-headers"] == "x-ok"
+
+
+def test_a_loopback_origin_still_cannot_rebind_the_host_nor_post_a_simple_body():
+    app = App()
+    g = Guard(app, policies=[], loopback_bind=True)
+    origin = ("origin", "http://localhost:3000")
+    rebound = [("origin", "http://localhost:3000"), ("host", "evil.example")]
+    sent = []
+
+    async def receive():
+        return {"type": "http.request", "body": b""}
+
+    async def send(m):
+        sent.append(m)
+
+    for method, extra in (("OPTIONS", PREFLIGHT), ("GET", [])):
+        scope = {"type": "http", "method": method, "path": "/v1/models", "client": ("127.0.0.1", 1),
+                 "headers": [(k.encode(), v.encode()) for k, v in [*rebound, *extra]]}
+        asyncio.run(g(scope, receive, send))
+        assert sent[-2]["status"] == 403 and b"DNS rebinding" in sent[-1]["body"]
+    status, h = call_raw(g, "POST", "/v1/models/unload", [origin, ("content-type", "text/plain")])
+    assert status == 415 and h["access-control-allow-origin"] == "http://localhost:3000"  # the page can read why
+    assert app.calls == 0

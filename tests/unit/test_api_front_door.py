@@ -1,0 +1,124 @@
+"""The whole app's front door in one process (the real app, httpx's ASGI transport, a fake
+model): with an API key the web page and its files are served without one, as llama-server
+serves its own, while every route with data still needs it; pages on this machine's other
+ports get CORS answers and can chat; a foreign page gets no grant and changes nothing; a
+rebound Host is refused."""
+
+import asyncio
+
+import httpx
+
+from superfluid.api.app import create_app
+from superfluid.api.policy import KeyPolicy
+from superfluid.config import EngineConfig
+from superfluid.models import Models
+from superfluid.runtime.registry import ModelSource
+
+from ..fakes import FakeModel
+
+KEY = "sk-front-door-key"
+AUTH = {"authorization": f"Bearer {KEY}"}
+CHAT = {"model": "fake", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+PREFLIGHT = {"access-control-request-method": "POST",
+             "access-control-request-headers": "authorization, content-type, anthropic-version"}
+
+
+def serve(body, **kw):
+    """The app, with the web UI and one API key, on a fake model; `body(client)`'s result and
+    how many generations reached the model."""
+    m = FakeModel()
+    prompts: list = []
+    script = m.reply
+    m.reply = lambda prompt: (prompts.append(prompt), script(prompt))[1]
+
+    async def go():
+        models = Models(EngineConfig(model_path="fake.gguf", model_id="fake"), lambda cfg: m.engine())
+        models.add(ModelSource("fake.gguf", "fake"))
+        await models.load("fake")
+        app = create_app(models, policies=[KeyPolicy("k", KEY)], **kw)
+        try:
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                         base_url="http://127.0.0.1:8080") as client:
+                out = await body(client)
+            return out, len(prompts)
+        finally:
+            await models.close()
+    return asyncio.run(go())
+
+
+def test_the_page_and_its_files_need_no_key_and_the_data_does():
+    async def body(c):
+        html = {"accept": "text/html"}
+        out = {p: await c.get(p, headers=html) for p in ("/", "/monitor", "/ui/app.css", "/ui/js/api.js")}
+        out["probe"] = await c.get("/")  # Ollama's clients (and llama-server's tests) ask without text/html
+        out["head"] = await c.head("/")
+        for p in ("/v1/models", "/models", "/v1/monitor", "/v1/sessions", "/metrics", "/api/tags"):
+            out[p] = await c.get(p)
+            out[p + " keyed"] = await c.get(p, headers=AUTH)
+        return out
+    r, _ = serve(body)
+    assert r["/"].status_code == 200 and r["/"].text.startswith("<!doctype html>")
+    assert "script-src 'self'" in r["/"].headers["content-security-policy"]
+    for p in ("/monitor", "/ui/app.css", "/ui/js/api.js"):
+        assert r[p].status_code == 200, p
+    assert "401" in r["/ui/js/api.js"].text  # the page asks for a key when the API answers 401
+    assert r["probe"].status_code == 200 and r["probe"].text == "Ollama is running"
+    assert r["head"].status_code == 200
+    for p in ("/v1/models", "/models", "/v1/monitor", "/v1/sessions", "/metrics", "/api/tags"):
+        assert r[p].status_code == 401 and r[p].json()["error"]["code"] == "invalid_api_key", p
+        assert r[p + " keyed"].status_code not in (401, 403), p  # (no session store here: 404)
+
+
+def test_a_page_on_another_loopback_port_gets_cors_answers_and_chats():
+    async def body(c):
+        out = {}
+        for origin in ("http://localhost:8080", "http://127.0.0.1:3000", "http://[::1]", "http://[::1]:5173"):
+            out[origin] = await c.options("/v1/chat/completions", headers={"origin": origin, **PREFLIGHT})
+        page = {"origin": "http://localhost:3000"}
+        out["chat"] = await c.post("/v1/chat/completions", json=CHAT, headers={**page, **AUTH})
+        out["no key"] = await c.get("/v1/models", headers=page)
+        return out
+    r, generations = serve(body)
+    for origin in ("http://localhost:8080", "http://127.0.0.1:3000", "http://[::1]", "http://[::1]:5173"):
+        h = r[origin].headers
+        assert r[origin].status_code == 200 and h["access-control-allow-origin"] == origin, origin
+        assert h["access-control-allow-headers"] == "authorization, content-type, anthropic-version"
+        assert "POST" in h["access-control-allow-methods"] and "origin" in h["vary"]
+    chat = r["chat"]
+    assert chat.status_code == 200 and chat.json()["choices"][0]["message"]["content"] == "Hello world."
+    assert chat.headers["access-control-allow-origin"] == "http://localhost:3000" and chat.headers["vary"] == "origin"
+    assert r["no key"].status_code == 401  # and the page may read it, to ask for the key
+    assert r["no key"].headers["access-control-allow-origin"] == "http://localhost:3000"
+    assert generations == 1
+
+
+def test_a_foreign_page_gets_no_grant_and_changes_nothing():
+    async def body(c):
+        evil = {"origin": "https://evil.example"}
+        return {"preflight": await c.options("/v1/chat/completions", headers={**evil, **PREFLIGHT}),
+                "simple": await c.post("/v1/chat/completions", content=b'{"model": "fake"}',
+                                       headers={**evil, **AUTH, "content-type": "text/plain"}),
+                "json": await c.post("/v1/chat/completions", json=CHAT, headers={**evil, **AUTH}),
+                "read": await c.get("/v1/models", headers={**evil, **AUTH}),
+                "page": await c.get("/", headers={**evil, "accept": "text/html"}),
+                "named": await c.post("/v1/chat/completions", json=CHAT,
+                                      headers={"origin": "https://app.example", **AUTH})}
+    r, generations = serve(body, cors_origins=("https://app.example",))
+    assert r["preflight"].status_code == 200
+    assert not [k for k in r["preflight"].headers if k.startswith("access-control-")]
+    for name in ("simple", "json", "read", "page"):
+        assert r[name].status_code == 403, name
+        assert "access-control-allow-origin" not in r[name].headers, name
+    assert r["named"].status_code == 200 and r["named"].headers["access-control-allow-origin"] == "https://app.example"
+    assert generations == 1  # the named origin's; none of the foreign page's
+
+
+def test_a_rebound_host_is_refused_on_the_page_and_the_api():
+    async def body(c):
+        rebound = {"host": "evil.example:8080"}
+        return [await c.get("/", headers={**rebound, "accept": "text/html"}), await c.get("/", headers=rebound),
+                await c.get("/v1/models", headers={**rebound, **AUTH}),
+                await c.options("/v1/models", headers={**rebound, "origin": "http://localhost:3000", **PREFLIGHT})]
+    r, _ = serve(body)
+    assert [x.status_code for x in r] == [403, 403, 403, 403]
+    assert "DNS rebinding" in r[2].json()["error"]["message"]
