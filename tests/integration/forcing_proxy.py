@@ -10,8 +10,9 @@ The tool's schema is rewritten in every request, so all of them render the same 
 cached prefix); `choose=False` never forces a call (a one-shot that warms that prefix).
 `answer`: a JSON schema the text answer must follow, in each Responses request (Codex fails a
 run whose answer was cut by the output cap, which a small greedy model can ramble into) and in
-each Messages request carrying the tool after the forced one (a greedy model would call the
-tool again and again: Claude Code keeps going while the model calls tools)."""
+each Messages or chat request carrying the tool after the forced one (a greedy model may call
+the tool again and again, and Claude Code and Hermes keep going while the model calls tools:
+Hermes made 5 calls and gave up in one CI run)."""
 
 from __future__ import annotations
 
@@ -142,6 +143,9 @@ class ForcingProxy:
         elif path.startswith("/v1/messages") and self.tool in names(body):  # the agent's own turns
             body = {**body, "output_config": {**(body.get("output_config") or {}), "format": {
                 "type": "json_schema", "schema": self.answer}}}
+        elif path.startswith("/v1/chat/completions") and self.tool in names(body):
+            body = {**body, "response_format": {"type": "json_schema", "json_schema": {
+                "name": "answer", "schema": self.answer, "strict": True}}}
         return body
 
     def close(self) -> None:
