@@ -70,7 +70,7 @@ class EngineConfig:
     # drafts a second, small model (draft_model) proposes
     spec_max_tokens: int = 8  # most drafts a lane verifies in one step
     draft_model: str = ""  # --speculative draft: the draft model's GGUF (same vocabulary)
-    sampling: tuple[tuple[str, float], ...] = ()  # the operator's sampling defaults (sampling_defaults.py)
+    sampling: tuple[tuple[str, float], ...] = ()  # the operator's sampling defaults (engine/sampling_defaults.py)
 
     @property
     def slots(self) -> int:

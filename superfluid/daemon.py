@@ -14,19 +14,17 @@ import uvicorn
 
 from . import __version__
 from .api.app import create_app
-from .net import is_loopback_host
+from .net.loopback import is_loopback_host
 from .codec.tokenizer import Tokenizer
 from .config import EngineConfig, ServeConfig, home
-from .engine import Engine
-from .engine_api import EngineAPI
-from .models import Models
+from .engine import Engine, EngineAPI, SessionLog
+from .service.registry import Models
 from .monitor.access import AccessLog
 from .monitor.metrics import Metrics
 from .monitor.tui import Dashboard, LiveMonitor, LogBuffer
 from .runtime.registry import available_memory, default_runtime, fit_context, is_hf_folder, model_bytes
 from .runtime.rope import derive, describe, trained_window
 from .session.store import Store
-from .delivery import SessionLog
 from .service import Service, Sessions
 
 log = logging.getLogger("superfluid")

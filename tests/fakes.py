@@ -25,7 +25,7 @@ import numpy as np
 
 from superfluid.codec.tokenizer import ModelShape, Vocab
 from superfluid.config import EngineConfig
-from superfluid.engine import Engine
+from superfluid.engine.local import Engine
 from superfluid.errors import WorkerCrashed
 from superfluid.plan import Run, StepPlan, StepResult
 from superfluid.runtime.base import ModelInfo, Runtime

@@ -19,13 +19,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from .. import __version__
 from ..errors import BadRequest, Forbidden, PayloadTooLarge, SuperfluidError
-from ..engine_records import health_row
+from ..engine import health_row
 from ..ids import new_id
 from ..request import Qos
 from . import anthropic, embeddings, infill, llama, ollama, responses
 from . import sessions as sessions_api
 from . import ui as web_ui
 from . import openai as oa
+from .response_store import ResponseStore
 from .guard import Guard
 from .policy import KeyPolicy, key_of, owner_of
 from .prompt import prompt_cache_hint
@@ -174,7 +175,7 @@ def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Q
     if models.sessions is not None:
         sessions_api.add_routes(app, models, qos)
     if models.sessions is not None:
-        rstore = responses.ResponseStore(models.sessions.store)
+        rstore = ResponseStore(models.sessions.store)
         responses.add_routes(app, models, qos, json_body, rstore)
 
     @app.get("/health")

@@ -18,7 +18,8 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from ..embedding import EmbedInput, check
+from ..engine import EmbedInput
+from ..engine import check_embed as check
 from ..errors import BadRequest
 from ..ids import new_id
 from ..request import Qos

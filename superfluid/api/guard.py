@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from ..net import is_loopback_host
+from ..net.loopback import is_loopback_host
 from ..request import Qos
 from .policy import KeyPolicy, find_key
 

@@ -3,7 +3,7 @@ request. A number is seconds, a string a Go duration ("5m", "1h30m", "0"); 0 unl
 once it is idle, a negative value keeps it loaded until the daemon stops, and a request
 without keep_alive puts the model back on --idle-timeout (as Ollama falls back to its
 default). Only an admin key or a keyless server may change it; the default model stays
-loaded whatever a client asks (models.py says why)."""
+loaded whatever a client asks (service/registry.py says why)."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from .. import __version__
 from ..errors import BadRequest, NotSupported, QueueFull, SuperfluidError
 from ..ids import new_id
 from ..request import Chunk, FinishReason, GenRequest, Qos, TokenLogprob
-from ..sampling_defaults import for_api
+from ..engine import for_api
 from . import openai as oa
 from . import resume
 from .llama_params import DEFAULTS, Options, budget, options, prompt_tokens

@@ -12,7 +12,7 @@ from ..codec import grammar as gr
 from ..errors import BadRequest, ContextLengthExceeded
 from ..limits import MAX_REPEAT_LAST_N, MAX_STOPS, MAX_TOP_LOGPROBS
 from ..request import SamplingParams
-from ..sampling_defaults import for_api
+from ..engine import for_api
 from .bias import logit_bias
 from .prompt import response_format_grammar
 from .schema import number_in

@@ -11,7 +11,7 @@ from __future__ import annotations
 from ..errors import BadRequest
 from ..limits import MAX_REPEAT_LAST_N, MAX_STOPS, MAX_TOP_LOGPROBS
 from ..request import SamplingParams, TokenLogprob
-from ..sampling_defaults import for_api
+from ..engine import for_api
 
 # Ollama's documented defaults (api/types.go DefaultOptions), but repeat_penalty 1.0, not 1.1:
 # greedy answers stay the same on every API (an operator wants Ollama's: --repeat-penalty 1.1)

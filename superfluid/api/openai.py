@@ -13,7 +13,7 @@ from ..request import Calls, Chunk, FinishReason, GenRequest, Qos, SamplingParam
 from ..codec import fim
 from ..codec.tools import new_call_id
 from .. import __version__
-from ..sampling_defaults import for_api
+from ..engine import for_api
 from .bias import logit_bias
 from .prompt import ChatPrompt, response_format_grammar, template_options
 from .prompt import chat_prompt as build_chat_prompt

@@ -13,63 +13,22 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 
-import orjson
 from fastapi import FastAPI, Request, Response
 
-from ..errors import BadRequest, SuperfluidError
+from ..errors import BadRequest
 from ..ids import new_id
 from ..limits import check_metadata
 from ..request import FinishReason, GenRequest, SamplingParams
-from ..sampling_defaults import for_api
+from ..engine import for_api
 from . import resume
-from .policy import may_see, owner_of
+from .policy import owner_of
 from .prompt import chat_prompt, prompt_cache_hint, response_format_grammar, template_options
 from .response_background import Background, starting_after
+from .response_store import ResponseStore
 from .hosted import notice
 from .response_events import SEP, events, namespaces, output_items
 from .schema import number_in
 from .streams import access_record, collect, raise_first_error, sse
-
-
-class ResponseNotFound(SuperfluidError):
-    status = 404
-    type = "invalid_request_error"
-    code = "response_not_found"
-
-
-class ResponseStore:
-    """Stored responses: a record {conversation, input_items, response} per id, in the
-    session store's `responses` table."""
-
-    def __init__(self, store):
-        self.store = store
-
-    @staticmethod
-    def _check(rid: str) -> None:
-        if not rid.startswith("resp_") or not rid[5:].isalnum():
-            raise ResponseNotFound(f"no response {rid!r}", param="response_id")
-
-    async def put(self, record: dict, session: str | None) -> None:
-        await self.store.put_response(record["response"]["id"], session, orjson.dumps(record))
-
-    async def visible(self, rid: str, request) -> None:
-        """Keys own their stored responses: another key's is not found (an admin sees all)."""
-        self._check(rid)
-        exists, owner = await self.store.response_owner(rid)
-        if not exists or not may_see(request, owner):
-            raise ResponseNotFound(f"no response {rid!r}", param="response_id")
-
-    async def get(self, rid: str) -> dict:
-        self._check(rid)
-        raw = await self.store.response(rid)
-        if raw is None:
-            raise ResponseNotFound(f"no response {rid!r}", param="response_id")
-        return orjson.loads(raw)
-
-    async def delete(self, rid: str) -> None:
-        self._check(rid)
-        if not await self.store.delete_response(rid):
-            raise ResponseNotFound(f"no response {rid!r}", param="response_id")
 
 
 def _text_of(content, where: str) -> str:

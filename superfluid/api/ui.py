@@ -19,7 +19,7 @@ import orjson
 from fastapi import FastAPI
 from fastapi.responses import Response
 
-from ..engine_records import monitor_record
+from ..engine import monitor_record
 from .guard import Guard
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "
@@ -118,7 +118,7 @@ class LogTail(logging.Handler):
 
 
 def engine_record(mid: str, eng) -> dict:
-    """One engine's readings, from its stats() alone (engine_records.py): what the terminal
+    """One engine's readings, from its stats() alone (engine/readings.py): what the terminal
     monitor and /metrics read. Rates are left to the reader: counters are monotonic, as in
     `superfluid top`."""
     return {**monitor_record(eng.stats()), "model": mid}

@@ -17,7 +17,7 @@ import hashlib
 import logging
 import socket
 
-from ..net import is_loopback_host
+from ..net.loopback import is_loopback_host
 
 log = logging.getLogger("superfluid.fleet")
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..embedding import EmbedInput, check
+from ..engine.embedding import EmbedInput, check
 from ..errors import EmbeddingUnsupported, ProtocolError, SuperfluidError, WorkerCrashed, WorkerUnavailable
 from ..link import messages as m
 from ..request import Qos

@@ -1,5 +1,5 @@
-"""The fleet head's engine for one model: the engine contract (engine_api.EngineAPI) a
-local Engine also meets, sharing only engine_base.EngineBase with it, but its generations
+"""The fleet head's engine for one model: the engine contract (engine.contract.EngineAPI) a
+local Engine also meets, sharing only engine.base.EngineBase with it, but its generations
 run on nodes over Link F (fleet/pool.py holds the links, shared by every model the head
 serves on the fleet). The head keeps the tokenizer and template (the API layer builds
 prompts here) and the session log; nodes run scheduler + worker and stream back numbered
@@ -21,8 +21,8 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from ..engine_api import EngineStats
-from ..engine_base import EngineBase
+from ..engine.contract import EngineStats
+from ..engine.base import EngineBase
 from ..errors import ContextLengthExceeded, SuperfluidError, WorkerUnavailable
 from ..link import messages as m
 from ..link.head_state import Tracker
@@ -152,7 +152,7 @@ class FleetEngine(EngineBase):
         return self._iterate(st)
 
     def _stream_for(self, req: GenRequest):
-        from ..delivery import Stream
+        from ..engine.delivery import Stream
         st = Stream(req)  # its chunks come whole from the node
         self._streams[req.id] = st
         return st

@@ -15,12 +15,12 @@ import time
 from typing import Any
 
 from ..codec.channels import spec_from_wire, spec_to_wire  # noqa: F401 -- the head sends what a node reads
-from ..embedding import EmbedInput
+from ..engine.embedding import EmbedInput
 from ..errors import ProtocolError, SuperfluidError
 from ..link import messages as m
 from ..link.node_state import NodeState, RetryBuffer, expired
 from ..request import Chunk, FinishReason, GenRequest, Qos, SamplingParams
-from ..transport import Doorman, Link
+from ..net.transport import Doorman, Link
 from .prefixes import NodeSummary
 from .stats import node_status
 

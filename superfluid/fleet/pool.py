@@ -2,7 +2,7 @@
 
 Nodes are dialed (`--fleet`), join (`--fleet-listen`, found by mDNS or named), or run in
 this process (`--fleet-local`: the head's own model, behind a loopback Link F like any other
-node). The pool dials with backoff; each link (transport.py) keeps itself alive (KEEPALIVE
+node). The pool dials with backoff; each link (net/transport.py) keeps itself alive (KEEPALIVE
 every second, which also renews the node's leases, idle or not) and treats a node silent
 for `timeout` as gone. The pool routes each node's messages to the FleetEngine whose generation they belong to.
 Command ids and epochs come from one counter for the whole head (never reused: the
@@ -22,7 +22,7 @@ from ..errors import SuperfluidError, WorkerUnavailable
 from ..link import messages as m
 from ..link.head_state import Counter
 from ..link.noise import AuthFailed
-from ..transport import Doorman, Link
+from ..net.transport import Doorman, Link
 from .prefixes import from_wire
 
 log = logging.getLogger("superfluid.fleet")
@@ -247,7 +247,7 @@ class NodePool:
         n.refused = why
 
     async def _session(self, n: NodeConn, link: Link, ack: m.HelloAck) -> None:
-        """One live link to a node: reconcile, then read until it ends (transport.py sends
+        """One live link to a node: reconcile, then read until it ends (net/transport.py sends
         the KEEPALIVEs, which also renew the node's leases, and drops a silent node)."""
         n.link, n.up, n.refused = link, True, None
         n.name, n.models, n.status = ack.node, list(ack.models), ack.status.report()

@@ -21,7 +21,7 @@ from typing import Any
 
 from ..link import messages as m
 from ..runtime import rpc
-from ..transport import Tunnels
+from ..net.transport import Tunnels
 from .node import NodeServer, _Head
 
 log = logging.getLogger("superfluid.node")

@@ -1,5 +1,5 @@
 """A fleet's stats: what a node reports of its engine in NODE_STATUS, and the head's
-stats() record built from those reports (engine_api.EngineStats with a row per node).
+stats() record built from those reports (engine.contract.EngineStats with a row per node).
 
 NODE_STATUS (the record link/messages.NodeStatus: a field added here is added there too)
 always carries {lanes (the node's lane count), running, waiting, kv_used, kv_total}. These
@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from ..engine_api import EngineStats, Lane, NodeStats, full_queue, percentiles
+from ..engine.contract import EngineStats, Lane, NodeStats, full_queue, percentiles
 
 if TYPE_CHECKING:
     from .head import FleetEngine

@@ -13,7 +13,7 @@ A Connection is one end of Link W or Link F. It owns, for both:
 - keepalive and silence (Liveness): when a KEEPALIVE is due, and when a peer has been
   silent too long. KEEPALIVEs are consumed here; every message counts as heard.
 
-transport.py is the I/O around it: the one place that reads a socket for either link."""
+net/transport.py is the I/O around it: the one place that reads a socket for either link."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Prometheus metrics, named superfluid_*. Engine figures are read at scrape time from each
-engine's stats() (engine_api.EngineStats: no second bookkeeping); time to first token is a
+engine's stats() (engine.contract.EngineStats: no second bookkeeping); time to first token is a
 histogram the engine feeds."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The live monitor `superfluid serve` shows on a terminal: lanes, queues, KV, rates with a
 sparkline, TTFT percentiles, prefix reuse, preemptions, worker restarts and a log pane.
 
-`Dashboard.render()` builds one frame from the engines' stats() (engine_api.EngineStats;
+`Dashboard.render()` builds one frame from the engines' stats() (engine.contract.EngineStats;
 pure: easy to test at a fixed size); a fleet head's frame shows its nodes' lanes, a row
 each, with the node they run on; `LiveMonitor` refreshes it twice a second and hands the screen back to plain
 logs when the operator presses `q` (Ctrl-C still stops the server)."""

@@ -3,7 +3,7 @@ H1:P1,H2:P2,...` runs this in its worker process, so the daemon's scheduler, ses
 sampling (counter-based RNG, grammars), QoS, streaming and every API work as on one machine.
 
 The runtime dials each stage (`superfluid node serve --stage`, fleet/stage_node.py) over
-Link F through the shared connection layer (transport.py), assigns
+Link F through the shared connection layer (net/transport.py), assigns
 contiguous layer ranges (evenly, or by the memory each stage reports), and executes each
 step's runs as one STAGE_FORWARD_REQ per stage: token ids into the first, activations from
 each stage into the next, logits out of the last; all lanes' decode tokens of a step travel
@@ -32,7 +32,7 @@ import numpy as np
 from ..errors import SuperfluidError
 from ..link import messages as m
 from ..plan import Run
-from ..transport import Link
+from ..net.transport import Link
 from .base import ModelInfo, Runtime
 from .gguf_vocab import GgufVocab
 

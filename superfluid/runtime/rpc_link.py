@@ -29,7 +29,7 @@ from typing import Any
 
 from ..errors import ModelLoadError, SuperfluidError
 from ..link import messages as m
-from ..transport import Doorman, Link, Tunnels
+from ..net.transport import Doorman, Link, Tunnels
 
 log = logging.getLogger("superfluid.rpc")
 

@@ -26,7 +26,7 @@ the job with the least work left first:
   come order, ahead of shorter jobs. Waiting jobs still rise a class per aging_steps (queues.py).
   A stream of short jobs therefore delays a long one by about 2 x aging_steps at most.
 
-`SUPERFLUID_SRPT=0` in the daemon's environment (a benchmarking switch, read by engine.py)
+`SUPERFLUID_SRPT=0` in the daemon's environment (a benchmarking switch, read by engine/local.py)
 turns all of this off: a class is served first come, first served, and only a better class
 preempts."""
 

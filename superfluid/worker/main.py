@@ -21,7 +21,7 @@ from typing import Any
 
 from ..errors import ProtocolError
 from ..runtime.registry import load_runtime
-from ..transport import Link
+from ..net.transport import Link
 from .protocol import LINK_W, VERSION, HelloAck, Msg, WorkerError, WorkerSettings
 
 

@@ -1,5 +1,5 @@
 """Link W: the messages between daemon and worker, typed records in the frame envelope
-(link/conn.py carries them; transport.py reads the socketpair).
+(link/conn.py carries them; net/transport.py reads the socketpair).
 
 Handshake: the daemon sends HELLO {versions, settings} (the worker's WorkerSettings: the
 model, runtime and sizes; nothing else configures a worker); the worker loads the model

@@ -19,7 +19,7 @@ from ..errors import ProtocolError, WorkerCrashed
 from ..link.conn import Refused
 from ..plan import StepPlan, StepResult
 from ..runtime.base import ModelInfo
-from ..transport import Link
+from ..net.transport import Link
 from .protocol import LINK_W, VERSION, Hello, HelloAck, Msg, Shutdown, WorkerError, WorkerSettings
 
 log = logging.getLogger("superfluid.worker")

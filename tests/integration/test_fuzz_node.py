@@ -17,9 +17,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from superfluid.fleet_cli import read_token
+from superfluid.cli.fleet import read_token
 from superfluid.link import messages as m
-from superfluid.transport import Link
+from superfluid.net.transport import Link
 
 from ..unit.test_fuzz_frames import VALID, body_for, known_types, mutate
 from .conftest import MODEL

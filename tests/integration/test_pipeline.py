@@ -23,7 +23,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from superfluid.transport import Link  # noqa: E402
+from superfluid.net.transport import Link  # noqa: E402
 from superfluid.link import messages as m  # noqa: E402
 
 from . import hf  # noqa: E402

@@ -85,7 +85,7 @@ def greedy(d: Daemon, messages=STORY, n: int = N) -> str:
 
 def status(node: Node, psk: bytes | None) -> dict:
     async def hello() -> dict:
-        from superfluid.transport import Link
+        from superfluid.net.transport import Link
         link = await Link.dial("127.0.0.1", node.port, m.LINK_F, psk)
         ack = await link.greet(m.Hello((m.VERSION,), "test"))
         link.close()
@@ -94,7 +94,7 @@ def status(node: Node, psk: bytes | None) -> dict:
 
 
 def psk_of(token: str) -> bytes:
-    from superfluid.fleet_cli import read_token
+    from superfluid.cli.fleet import read_token
     return read_token(token)
 
 
@@ -145,7 +145,7 @@ def test_a_wrong_token_gets_nothing(split, token, tmp_path):
     before = status(a, psk_of(token))["rpc"]["bytes_in"]
 
     async def dial(psk: bytes) -> None:
-        from superfluid.transport import Link
+        from superfluid.net.transport import Link
         link = await Link.dial("127.0.0.1", a.port, m.LINK_F, psk)
         try:
             await link.greet(m.Hello((m.VERSION,), "intruder"), 5)

@@ -11,7 +11,7 @@ import httpx
 from superfluid.api.app import create_app
 from superfluid.api.policy import KeyPolicy
 from superfluid.config import EngineConfig
-from superfluid.models import Models
+from superfluid.service.registry import Models
 from superfluid.runtime.registry import ModelSource
 
 from ..fakes import FakeModel

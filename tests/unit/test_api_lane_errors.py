@@ -12,7 +12,7 @@ import orjson
 from superfluid.api.app import create_app
 from superfluid.config import EngineConfig
 from superfluid.errors import BadRequest
-from superfluid.models import Models
+from superfluid.service.registry import Models
 from superfluid.runtime.registry import ModelSource
 
 from ..fakes import FakeModel

@@ -1,4 +1,4 @@
-"""The connection layer both links share (link/conn.py, transport.py) and the record codec
+"""The connection layer both links share (link/conn.py, net/transport.py) and the record codec
 (link/records.py): framing, versions, HELLO, unknown types, keepalive and silence, and
 typed messages that round-trip or fail as ProtocolError."""
 
@@ -17,7 +17,7 @@ from superfluid.link.conn import HELLO_ACK, KEEPALIVE, Connection, Liveness
 from superfluid.link.frame import Frame
 from superfluid.link.noise import SecureChannel
 from superfluid.request import Chunk, FinishReason, SamplingParams
-from superfluid.transport import Link
+from superfluid.net.transport import Link
 
 
 def pair(psk: bytes | None = b"k" * 32) -> tuple[Connection, Connection]:

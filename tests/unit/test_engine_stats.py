@@ -8,15 +8,15 @@ from types import SimpleNamespace as NS
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from superfluid.engine import Engine
-from superfluid.engine_api import QUEUE_CLASSES, EngineAPI, percentiles
-from superfluid.engine_stats import RateMeter, local_stats
+from superfluid.engine.local import Engine
+from superfluid.engine.contract import QUEUE_CLASSES, EngineAPI, percentiles
+from superfluid.engine.stats import RateMeter, local_stats
 from superfluid.fleet.head import FleetEngine
 from superfluid.fleet.pool import NodeConn
 from superfluid.link.messages import ModelOffer
 from superfluid.fleet.stats import fleet_stats, node_status
 from superfluid.monitor.metrics import EngineCollector
-from superfluid.engine_records import health_row, monitor_record
+from superfluid.engine.readings import health_row, monitor_record
 from superfluid.monitor.top import Sample, node_rows
 from superfluid.request import Qos, SamplingParams
 from superfluid.sched.scheduler import Job, Scheduler

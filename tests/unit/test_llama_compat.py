@@ -4,11 +4,11 @@
 import pytest
 
 from superfluid.api.llama_params import budget, options
-from superfluid.cli import parser
+from superfluid.cli.main import parser
 from superfluid.config import EngineConfig
 from superfluid.errors import BadRequest, ContextLengthExceeded, ModelLoadError, ModelNotFound
-from superfluid.llama_flags import apply_flags
-from superfluid.models import Models
+from superfluid.cli.llama_flags import apply_flags
+from superfluid.service.registry import Models
 from superfluid.runtime.registry import ModelSource
 
 

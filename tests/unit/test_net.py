@@ -1,4 +1,4 @@
-from superfluid.net import is_loopback_host
+from superfluid.net.loopback import is_loopback_host
 
 
 def test_loopback_hosts():

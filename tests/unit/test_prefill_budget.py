@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from superfluid.engine import PREFILL_FLOOR, Engine
+from superfluid.engine.local import PREFILL_FLOOR, Engine
 from superfluid.sched.scheduler import Scheduler
 
 

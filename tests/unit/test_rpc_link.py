@@ -54,7 +54,7 @@ def test_the_stand_in_port_takes_only_this_processs_connections():
 def test_rpc_nodes_are_dialed_by_address_and_taken_by_name_or_auto_when_they_join():
     import argparse
 
-    from superfluid.cli_flags import _rpc_nodes
+    from superfluid.cli.flags import _rpc_nodes
     assert _rpc_nodes("h1:8454, gpu-2,auto,[::1]:9") == ((("h1", 8454), ("::1", 9)), ("gpu-2", "auto"))
     assert _rpc_nodes("j1,j1") == ((), ("j1",))
     for bad in ("", " , ", "a b", "h:port", "x" * 65):
@@ -63,7 +63,7 @@ def test_rpc_nodes_are_dialed_by_address_and_taken_by_name_or_auto_when_they_joi
 
 
 def test_nodes_named_to_join_need_a_place_to_join(capsys):
-    from superfluid.cli import main
+    from superfluid.cli.main import main
     assert main(["serve", "--rpc-nodes", "j1", "--port", "1"]) == 2
     assert "--fleet-listen" in capsys.readouterr().err
     assert main(["serve", "--rpc-nodes", "auto", "--fleet", "127.0.0.1:9", "--port", "1"]) == 2

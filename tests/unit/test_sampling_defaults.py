@@ -10,7 +10,7 @@ from superfluid.api.ollama_options import sampling
 from superfluid.api.openai import gen_requests
 from superfluid.api.schema import CompletionRequest
 from superfluid.request import Qos
-from superfluid.sampling_defaults import add_flags, for_api, from_args, from_gguf, merged
+from superfluid.engine.sampling_defaults import add_flags, for_api, from_args, from_gguf, merged
 
 GGUF = {"general.sampling.temp": "0.6", "general.sampling.top_k": "20", "general.sampling.top_p": "0.95",
         "general.sampling.min_p": "0", "general.sampling.penalty_repeat": "1.05",

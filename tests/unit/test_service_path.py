@@ -10,6 +10,7 @@ import pytest
 
 from superfluid.api import anthropic, responses, resume, streams
 from superfluid.api.prompt import chat_prompt
+from superfluid.api.response_store import ResponseStore
 from superfluid.errors import BadRequest, ContextLengthExceeded
 from superfluid.request import CallDelta, Calls, FinishReason, GenRequest, Qos, SamplingParams
 from superfluid.service import Service, Sessions
@@ -217,7 +218,7 @@ def test_anthropic_and_responses_streams_of_the_same_turn_resume_in_their_own_fo
             base = {"id": "resp_1", "object": "response", "created_at": CREATED, "model": eng.model_id,
                     "store": False}
             params = {"response_id": "resp_1", "base": base, "input_items": []}
-            translate = responses._replay(responses.ResponseStore(sessions.store))
+            translate = responses._replay(ResponseStore(sessions.store))
             resume.register("responses", translate)  # as the app's routes do
             (it,) = await service.submit(eng, [r], cp.bodies, api=api, params=params)
             live_stream = translate(r.session, params, it)

@@ -138,7 +138,7 @@ def test_a_lane_gets_as_many_drafts_as_its_acceptance_pays_for():
 
 
 def test_draft_model_flags_are_checked_before_anything_loads(capsys, tmp_path):
-    from superfluid.cli import main
+    from superfluid.cli.main import main
     assert main(["serve", "--speculative", "draft", "--port", "1"]) == 2
     assert "--speculative draft needs --draft-model" in capsys.readouterr().err
     (tmp_path / "d.gguf").write_bytes(b"GGUF")

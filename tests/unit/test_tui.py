@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 from rich.console import Console
 
-from superfluid.engine_stats import RateMeter, local_stats
+from superfluid.engine.stats import RateMeter, local_stats
 from superfluid.monitor.tui import Dashboard, LogBuffer, sparkline
 from superfluid.request import Qos, SamplingParams
 from superfluid.sched.scheduler import Job, Scheduler

@@ -13,7 +13,7 @@ import pytest
 
 from superfluid.errors import ProtocolError
 from superfluid.link import messages as m
-from superfluid.transport import WINDOW, Link, Tunnels
+from superfluid.net.transport import WINDOW, Link, Tunnels
 
 
 async def echo_server() -> asyncio.Server:

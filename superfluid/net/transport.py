@@ -17,10 +17,10 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from .errors import ProtocolError
-from .link import messages as lm
-from .link.conn import KEEPALIVE, Connection, Liveness, Protocol
-from .link.noise import SecureChannel
+from ..errors import ProtocolError
+from ..link import messages as lm
+from ..link.conn import KEEPALIVE, Connection, Liveness, Protocol
+from ..link.noise import SecureChannel
 
 HANDSHAKE_TIMEOUT = 5.0
 READ = 1 << 20

@@ -18,11 +18,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from .config import EngineConfig
-from .service import Service
-from .engine_api import EngineAPI
-from .errors import ModelLoadError, ModelNotFound, ModelUnloaded
-from .runtime.registry import ModelSource, default_runtime, resolve
+from ..config import EngineConfig
+from . import Service
+from ..engine.contract import EngineAPI
+from ..errors import ModelLoadError, ModelNotFound, ModelUnloaded
+from ..runtime.registry import ModelSource, default_runtime, resolve
 
 log = logging.getLogger("superfluid.models")
 

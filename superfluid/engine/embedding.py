@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .errors import (BadRequest, ContextLengthExceeded, EmbeddingUnsupported, ModelUnloaded, SuperfluidError,
+from ..errors import (BadRequest, ContextLengthExceeded, EmbeddingUnsupported, ModelUnloaded, SuperfluidError,
                      WorkerCrashed)
-from .ids import new_id
-from .request import FinishReason, Qos
-from .sched.embeds import EmbedEvent, EmbedJob
+from ..ids import new_id
+from ..request import FinishReason, Qos
+from ..sched.embeds import EmbedEvent, EmbedJob
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from .local import Engine
 
 _CANCELLED = FinishReason.CANCELLED
 

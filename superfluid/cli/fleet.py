@@ -1,5 +1,5 @@
 """`superfluid fleet token`, `superfluid node serve` and `superfluid node join`: the fleet's
-command-line side. It sits beside cli.py, above the daemon (a node builds its engine through
+command-line side. It sits in cli/ with main.py, above the daemon (a node builds its engine through
 `daemon.build_engine`), so nothing in fleet/ imports the daemon."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from .config import EngineConfig, home
-from .errors import ModelLoadError, SuperfluidError
-from .link.noise import psk_of
-from .net import is_loopback_host
+from ..config import EngineConfig, home
+from ..errors import ModelLoadError, SuperfluidError
+from ..link.noise import psk_of
+from ..net.loopback import is_loopback_host
 
 log = logging.getLogger("superfluid.node")
 
@@ -50,7 +50,7 @@ def rpc_engine(ec: EngineConfig, args, psk: bytes | None) -> EngineConfig | int:
     """The default model's engine split over llama.cpp RPC nodes (`serve --rpc-nodes`): the
     nodes to dial, the names (or `auto`) of nodes that join, and the socket they join on
     (--fleet-listen), bound here and handed to each worker, which accepts them itself."""
-    from .runtime.rpc import RpcUnavailable, library
+    from ..runtime.rpc import RpcUnavailable, library
     dialed, names = args.rpc_nodes
     if ec.runtime != "llamacpp":
         print("superfluid: --rpc-nodes splits a GGUF on llama.cpp; for a Hugging Face model use --pipeline",
@@ -139,7 +139,7 @@ async def _stage(ec: EngineConfig, host: str, port: int, psk: bytes | None, name
     """A pipeline stage: no engine, the layers a head assigns (on transformers)."""
     import torch  # noqa: F401  (fail here, in one line, when superfluid[hf] is missing)
 
-    from .fleet.stage_node import StageServer
+    from ..fleet.stage_node import StageServer
     try:
         node = StageServer(ec.model_path, ec.model_id, psk, threads=ec.threads, node_id=name)
     except (OSError, ValueError, KeyError) as e:  # converting the GGUF under the home, reading its config
@@ -159,10 +159,10 @@ async def _rpc(ec: EngineConfig, host: str | None, port: int, psk: bytes | None,
     server computes in this process: its threads wait passively (config.THREAD_ENV), set
     before llama.cpp's OpenMP runtime loads and reads it. With `join` it dials the head
     (`node join --rpc`; the head's --rpc-nodes names it, or says auto)."""
-    from .config import THREAD_ENV, home
+    from ..config import THREAD_ENV, home
     for k, v in THREAD_ENV.items():
         os.environ.setdefault(k, v)
-    from .fleet.rpc_node import RpcNodeServer
+    from ..fleet.rpc_node import RpcNodeServer
     node = RpcNodeServer(psk, str(home() / "rpc-cache"), threads=ec.threads, node_id=name, lease_s=lease_s)
     offer = node.offer()
     what = (f"serving llama.cpp RPC ({offer['free'] >> 20} MiB free, "
@@ -201,7 +201,7 @@ def _finder(psk: bytes | None, host: str | None, interface: str | None):
     """How a joining node finds its head: by mDNS when no address is given."""
     if host is not None:
         return None
-    from .fleet.discovery import discover
+    from ..fleet.discovery import discover
 
     async def find():
         return await discover(psk, interface=interface)
@@ -218,8 +218,8 @@ async def _until_signal() -> None:
 
 async def _node(ec: EngineConfig, host: str | None, port: int, psk: bytes | None, lease_s: float, *,
                 join: bool = False, mdns_interface: str | None = None, name: str | None = None) -> None:
-    from .daemon import build_engine
-    from .fleet.node import NodeServer
+    from ..daemon import build_engine
+    from ..fleet.node import NodeServer
 
     engine = build_engine(ec)
     await engine.start()

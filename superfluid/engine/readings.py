@@ -1,10 +1,10 @@
 """The JSON readings /health and the web monitor (GET /v1/monitor) give of an engine, both
-built from its stats() record (engine_api.EngineStats) alone. Below api/ in the layers,
+built from its stats() record (engine.contract.EngineStats) alone. Below api/ in the layers,
 beside the contract, so the API layer can use them."""
 
 from __future__ import annotations
 
-from .engine_api import EngineStats, NodeStats
+from .contract import EngineStats, NodeStats
 
 
 def node_row(n: NodeStats) -> dict:

@@ -1,9 +1,9 @@
-"""What the local engine (engine.Engine) and the fleet head's engine (fleet/head.FleetEngine)
+"""What the local engine (engine/local.Engine) and the fleet head's engine (fleet/head.FleetEngine)
 share, so that neither inherits from the other: the model's codec (tokenizer, chat
 template, tool format, reasoning markers), the request check, the open streams and their
 delivery (delivery.py commits a chunk to the session log before its client sees it), and
 first-token timing. Generation itself (submit, cancel, stats, the lifecycle) is each
-engine's own; engine_api.EngineAPI is the contract both meet."""
+engine's own; engine.contract.EngineAPI is the contract both meet."""
 
 from __future__ import annotations
 
@@ -13,15 +13,15 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from .codec.model import Codec
-from .codec.tokenizer import Tokenizer
-from .config import EngineConfig
+from ..codec.model import Codec
+from ..codec.tokenizer import Tokenizer
+from ..config import EngineConfig
 from .delivery import Deliveries, SessionLog
 from .delivery import Stream as _Stream
-from .errors import BadRequest, ContextLengthExceeded, EmbeddingUnsupported, ModelUnloaded, SuperfluidError
-from .request import Chunk, GenRequest, Qos
+from ..errors import BadRequest, ContextLengthExceeded, EmbeddingUnsupported, ModelUnloaded, SuperfluidError
+from ..request import Chunk, GenRequest, Qos
 from .sampling_defaults import from_gguf, merged
-from .runtime.base import ModelInfo
+from ..runtime.base import ModelInfo
 
 TTFT_KEPT = 256  # first-token latencies the monitor's p50/p95 are over
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 
-from .config import home
+from ..config import home
 
 
 HERMES_MIN = 64000

@@ -12,10 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from .codec.output import OutputProcessor
-from .errors import SuperfluidError
-from .request import Chunk, FinishReason, GenRequest, TokenLogprob
-from .session.events import Generated
+from ..codec.output import OutputProcessor
+from ..errors import SuperfluidError
+from ..request import Chunk, FinishReason, GenRequest, TokenLogprob
+from ..session.events import Generated
 
 
 class SessionLog(Protocol):

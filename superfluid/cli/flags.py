@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from .config import DEFAULT_HOST, default_threads
-from .request import Qos
+from ..config import DEFAULT_HOST, default_threads
+from ..request import Qos
 
 
 def _positive(s: str) -> int:
@@ -96,7 +96,7 @@ def _class_lanes(s: str) -> tuple[tuple[int, int], ...]:
 
 
 def _tool_dialect(s: str) -> str:
-    from .codec.dialects import names
+    from ..codec.dialects import names
     if s not in names():
         raise argparse.ArgumentTypeError(f"unknown dialect '{s}': use one of {', '.join(names())}")
     return s

@@ -1,4 +1,4 @@
-"""The local engine's stats() record (engine_api.EngineStats), read from its scheduler and
+"""The local engine's stats() record (engine.contract.EngineStats), read from its scheduler and
 worker, and the rate meter that turns monotonic token counters into tokens per second."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING
 
-from .engine_api import EngineStats, Lane, full_queue, percentiles
+from .contract import EngineStats, Lane, full_queue, percentiles
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from .local import Engine
 
 
 class RateMeter:

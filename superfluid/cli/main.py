@@ -8,16 +8,16 @@ import shutil
 import sys
 from dataclasses import replace
 
-from . import __version__
-from .config import DEFAULT_HOST, DEFAULT_PORT, EngineConfig, ServeConfig, home
-from .monitor.logs import setup_logging
-from .net import is_loopback_host
-from .api.policy import KeyPolicy, PolicyError, load_policies
+from .. import __version__
+from ..config import DEFAULT_HOST, DEFAULT_PORT, EngineConfig, ServeConfig, home
+from ..monitor.logs import setup_logging
+from ..net.loopback import is_loopback_host
+from ..api.policy import KeyPolicy, PolicyError, load_policies
 from .llama_flags import add_flags as add_llama_flags, apply_flags as apply_llama_flags
-from . import sampling_defaults
-from .errors import ModelLoadError, SuperfluidError
-from .request import Qos
-from .cli_flags import _class_lanes, _engine_flags, _hostport, _hostports, _positive, _proportions, _qos, _rpc_nodes  # noqa: F401
+from ..engine import sampling_defaults
+from ..errors import ModelLoadError, SuperfluidError
+from ..request import Qos
+from .flags import _class_lanes, _engine_flags, _hostport, _hostports, _positive, _proportions, _qos, _rpc_nodes  # noqa: F401
 
 
 def parser() -> argparse.ArgumentParser:
@@ -109,7 +109,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _top(args: argparse.Namespace) -> int:
-    from .monitor.top import run as top
+    from ..monitor.top import run as top
     try:
         top(args.servers or [f"{DEFAULT_HOST}:{DEFAULT_PORT}"], api_key=args.api_key,
             interval=args.interval, once=args.once)
@@ -131,12 +131,12 @@ def _policies(args: argparse.Namespace) -> list:
 
 def _engine_config(args: argparse.Namespace, src) -> EngineConfig | int:
     """The engine's config from its flags, or the exit status after one clear line."""
-    from .runtime.registry import default_runtime, is_hf_folder
+    from ..runtime.registry import default_runtime, is_hf_folder
     if args.runtime == "llamacpp" and is_hf_folder(src.path):
         print(f"superfluid: {src.path} is a Hugging Face folder: llama.cpp serves GGUF files; use --runtime "
               f"transformers (the default for a folder)", file=sys.stderr)
         return 2
-    from .runtime.rope import check as rope_problem
+    from ..runtime.rope import check as rope_problem
     problem = rope_problem(args.rope_scaling, args.rope_scale, args.yarn_orig_ctx)
     if problem:
         print(f"superfluid: {problem}", file=sys.stderr)
@@ -207,8 +207,8 @@ def _kv_disk(args: argparse.Namespace) -> dict:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from .daemon import listen_socket, open_store, run
-    from .runtime.registry import resolve
+    from ..daemon import listen_socket, open_store, run
+    from ..runtime.registry import resolve
 
     problem = apply_llama_flags(args)
     if problem:
@@ -219,7 +219,7 @@ def _serve(args: argparse.Namespace) -> int:
         sources = [resolve(p) for p in paths] if paths else [resolve(None)]
         embedding = None
         if args.embedding_model:
-            from .runtime.registry import embedded_embedding_model
+            from ..runtime.registry import embedded_embedding_model
             esrc = embedded_embedding_model() if args.embedding_model == "default" else resolve(args.embedding_model)
             embedding = esrc.id
             if all(s.id != esrc.id for s in sources):
@@ -270,7 +270,7 @@ def _serve(args: argparse.Namespace) -> int:
               "model on one host or split it with --rpc-nodes", file=sys.stderr)
         return 2
     if args.pipeline or rpc:
-        from .fleet_cli import read_token, rpc_engine
+        from .fleet import read_token, rpc_engine
         flag = "--pipeline stages" if args.pipeline else "--rpc-nodes"
         if args.fleet_auth is None and not all(is_loopback_host(h) for h, _ in
                                                args.pipeline + args.pipeline_spares + rpc_dialed):
@@ -292,7 +292,7 @@ def _serve(args: argparse.Namespace) -> int:
                                               stage_split=args.pipeline_split,
                                               stage_spares=tuple(args.pipeline_spares)))
     if args.fleet or (args.fleet_listen and not rpc):
-        from .fleet_cli import read_token
+        from .fleet import read_token
         if args.fleet_auth is None and not all(is_loopback_host(h) for h, _ in args.fleet):
             print("superfluid: --fleet nodes off loopback need --fleet-auth (a fleet token): the link would be "
                   "plaintext", file=sys.stderr)
@@ -327,8 +327,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _node(args: argparse.Namespace) -> int:
-    from .fleet_cli import node_serve
-    from .runtime.registry import resolve
+    from .fleet import node_serve
+    from ..runtime.registry import resolve
     if getattr(args, "rpc", False) and getattr(args, "stage", False):
         print("superfluid: --rpc and --stage are two kinds of node: pick one", file=sys.stderr)
         return 2
@@ -344,7 +344,7 @@ def _node(args: argparse.Namespace) -> int:
     if isinstance(ec, int):
         return ec
     if args.node_command == "join":
-        from .fleet_cli import node_join
+        from .fleet import node_join
         if head is None:
             return node_join(ec, None, 0, args.token, args.auth_file, args.lease, mdns_interface=args.mdns_interface,
                              name=args.name, rpc=args.rpc)
@@ -374,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "top":
         return _top(args)
     if args.command == "fleet":
-        from .fleet_cli import fleet_token
+        from .fleet import fleet_token
         return fleet_token()
     if args.command == "node":
         return _node(args)

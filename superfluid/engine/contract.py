@@ -13,14 +13,14 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from .request import Chunk, GenRequest, Qos
+from ..request import Chunk, GenRequest, Qos
 
 if TYPE_CHECKING:
-    from .codec.template import ChatTemplate
-    from .codec.tokenizer import Tokenizer
-    from .codec.dialects import Dialect
-    from .config import EngineConfig
-    from .runtime.base import ModelInfo
+    from ..codec.template import ChatTemplate
+    from ..codec.tokenizer import Tokenizer
+    from ..codec.dialects import Dialect
+    from ..config import EngineConfig
+    from ..runtime.base import ModelInfo
 
 QUEUE_CLASSES = tuple(q.name.lower() for q in Qos)  # the classes a queue is reported for
 

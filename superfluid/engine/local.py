@@ -1,7 +1,7 @@
 """One model: scheduler + worker process. The API layer talks to it only through the
-engine contract (engine_api.EngineAPI): `submit()` (an async iterator of Chunks),
+engine contract (engine.contract.EngineAPI): `submit()` (an async iterator of Chunks),
 `cancel()`, `stats()` and read calls; what it shares with the fleet head's engine (codec,
-request check, streams and their delivery) is in engine_base.py.
+request check, streams and their delivery) is in engine/base.py.
 
 The loop is three calls: plan = scheduler.schedule(); the worker runs it; events =
 scheduler.update(plan, result), with two plans in flight (see _loop). Around them: size
@@ -18,24 +18,24 @@ from collections import deque
 import time
 from collections.abc import AsyncIterator, Callable
 
-from .codec.output import OutputProcessor
-from .codec.detok import TextStream
-from .codec.tokenizer import Tokenizer
-from .config import EngineConfig
+from ..codec.output import OutputProcessor
+from ..codec.detok import TextStream
+from ..codec.tokenizer import Tokenizer
+from ..config import EngineConfig
 from .embedding import Embedder
-from .engine_api import EngineStats
-from .engine_base import EngineBase
-from .engine_stats import RateMeter, local_stats
-from .errors import SuperfluidError, WorkerCrashed, WorkerUnavailable
-from .plan import StepPlan
-from .request import Chunk, FinishReason, GenRequest, Qos, TokenLogprob
-from .sched.embeds import EmbedEvent
-from .sched.jobs import TokenEvent
-from .sched.scheduler import Job, Scheduler
+from .contract import EngineStats
+from .base import EngineBase
+from .stats import RateMeter, local_stats
+from ..errors import SuperfluidError, WorkerCrashed, WorkerUnavailable
+from ..plan import StepPlan
+from ..request import Chunk, FinishReason, GenRequest, Qos, TokenLogprob
+from ..sched.embeds import EmbedEvent
+from ..sched.jobs import TokenEvent
+from ..sched.scheduler import Job, Scheduler
 from .delivery import SessionLog
 from .delivery import Stream as _Stream
-from .worker.protocol import WorkerSettings
-from .worker.supervisor import WorkerProcess
+from ..worker.protocol import WorkerSettings
+from ..worker.supervisor import WorkerProcess
 
 log = logging.getLogger("superfluid.engine")
 

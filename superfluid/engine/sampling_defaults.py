@@ -11,7 +11,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from .limits import MAX_REPEAT_LAST_N
+from ..limits import MAX_REPEAT_LAST_N
 
 # name, type, lowest, highest, flags (llama-server's spelling second)
 FLAGS: tuple[tuple[str, type, float, float, tuple[str, ...]], ...] = (
