@@ -21,11 +21,10 @@ from .schema import number_in
 from .prompt import chat_prompt as build_chat_prompt
 from .prompt import response_format_grammar, template_options
 from . import resume
-from .policy import owner_of
 from .blocks import Blocks
 from .hosted import notice
 from .sse import cursor, frame, tagged
-from .streams import access_record, collect, raise_first_error, sse
+from .runner import Run
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
@@ -199,18 +198,15 @@ def add_routes(app: FastAPI, models, qos_for, body_of) -> None:
         req = gen_request(body, cp.prompt, eng.new_seed(), qos_for(request), cp.grammar, cp.channels,
                           hint, eng.sampling_defaults)
         marked = hint[0] if hint else 0
-        streams = await models.service.submit(eng, [req], cp.bodies, api="anthropic.messages",
-                                              params={"response_id": req.id, "marked": marked}, owner=owner_of(request),
-                                              access=access_record(request))
+        run = await Run.submit(request, models.service, eng, [req], cp.bodies, api="anthropic.messages",
+                               params={"response_id": req.id, "marked": marked})
         response.headers.update(dropped)
         if body.get("stream"):
-            out = sse(events(req.id, eng.model_id, len(cp.prompt), streams[0], req.session, marked),
-                      models.service.on_close(eng, [req]), [req], keepalive=PING)
+            out = run.stream(events(req.id, eng.model_id, len(cp.prompt), run.streams[0], req.session, marked),
+                             keepalive=PING)
             out.headers.update(dropped)
             return out
-        choices = await collect(request, streams)
-        raise_first_error(choices)
-        ch = choices[0]
+        ch = (await run.collect())[0]
         c = ch.last
         assert c is not None  # collect() returns only finished choices
         content: list[dict] = []

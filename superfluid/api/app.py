@@ -28,12 +28,12 @@ from . import ui as web_ui
 from . import openai as oa
 from .response_store import ResponseStore
 from .guard import Guard
-from .policy import KeyPolicy, key_of, owner_of
+from .policy import KeyPolicy, key_of
 from .prompt import prompt_cache_hint
 from .schema import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, ModelRequest, TokenizeRequest,
                      json_object, parse)
-from .streams import (ClientGone, access_record, chat_events, collect, completion_events, raise_first_error,
-                      session_header, sse)
+from .runner import Run
+from .streams import (ClientGone, chat_events, completion_events, session_header)
 
 log = logging.getLogger("superfluid.api")
 
@@ -268,15 +268,12 @@ def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Q
                                                        len(cp.prompt)))
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         created = int(time.time())
-        streams = await models.service.submit(eng, reqs, cp.bodies, api="chat.completions", params={
-            "response_id": rid, "created": created, "logprobs": bool(body.logprobs), "include_usage": include_usage},
-            owner=owner_of(request), access=access_record(request))
+        run = await Run.submit(request, models.service, eng, reqs, cp.bodies, api="chat.completions", params={
+            "response_id": rid, "created": created, "logprobs": bool(body.logprobs), "include_usage": include_usage})
         if body.stream:
-            return sse(chat_events(rid, eng.model_id, streams, body.logprobs, include_usage, reqs,
-                                   created=created), models.service.on_close(eng, reqs), reqs)
-        choices = await collect(request, streams)
-        raise_first_error(choices)
-        resp = _json(oa.chat_response(rid, eng.model_id, choices, body.logprobs))
+            return run.stream(chat_events(rid, eng.model_id, run.streams, body.logprobs, include_usage, reqs,
+                                          created=created))
+        resp = _json(oa.chat_response(rid, eng.model_id, await run.collect(), body.logprobs))
         resp.headers.update(session_header(reqs))
         return resp
 
@@ -292,15 +289,12 @@ def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Q
                                tokenizer=eng.tokenizer, defaults=eng.sampling_defaults)
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         created = int(time.time())
-        streams = await models.service.submit(eng, reqs, api="completions", params={
-            "response_id": rid, "created": created, "logprobs": top >= 0, "include_usage": include_usage},
-            owner=owner_of(request), access=access_record(request))
+        run = await Run.submit(request, models.service, eng, reqs, api="completions", params={
+            "response_id": rid, "created": created, "logprobs": top >= 0, "include_usage": include_usage})
         if body.stream:
-            return sse(completion_events(rid, eng.model_id, streams, top >= 0, include_usage, reqs,
-                                         created=created), models.service.on_close(eng, reqs), reqs)
-        choices = await collect(request, streams)
-        raise_first_error(choices)
-        resp = _json(oa.completion_response(rid, eng.model_id, choices, top >= 0))
+            return run.stream(completion_events(rid, eng.model_id, run.streams, top >= 0, include_usage, reqs,
+                                                created=created))
+        resp = _json(oa.completion_response(rid, eng.model_id, await run.collect(), top >= 0))
         resp.headers.update(session_header(reqs))
         return resp
 

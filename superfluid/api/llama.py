@@ -23,11 +23,11 @@ from ..engine import for_api
 from . import openai as oa
 from . import resume
 from .llama_params import DEFAULTS, Options, budget, options, prompt_tokens
-from .policy import owner_of
 from ..session.turns import context_text
 from .schema import ChatCompletionRequest, json_object, parse
 from .sse import cursor, event, tagged
-from .streams import access_record, collect, raise_first_error, session_header, sse
+from .runner import Run
+from .streams import session_header
 
 NATIVE = frozenset({"/completion", "/infill", "/tokenize", "/detokenize", "/apply-template", "/props", "/slots"})
 UNPREFIXED = ("/v1/chat/completions", "/v1/completions", "/v1/models")  # /embeddings: embeddings.py
@@ -188,15 +188,15 @@ async def answer(models, eng, request: Request, prompt: list[int], opts: Options
     req = GenRequest(f"{rid}-0", prompt, dataclasses.replace(opts.sampling, seed=seed), n_predict, opts.stop, qos)
     text = context_text(eng.tokenizer, prompt)
     t0 = time.monotonic()
-    streams = await models.service.submit(eng, [req], api="llama.completion", params={
-        "response_id": rid, "model": eng.model_id}, owner=owner_of(request), access=access_record(request))
+    run = await Run.submit(request, models.service, eng, [req], api="llama.completion", params={
+        "response_id": rid, "model": eng.model_id})
 
     def final(c: Chunk, content: str = "", tokens: list[int] | None = None, lps=()) -> dict:
         return final_body(c, content, tokens or [], list(lps), opts=opts, model=eng.model_id, n_ctx=eng.n_ctx,
                           seed=seed, prompt=text, wall_s=time.monotonic() - t0)
 
     if opts.stream:
-        return sse(completion_events(streams[0], req.session, final), models.service.on_close(eng, [req]), [req])
+        return run.stream(completion_events(run.streams[0], req.session, final))
     toks: list[int] = []
 
     async def tap(it: AsyncIterator[Chunk]) -> AsyncIterator[Chunk]:
@@ -204,9 +204,7 @@ async def answer(models, eng, request: Request, prompt: list[int], opts: Options
             toks.extend(c.tokens)
             yield c
 
-    choices = await collect(request, [tap(streams[0])])
-    raise_first_error(choices)
-    ch = choices[0]
+    ch = (await run.collect(tap))[0]
     assert ch.last is not None
     resp = _json(final(ch.last, "".join(ch.text), toks, ch.logprobs))
     resp.headers.update(session_header([req]))

@@ -27,9 +27,8 @@ from .schema import MAX_EMBED_INPUTS, json_object
 from ..codec import fim, grammar
 from ..codec.tools import new_call_id
 from . import keep_alive, resume
-from .policy import owner_of
 from .prompt import chat_prompt, template_options
-from .streams import access_record, collect, raise_first_error, sse
+from .runner import Run
 
 OLLAMA_VERSION = "0.12.0"  # the API level we follow
 NDJSON = "application/x-ndjson"
@@ -292,16 +291,14 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
         room = max(1, eng.n_ctx - len(prompt))  # Ollama cuts num_predict to the window; the engine checks it
         req = GenRequest(new_id("ollama"), prompt, sp, min(num_predict or room, room), stops,
                          qos_for(request, Qos.COMPLETION if fill else None), channels=channels)
-        streams = await models.service.submit(eng, [req], bodies, api="ollama." + ("chat" if chat else "generate"),
-                                              params={"response_id": req.id, "t0": time.time()},
-                                              owner=owner_of(request), access=access_record(request))
+        run = await Run.submit(request, models.service, eng, [req], bodies,
+                               api="ollama." + ("chat" if chat else "generate"),
+                               params={"response_id": req.id, "t0": time.time()})
         keep_alive.apply(request, models, eng.model_id, ka)  # submitted: 0 unloads it once the request is done
         model = eng.model_id
         if body.get("stream", True):
-            return sse(lines(model, chat, streams[0], t0), models.service.on_close(eng, [req]), [req], NDJSON)
-        choices = await collect(request, streams)
-        raise_first_error(choices)
-        c = choices[0]
+            return run.stream(lines(model, chat, run.streams[0], t0), NDJSON)
+        c = (await run.collect())[0]
         assert c.last is not None  # collect() returns only finished choices
         text_out = "".join(c.text)
         thinking = "".join(c.reasoning)

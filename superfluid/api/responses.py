@@ -21,14 +21,14 @@ from ..limits import check_metadata
 from ..request import FinishReason, GenRequest, SamplingParams
 from ..engine import for_api
 from . import resume
-from .policy import owner_of
 from .prompt import chat_prompt, prompt_cache_hint, response_format_grammar, template_options
 from .response_background import Background, starting_after
 from .response_store import ResponseStore
 from .hosted import notice
 from .response_events import SEP, events, namespaces, output_items
 from .schema import number_in
-from .streams import access_record, collect, raise_first_error, sse
+from .runner import Run
+from .streams import sse
 
 
 def _text_of(content, where: str) -> str:
@@ -282,10 +282,9 @@ def add_routes(app: FastAPI, models, qos_for, body_of, store: ResponseStore) -> 
                 "store": stored, "background": bool(background), "tools": body.get("tools") or [],
                 "tool_choice": body.get("tool_choice") or "auto", "parallel_tool_calls": parallel,
                 "text": {"format": text_opts.get("format") or {"type": "text"}}, "metadata": metadata}
-        streams = await models.service.submit(eng, [req], cp.bodies, api="responses", owner=owner_of(request),
-                                              access=access_record(request),
-                                              params={"response_id": rid, "base": base, "input_items": new_items,
-                                                      "store": base["store"]})
+        run = await Run.submit(request, models.service, eng, [req], cp.bodies, api="responses",
+                               params={"response_id": rid, "base": base, "input_items": new_items,
+                                       "store": base["store"]})
 
         async def finished(text: str, reasoning: str, calls: list, c) -> dict:
             return await finish(store, base, record, req.session, text, reasoning, calls, c)
@@ -293,16 +292,13 @@ def add_routes(app: FastAPI, models, qos_for, body_of, store: ResponseStore) -> 
         response.headers.update(headers)
         if background:  # not tied to this connection: a task reads it; the stream reads the log
             pending = {**base, "output": [], "usage": None, "error": None, "incomplete_details": None}
-            queued = await bg.start({**record, "session": req.session, "response": pending}, streams[0], finished)
+            queued = await bg.start({**record, "session": req.session, "response": pending}, run.streams[0], finished)
             if body.get("stream"):
                 return _with(sse(await bg.stream(rid, -1), lambda: None, [req]), headers)
             return queued
         if body.get("stream"):
-            return _with(sse(events(base, streams[0], finished, req.session), models.service.on_close(eng, [req]),
-                             [req]), headers)
-        choices = await collect(request, streams)
-        raise_first_error(choices)
-        ch = choices[0]
+            return _with(run.stream(events(base, run.streams[0], finished, req.session)), headers)
+        ch = (await run.collect())[0]
         return await finished("".join(ch.text), "".join(ch.reasoning), ch.tool_calls, ch.last)
 
     @app.get("/v1/responses/{rid}")

@@ -17,7 +17,8 @@ from .resume import media_type, rest_of_generation, subscription
 from .schema import (SessionCreate, SessionFork, SessionGenerate, SessionMessage, SessionMetaBody, SessionToolResult,
                      SessionTrim, parse)
 from .sse import DONE, cursor, event, parse_cursor
-from .streams import SSE_HEADERS, access_record, collect, raise_first_error, sse
+from .runner import Run
+from .streams import SSE_HEADERS
 
 
 def _json(obj, status: int = 200) -> Response:
@@ -142,14 +143,11 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
     async def generate(sid: str, request: Request):
         body = parse(SessionGenerate, await request.body())
         eng = await engine_of(sid)
-        req, stream = await models.service.generate(eng, sid, max_tokens=body.max_tokens, overrides=body.overrides(),
-                                              stop=body.stops(), qos=qos_for(request),
-                                              access=access_record(request))
+        run = await Run.generate(request, models.service, eng, sid, max_tokens=body.max_tokens,
+                                 overrides=body.overrides(), stop=body.stops(), qos=qos_for(request))
         if body.stream:
-            return sse(_generated(sid, stream), models.service.on_close(eng, [req]), [req])
-        choices = await collect(request, [stream])
-        raise_first_error(choices)
-        c = choices[0]
+            return run.stream(_generated(sid, run.streams[0]))
+        c = (await run.collect())[0]
         return _json({"object": "session.generation", "session": sid, "text": "".join(c.text),
                       "finish": c.finish.log_name if c.finish else None,
                       "last_event_id": c.last.event_id if c.last else None,

@@ -1,0 +1,55 @@
+"""The one sequence every generating route runs once it has translated its request in:
+submit the GenRequests through the service (checked, the prompt committed, the access log's
+record handed over with the key that owns the sessions), then either stream the chunks back
+in the API's own frames or collect whole choices (the first error raised, typed). Each API
+module only translates its request in and its events out."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+
+from ..request import Chunk, GenRequest
+from . import openai as oa
+from .policy import owner_of
+from .streams import COMMENT, access_record, collect, raise_first_error, sse
+
+
+class Run:
+    """A request's generations, submitted: `streams` (one per choice) until streamed or collected."""
+
+    def __init__(self, request: Request, service, engine, reqs: list[GenRequest],
+                 streams: list[AsyncIterator[Chunk]]):
+        self.request, self.service, self.engine, self.reqs, self.streams = request, service, engine, reqs, streams
+
+    @classmethod
+    async def submit(cls, request: Request, service, engine, reqs: list[GenRequest], bodies=None, *, api: str,
+                     params: dict | None = None) -> Run:
+        """Check and start `reqs` (sessions recorded as `api` with `params`, owned by the
+        request's key); a refused request raises its typed error before anything starts."""
+        streams = await service.submit(engine, reqs, bodies, api=api, params=params, owner=owner_of(request),
+                                       access=access_record(request))
+        return cls(request, service, engine, reqs, streams)
+
+    @classmethod
+    async def generate(cls, request: Request, service, engine, sid: str, **kw) -> Run:
+        """The next turn of a native session (Service.generate)."""
+        req, stream = await service.generate(engine, sid, access=access_record(request), **kw)
+        return cls(request, service, engine, [req], [stream])
+
+    def stream(self, frames: AsyncIterator[bytes], media_type: str = "text/event-stream",
+               keepalive: bytes | None = COMMENT) -> StreamingResponse:
+        """The response streaming `frames` (built from self.streams); when it ends however
+        it ends, the service decides what that means for the generations (Service.on_close)."""
+        return sse(frames, self.service.on_close(self.engine, self.reqs), self.reqs, media_type, keepalive)
+
+    async def collect(self, wrap: Callable[[AsyncIterator[Chunk]], AsyncIterator[Chunk]] | None = None
+                      ) -> list[oa.Choice]:
+        """Every choice whole (`wrap` sees each stream's chunks on the way); the first
+        choice's error is raised, typed, as it would be had the daemon raised it."""
+        streams = self.streams if wrap is None else [wrap(s) for s in self.streams]
+        choices = await collect(self.request, streams)
+        raise_first_error(choices)
+        return choices
