@@ -1,4 +1,7 @@
-"""The daemon: wires tokenizer, engine, HTTP server and signals together."""
+"""The daemon's composition root: build() wires the model registry, the service and its
+session log, the engines (each given its session log, metrics hooks and clock), the store,
+the metrics and the HTTP app, all by constructor; serve() is build() plus uvicorn and the
+signals. Tests build() with a fake engine factory and drive App.asgi in process."""
 
 from __future__ import annotations
 
@@ -6,26 +9,33 @@ import asyncio
 import contextlib
 import logging
 import os
-from dataclasses import replace
 import signal
 import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
 
 import uvicorn
 
 from . import __version__
 from .api.app import create_app
-from .net.loopback import is_loopback_host
 from .codec.tokenizer import Tokenizer
 from .config import EngineConfig, ServeConfig, home
-from .engine import Engine, EngineAPI, SessionLog
-from .service.registry import Models
+from .engine import NO_HOOKS, Engine, EngineAPI, Hooks, SessionLog
 from .monitor.access import AccessLog
 from .monitor.metrics import Metrics
 from .monitor.tui import Dashboard, LiveMonitor, LogBuffer
+from .net.loopback import is_loopback_host
 from .runtime.registry import available_memory, default_runtime, fit_context, is_hf_folder, model_bytes
 from .runtime.rope import derive, describe, trained_window
+from .service import Sessions
+from .service.registry import Models
 from .session.store import Store
-from .service import Service, Sessions
+
+Clock = Callable[[], float]
+EngineFactory = Callable[[EngineConfig, SessionLog, Hooks, Clock], EngineAPI]
+ASGIApp = Any  # an ASGI callable (the access log around the FastAPI app)
 
 log = logging.getLogger("superfluid")
 
@@ -88,7 +98,8 @@ def tokenizer_for(path: str):
     return Tokenizer(path)
 
 
-def build_engine(ec: EngineConfig, log: SessionLog | None = None) -> Engine:
+def build_engine(ec: EngineConfig, log: SessionLog | None = None, *, hooks: Hooks = NO_HOOKS,
+                 clock: Clock = time.monotonic) -> Engine:
     tok = tokenizer_for(ec.model_path)
     trained = tok.shape.n_ctx_train
     # an explicit --rope-scale stretches the default window too; the worker applies the same
@@ -97,7 +108,7 @@ def build_engine(ec: EngineConfig, log: SessionLog | None = None) -> Engine:
                         lanes=ec.slots, kv_bytes_per_token=tok.shape.kv_bytes_per_token,
                         model_bytes=model_bytes(ec.model_path), mem_bytes=available_memory())
     say_window(ec, n_ctx, trained)
-    return Engine(ec, tok, n_ctx, log)
+    return Engine(ec, tok, n_ctx, log, hooks=hooks, clock=clock)
 
 
 def say_window(ec: EngineConfig, n_ctx: int, trained: int) -> None:
@@ -110,16 +121,15 @@ def say_window(ec: EngineConfig, n_ctx: int, trained: int) -> None:
         (log.warning if said[1] else log.info)("%s: %s", ec.model_id, said[0])
 
 
-def open_store(cfg: ServeConfig) -> Store:
-    """The session store (a throwaway in-memory one with --sessions-cache). Raises
-    StoreLocked / StoreUnreadable with a line that names the directory or file."""
+def store_of(cfg: ServeConfig) -> Store:
+    """The session store the settings name, not opened yet (build() opens it): a throwaway
+    in-memory one with --sessions-cache."""
     if cfg.sessions_cache:
-        return Store(None).open()
-    directory = cfg.sessions_dir or str(home() / "sessions")
-    return Store(directory, max_bytes=cfg.store_max_bytes).open()
+        return Store(None)
+    return Store(cfg.sessions_dir or str(home() / "sessions"), max_bytes=cfg.store_max_bytes)
 
 
-def build_fleet_engine(cfg: ServeConfig, store: Store, log: SessionLog | None = None):
+def fleet_engines(cfg: ServeConfig, store: Store) -> EngineFactory:
     """The head's engine for the default model: the tokenizer and template from the local
     GGUF, generations on the fleet's nodes. Epochs start above every earlier run's
     (the store's epoch, bumped at every start, in the high bits)."""
@@ -134,14 +144,14 @@ def build_fleet_engine(cfg: ServeConfig, store: Store, log: SessionLog | None = 
     pool = NodePool(list(cfg.fleet), cfg.fleet_psk, timeout=cfg.fleet_timeout, epoch_floor=store.epoch << 32,
                     listen=cfg.fleet_listen, mdns=cfg.fleet_mdns, local=local if cfg.fleet_local else None)
 
-    def build(ec: EngineConfig) -> EngineAPI:
+    def build(ec: EngineConfig, log: SessionLog, hooks: Hooks, clock: Clock) -> EngineAPI:
         """The default model, and any other model a connected node serves, runs on the
         fleet; the rest run here."""
         if ec.model_id != cfg.engine.model_id and not pool.serves(ec.model_id):
-            return build_engine(ec, log)
+            return build_engine(ec, log, hooks=hooks, clock=clock)
         tok = tokenizer_for(ec.model_path)
         return FleetEngine(ec, tok, tok.shape.n_ctx_train or 4096, pool, policy=cfg.fleet_policy,
-                           grace=cfg.fleet_grace, log=log)
+                           grace=cfg.fleet_grace, log=log, hooks=hooks)
     return build
 
 
@@ -157,52 +167,90 @@ async def advertise_rpc(cfg: ServeConfig):
     return await Advertiser.start(host, port, cfg.fleet_psk)
 
 
-async def serve(cfg: ServeConfig, sock: socket.socket, store: Store) -> None:
-    sessions = Sessions(store, grace=cfg.resume_grace)  # every engine commits to it (delivery.SessionLog)
-
-    def build_local(ec: EngineConfig) -> Engine:
+def local_engines(cfg: ServeConfig) -> EngineFactory:
+    """Engines on this machine, each with its own worker process."""
+    def build(ec: EngineConfig, log: SessionLog, hooks: Hooks, clock: Clock) -> EngineAPI:
         if ec.model_id != cfg.engine.model_id:  # a pipeline or an RPC split serves the default model only
             if ec.stages:
                 ec = replace(ec, runtime=default_runtime(ec.model_path), stages=(), stage_spares=())
             ec = replace(ec, rpc_nodes=(), rpc_names=(), rpc_listen_fd=-1, rpc_split=())
-        return build_engine(ec, sessions)
+        return build_engine(ec, log, hooks=hooks, clock=clock)
+    return build
 
-    build = build_fleet_engine(cfg, store, sessions) if cfg.fleet or cfg.fleet_listen else build_local
-    advert = await advertise_rpc(cfg)  # before the model loads: its worker waits for nodes to join
-    models = Models(cfg.engine, build, idle_timeout=cfg.idle_timeout)
-    models.sessions = sessions
-    models.service = Service(sessions)
-    models.embedding = cfg.embedding_model
-    for src in cfg.models:
-        models.add(src)
-    if cfg.model_dir:
-        models.add_dir(cfg.model_dir)
-    models.strict = cfg.strict_models
-    for name, target in cfg.aliases:
-        models.alias(name, target)
+
+@dataclass
+class App:
+    """A daemon, built: the ASGI app (access log outermost) over the models it serves, the
+    session log every engine commits to, and the metrics. start() loads the models."""
+    cfg: ServeConfig
+    asgi: ASGIApp
+    models: Models
+    sessions: Sessions
+    metrics: Metrics
+    store: Store
+
+    async def start(self) -> None:
+        await self.models.start([src.id for src in self.cfg.models])
+
+    async def close(self) -> None:
+        await self.models.close()
+        await asyncio.sleep(0)  # let the engines' last log writes reach the store's queue
+
+
+def build(cfg: ServeConfig, *, store: Store, engine_factory: EngineFactory | None = None,
+          clock: Clock = time.monotonic) -> App:
+    """The composition root: everything a daemon is, wired by constructor. `store` is opened
+    here (StoreLocked / StoreUnreadable name the directory); `engine_factory` makes an engine
+    for a model's settings (default: local workers, or the fleet's nodes with --fleet /
+    --fleet-listen); `clock` is what idle time and pins are read on. Nothing loads until
+    App.start()."""
+    engines: dict[str, EngineAPI] = {}
+    metrics = Metrics(engines)
+    store.open(on_commit=metrics.commit.observe)
     try:
-        for src in cfg.models:  # the default and every --model: loaded now; --model-dir ones on demand
-            await models.load(src.id)
+        sessions = Sessions(store, grace=cfg.resume_grace)
+        if engine_factory is None:
+            engine_factory = fleet_engines(cfg, store) if cfg.fleet or cfg.fleet_listen else local_engines(cfg)
+        make = engine_factory
+
+        def engine(ec: EngineConfig) -> EngineAPI:
+            return make(ec, sessions, metrics.hooks(ec.model_id), clock)
+
+        models = Models(cfg.engine, engine, idle_timeout=cfg.idle_timeout, sessions=sessions,
+                        embedding=cfg.embedding_model, strict=cfg.strict_models, engines=engines, clock=clock)
+        for src in cfg.models:
+            models.add(src)
+        if cfg.model_dir:
+            models.add_dir(cfg.model_dir)
+        for name, target in cfg.aliases:
+            models.alias(name, target)
+        app = create_app(models, max_body=cfg.max_body_bytes, default_qos=cfg.default_qos,
+                         metrics_registry=metrics.registry, policies=list(cfg.policies),
+                         loopback_bind=is_loopback_host(cfg.host), ip_rpm=cfg.ip_rpm, ui=cfg.ui,
+                         cors_origins=cfg.cors_origins, allow_model_paths=cfg.allow_model_paths)
+        logged = AccessLog(app, cfg.log_format, on_record=metrics.observe_request,
+                           skip=frozenset({"/health", "/metrics", "/v1/monitor"}))  # polled each second, like /metrics
     except BaseException:
-        await models.close()
+        store.close()
+        raise
+    return App(cfg, logged, models, sessions, metrics, store)
+
+
+async def serve(daemon: App, sock: socket.socket) -> None:
+    """build() plus uvicorn: load the models, serve until a signal, stop."""
+    cfg, models = daemon.cfg, daemon.models
+    advert = await advertise_rpc(cfg)  # before the model loads: its worker waits for nodes to join
+    try:
+        await daemon.start()
+    except BaseException:
         if advert is not None:
             await advert.close()
         raise
-    models.announce = True
     engines = models.engines
     assert models.default is not None
     engine = engines[models.default]
     host, port = sock.getsockname()[:2]
-    metrics = Metrics(engines)
-    models.on_load.append(metrics.attach)
-    store.on_commit = metrics.commit.observe
-    app = create_app(models, max_body=cfg.max_body_bytes, default_qos=cfg.default_qos,
-                     metrics_registry=metrics.registry, policies=list(cfg.policies),
-                     loopback_bind=is_loopback_host(host), ip_rpm=cfg.ip_rpm, ui=cfg.ui,
-                     cors_origins=cfg.cors_origins, allow_model_paths=cfg.allow_model_paths)
-    app = AccessLog(app, cfg.log_format, on_record=metrics.observe_request,
-                    skip=frozenset({"/health", "/metrics", "/v1/monitor"}))  # polled each second, like /metrics
-    server = _Server(uvicorn.Config(app, log_level="warning", access_log=False,
+    server = _Server(uvicorn.Config(daemon.asgi, log_level="warning", access_log=False,
                                     timeout_graceful_shutdown=3, lifespan="off"))
     server.drain_timeout = cfg.drain_timeout
     shown = f"[{host}]" if ":" in host else host
@@ -230,19 +278,18 @@ async def serve(cfg: ServeConfig, sock: socket.socket, store: Store) -> None:
             await advert.close()
         if monitor is not None:
             monitor.stop()
-        await models.close()
-        await asyncio.sleep(0)  # let the engines' last log writes reach the store's queue
+        await daemon.close()
         pidfile.unlink(missing_ok=True)
         log.info("stopped")
 
 
-def run(cfg: ServeConfig, sock: socket.socket, store: Store) -> None:
+def run(daemon: App, sock: socket.socket) -> None:
     try:
         import uvloop
         uvloop.install()
     except ImportError:
         pass
     try:
-        asyncio.run(serve(cfg, sock, store))
+        asyncio.run(serve(daemon, sock))
     finally:
-        store.close()
+        daemon.store.close()

@@ -273,3 +273,11 @@ class FakeModel:
     def engine(self, log=None, **cfg) -> Engine:
         ec = EngineConfig(model_path="fake.gguf", model_id="fake", **{"max_batch": 4, **cfg})
         return Engine(ec, self.vocab, self.n_ctx, log, worker_factory=self.worker)  # type: ignore[arg-type]
+
+    def factory(self):
+        """A daemon.EngineFactory: every model the daemon loads is this one, wired as the
+        daemon wires a real engine (its session log, metrics hooks and clock)."""
+        def make(ec: EngineConfig, log, hooks, clock) -> Engine:
+            return Engine(ec, self.vocab, self.n_ctx, log, worker_factory=self.worker,  # type: ignore[arg-type]
+                          hooks=hooks, clock=clock)
+        return make

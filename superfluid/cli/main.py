@@ -207,7 +207,7 @@ def _kv_disk(args: argparse.Namespace) -> dict:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from ..daemon import listen_socket, open_store, run
+    from ..daemon import build, listen_socket, run, store_of
     from ..runtime.registry import resolve
 
     problem = apply_llama_flags(args)
@@ -303,18 +303,21 @@ def _serve(args: argparse.Namespace) -> int:
             print(f"superfluid: cannot read --fleet-auth: {e}", file=sys.stderr)
             return 2
     try:
-        store = open_store(cfg)
-    except SuperfluidError as e:  # locked by another daemon, or not a store we can read
+        daemon = build(cfg, store=store_of(cfg))
+    except ModelLoadError as e:  # --model-dir, --alias
+        print(f"superfluid: {e.message}", file=sys.stderr)
+        return 2
+    except SuperfluidError as e:  # the store is locked by another daemon, or not one we can read
         print(f"superfluid: {e.message}", file=sys.stderr)
         return 1
     try:
         sock = listen_socket(host, port)
     except OSError as e:
-        store.close()
+        daemon.store.close()
         print(f"superfluid: cannot listen on {host}:{port}: {e.strerror}", file=sys.stderr)
         return 1
     try:
-        run(cfg, sock, store)
+        run(daemon, sock)
     except ModelLoadError as e:
         print(f"superfluid: {e.message}", file=sys.stderr)
         return 2

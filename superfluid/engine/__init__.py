@@ -10,7 +10,7 @@ daemon may use of it. api/ and monitor/ import only from here (an import contrac
 - embedding.py checks and queues embedding requests.
 - sampling_defaults.py is the table a request's left-out sampling parameters fall back to."""
 
-from .contract import QUEUE_CLASSES, EngineAPI, EngineStats, Lane, NodeStats
+from .contract import NO_HOOKS, QUEUE_CLASSES, EngineAPI, EngineStats, Hooks, Lane, NodeStats
 from .delivery import SessionLog, Stream
 from .embedding import EmbedInput
 from .embedding import check as check_embed
@@ -18,5 +18,5 @@ from .local import Engine
 from .readings import health_row, monitor_record
 from .sampling_defaults import for_api
 
-__all__ = ["QUEUE_CLASSES", "EmbedInput", "Engine", "EngineAPI", "EngineStats", "Lane", "NodeStats",
-           "SessionLog", "Stream", "check_embed", "for_api", "health_row", "monitor_record"]
+__all__ = ["NO_HOOKS", "QUEUE_CLASSES", "EmbedInput", "Engine", "EngineAPI", "EngineStats", "Hooks", "Lane",
+           "NodeStats", "SessionLog", "Stream", "check_embed", "for_api", "health_row", "monitor_record"]

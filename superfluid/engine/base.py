@@ -16,6 +16,7 @@ from typing import Any
 from ..codec.model import Codec
 from ..codec.tokenizer import Tokenizer
 from ..config import EngineConfig
+from .contract import NO_HOOKS, Hooks
 from .delivery import Deliveries, SessionLog
 from .delivery import Stream as _Stream
 from ..errors import BadRequest, ContextLengthExceeded, EmbeddingUnsupported, ModelUnloaded, SuperfluidError
@@ -32,7 +33,8 @@ class EngineBase:
 
     embedder: Any  # embedding.Embedder or fleet/embeds.FleetEmbedder
 
-    def __init__(self, cfg: EngineConfig, tokenizer: Tokenizer, log: SessionLog | None = None):
+    def __init__(self, cfg: EngineConfig, tokenizer: Tokenizer, log: SessionLog | None = None, *,
+                 hooks: Hooks = NO_HOOKS, clock: Callable[[], float] = time.monotonic):
         self.cfg = cfg
         self.model_id = cfg.model_id
         self.codec = Codec.of(tokenizer, cfg.chat_template, cfg.tool_dialect)
@@ -41,10 +43,10 @@ class EngineBase:
         self.tool_format = self.codec.tool_format
         self.reasoning = self.codec.reasoning
         self.info: ModelInfo | None = None
-        self.observe_ttft: Callable[[float], None] | None = None  # set by the metrics layer
-        self.observe_itl: Callable[[float], None] | None = None  # inter-token latency
+        self.hooks = hooks  # the metrics it reports to
+        self.clock = clock  # what idle time and pin deadlines are read on
         self.recent_ttft: deque[float] = deque(maxlen=TTFT_KEPT)  # for the monitor's p50/p95
-        self.last_used = time.monotonic()
+        self.last_used = clock()
         self._streams: dict[str, _Stream] = {}
         self.log = log  # where a session-backed generation's output is committed (the service's log)
         self.out = Deliveries(log, self._fail)
@@ -110,7 +112,7 @@ class EngineBase:
 
     async def embed(self, inputs, qos: Qos = Qos.EMBEDDING):
         """One float32 vector per input (embedding.EmbedInput), batched by the engine's embedder."""
-        self.last_used = time.monotonic()
+        self.last_used = self.clock()
         if self.closed:
             raise ModelUnloaded(f"the model {self.model_id} was unloaded; retry to load it again")
         return await self.embedder.embed(inputs, qos)
@@ -147,8 +149,8 @@ class EngineBase:
         if st.n_out == 0:
             st.ttft_s = now - st.t_submit
             self.recent_ttft.append(st.ttft_s)
-            if self.observe_ttft is not None:
-                self.observe_ttft(st.ttft_s)
-        elif self.observe_itl is not None:
-            self.observe_itl(now - st.t_last)
+            if self.hooks.ttft is not None:
+                self.hooks.ttft(st.ttft_s)
+        elif self.hooks.itl is not None:
+            self.hooks.itl(now - st.t_last)
         st.t_last = now

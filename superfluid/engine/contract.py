@@ -9,7 +9,7 @@ record sums its nodes' lanes, queues, KV and counters, and has a row per node.""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -107,6 +107,17 @@ def percentiles(values) -> tuple[float | None, float | None]:
     mid = len(v) // 2
     p50 = v[mid] if len(v) % 2 else (v[mid - 1] + v[mid]) / 2
     return p50, v[min(len(v) - 1, int(0.95 * len(v)))]
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """What an engine reports as it happens, given at construction: the daemon's metrics
+    (monitor/metrics.Metrics.hooks), none in tests."""
+    ttft: Callable[[float], None] | None = None  # seconds from submit to a stream's first token
+    itl: Callable[[float], None] | None = None  # seconds between a stream's tokens
+
+
+NO_HOOKS = Hooks()  # an engine nobody measures (tests, a node's own engine)
 
 
 @runtime_checkable

@@ -23,7 +23,7 @@ from ..codec.detok import TextStream
 from ..codec.tokenizer import Tokenizer
 from ..config import EngineConfig
 from .embedding import Embedder
-from .contract import EngineStats
+from .contract import NO_HOOKS, EngineStats, Hooks
 from .base import EngineBase
 from .stats import RateMeter, local_stats
 from ..errors import SuperfluidError, WorkerCrashed, WorkerUnavailable
@@ -49,8 +49,9 @@ PREFILL_FLOOR = 64
 
 class Engine(EngineBase):
     def __init__(self, cfg: EngineConfig, tokenizer: Tokenizer, n_ctx: int, log: SessionLog | None = None,
-                 worker_factory: Callable[[WorkerSettings], WorkerProcess] = WorkerProcess):
-        super().__init__(cfg, tokenizer, log)
+                 worker_factory: Callable[[WorkerSettings], WorkerProcess] = WorkerProcess, *,
+                 hooks: Hooks = NO_HOOKS, clock: Callable[[], float] = time.monotonic):
+        super().__init__(cfg, tokenizer, log, hooks=hooks, clock=clock)
         self.spec = WorkerSettings(cfg.model_path, cfg.slots, n_ctx, cfg.threads, cfg.step_tokens, runtime=cfg.runtime,
                                    stages=cfg.stages, spares=cfg.stage_spares, stage_psk=cfg.stage_psk,
                                    split=cfg.stage_split, pooling=cfg.pooling,
@@ -126,7 +127,7 @@ class Engine(EngineBase):
     # -- the API's view ------------------------------------------------------------------
     def submit(self, req: GenRequest) -> AsyncIterator[Chunk]:
         """Queue a generation that check() accepted."""
-        self.last_used = time.monotonic()
+        self.last_used = self.clock()
         out = OutputProcessor(TextStream(self.codec.pieces, self.tokenizer.eog, req.stop), req.channels)
         out.replay(req.history)  # a continued turn (a restart, a failover) picks up where it was
         st = _Stream(req, out)
@@ -283,7 +284,7 @@ class Engine(EngineBase):
         self.sched.embed_budget = min(EMBED_STEP_MAX, max(64, want))
 
     def _fill(self, inflight: deque[StepPlan]) -> None:
-        self.sched.expire_pins(time.monotonic())  # the scheduler reads no clock
+        self.sched.expire_pins(self.clock())  # the scheduler reads no clock
         while len(inflight) < PIPELINE_DEPTH and self.ready:
             plan = self.sched.schedule()
             if plan is None:

@@ -21,7 +21,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from ..engine.contract import EngineStats
+from ..engine.contract import NO_HOOKS, EngineStats, Hooks
 from ..engine.base import EngineBase
 from ..errors import ContextLengthExceeded, SuperfluidError, WorkerUnavailable
 from ..link import messages as m
@@ -48,8 +48,8 @@ class _Placed:
 
 class FleetEngine(EngineBase):
     def __init__(self, cfg, tokenizer, n_ctx: int, pool: NodePool, *, policy: str = "load-aware",
-                 grace: float = 1.0, log=None):
-        super().__init__(cfg, tokenizer, log)
+                 grace: float = 1.0, log=None, hooks: Hooks = NO_HOOKS):
+        super().__init__(cfg, tokenizer, log, hooks=hooks)
         self._n_ctx = n_ctx  # until a node says how large its window is
         self.pool = pool
         self.policy = policy
@@ -144,7 +144,7 @@ class FleetEngine(EngineBase):
 
     # -- the API's view ------------------------------------------------------------------
     def submit(self, req: GenRequest) -> AsyncIterator[Chunk]:
-        self.last_used = time.monotonic()
+        self.last_used = self.clock()
         p = _Placed(req, Tracker(req.id, 0))
         self._place(p)  # raises when no node can take it
         st = self._stream_for(req)
@@ -230,7 +230,7 @@ class FleetEngine(EngineBase):
         """Failover: work on a node gone for longer than `grace` moves."""
         while True:
             await asyncio.sleep(0.1)
-            now = time.monotonic()
+            now = time.monotonic()  # the pool marks a node gone on this clock
             for p in list(self._placed.values()):
                 if p.tracker.failover_due(now, self.grace):
                     self._failover(p)

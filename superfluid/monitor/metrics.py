@@ -7,6 +7,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from ..engine import Hooks
+
 TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 _COUNTERS = (
@@ -118,13 +120,10 @@ class Metrics:
         self.commit = Histogram("superfluid_store_commit_seconds",
                                 "session-store transactions (one fsync each; a step's tokens share one)",
                                 buckets=COMMIT_BUCKETS, registry=self.registry)
-        for eng in engines.values():
-            self.attach(eng)
 
-    def attach(self, eng) -> None:
-        """Feed an engine's latencies into the histograms (also for models loaded later)."""
-        eng.observe_ttft = self.ttft.labels(eng.model_id).observe
-        eng.observe_itl = self.itl.labels(eng.model_id).observe
+    def hooks(self, model_id: str) -> Hooks:
+        """What an engine for `model_id` is built with, to feed its latencies in here."""
+        return Hooks(ttft=self.ttft.labels(model_id).observe, itl=self.itl.labels(model_id).observe)
 
     def observe_request(self, rec: dict) -> None:
         """Called by the access log for every request it logs."""

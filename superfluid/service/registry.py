@@ -16,10 +16,10 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from ..config import EngineConfig
-from . import Service
+from .service import Service
+from .sessions import Sessions
 from ..engine.contract import EngineAPI
 from ..errors import ModelLoadError, ModelNotFound, ModelUnloaded
 from ..runtime.registry import ModelSource, default_runtime, resolve
@@ -32,21 +32,23 @@ GRACE_S = 1.0  # a model handed to a request is not unloaded sooner (it may not 
 
 class Models:
     def __init__(self, base: EngineConfig, build: Callable[[EngineConfig], EngineAPI], *,
-                 idle_timeout: float | None = None):
+                 idle_timeout: float | None = None, sessions: Sessions | None = None, embedding: str | None = None,
+                 strict: bool = False, engines: dict[str, EngineAPI] | None = None,
+                 clock: Callable[[], float] = time.monotonic):
         self.base = base
-        self._build = build
+        self._build = build  # an engine for a model's settings, wired by the daemon (daemon.build)
         self.idle_timeout = idle_timeout
+        self.clock = clock  # idle time is read on it (engines stamp last_used on the same one)
         self.sources: dict[str, ModelSource] = {}  # every model we can serve, by id
-        self.engines: dict[str, EngineAPI] = {}  # the loaded ones (a live dict: metrics read it)
+        self.engines = {} if engines is None else engines  # the loaded ones (a live dict: metrics read it)
         self.default: str | None = None
-        self.on_load: list[Callable[[EngineAPI], None]] = []
-        self.service = Service(None)  # the daemon gives it the session log
-        self.sessions: Any = None  # service.Sessions, when the daemon has a session store
-        self.embedding: str | None = None  # where embedding requests that name no model go
-        self.announce = False  # log loads once the server is up (the banner covers the first ones)
+        self.sessions = sessions  # the session log, when the daemon has a session store
+        self.service = Service(sessions)
+        self.embedding = embedding  # where embedding requests that name no model go
+        self.announce = False  # log loads once started (the banner covers the first ones)
         self.keep_alive: dict[str, float] = {}  # idle seconds a client asked a loaded model to stay (inf: forever)
         self.aliases: dict[str, str] = {}  # --alias: a name (lower case) -> the id it stands for
-        self.strict = False  # --strict-models: a name we do not serve is a 404 even with one model
+        self.strict = strict  # --strict-models: a name we do not serve is a 404 even with one model
         self._lock = asyncio.Lock()
 
     def add(self, src: ModelSource) -> str:
@@ -99,7 +101,7 @@ class Models:
         eng = self.engines.get(mid)
         if eng is None:
             return await self.load(mid)
-        eng.last_used = time.monotonic()  # not reaped between here and its request's submit
+        eng.last_used = self.clock()  # not reaped between here and its request's submit
         return eng
 
     async def load(self, model: str) -> EngineAPI:
@@ -114,8 +116,6 @@ class Models:
             eng = self._build(replace(self.base, model_path=src.path, model_id=mid, runtime=self._runtime(src)))
             await eng.start()
             self.engines[mid] = eng
-            for hook in self.on_load:
-                hook(eng)
             log.log(logging.INFO if self.announce else logging.DEBUG, "loaded %s (%s)", mid, src.path)
             return eng
 
@@ -130,6 +130,17 @@ class Models:
         if own == "sentence" or self.base.runtime == "pipeline" or not chosen:
             return own
         return self.base.runtime
+
+    async def start(self, ids: list[str]) -> None:
+        """Load these models now (the default and every --model; --model-dir ones load on
+        demand); later loads are logged. A failed load unloads what had loaded."""
+        try:
+            for mid in ids:
+                await self.load(mid)
+        except BaseException:
+            await self.close()
+            raise
+        self.announce = True
 
     async def unload(self, model: str, *, forget: bool = False) -> bool:
         mid = self.resolve_id(model)
@@ -162,7 +173,7 @@ class Models:
         return None if mid == self.default or t is None or math.isinf(t) else t
 
     def expires(self, mid: str) -> float | None:
-        """When (time.monotonic()) the loaded model is unloaded if nobody uses it (None: never)."""
+        """When (on the clock) the loaded model is unloaded if nobody uses it (None: never)."""
         eng, t = self.engines.get(mid), self.timeout(mid)
         return None if eng is None or t is None else eng.last_used + max(t, GRACE_S)
 
@@ -170,9 +181,15 @@ class Models:
         """Unload models idle for their timeout (never the default), forever."""
         while True:
             await asyncio.sleep(REAP_S)
-            now = time.monotonic()
-            for mid, eng in list(self.engines.items()):
-                t = self.timeout(mid)
-                if t is not None and eng.idle and now - eng.last_used >= max(t, GRACE_S):
-                    log.info("%s idle for %.0f s", mid, now - eng.last_used)
-                    await self.unload(mid)
+            await self.reap()
+
+    async def reap(self) -> list[str]:
+        """One look for idle models: unload those idle past their timeout; their ids."""
+        now, gone = self.clock(), []
+        for mid, eng in list(self.engines.items()):
+            t = self.timeout(mid)
+            if t is not None and eng.idle and now - eng.last_used >= max(t, GRACE_S):
+                log.info("%s idle for %.0f s", mid, now - eng.last_used)
+                if await self.unload(mid):
+                    gone.append(mid)
+        return gone

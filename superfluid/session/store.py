@@ -95,13 +95,14 @@ class Store:
         self.max_bytes = max_bytes
         self.epoch = 0  # this opening's epoch: one more than the last opening's
         self.recovered: list[str] = []  # sessions cut mid-generation by the last stop
-        self.on_commit: Callable[[float], None] | None = None  # seconds per commit (metrics)
         self._lock_fd: int | None = None
         self._conn: sqlite3.Connection | None = None
         self._w: Writer | None = None
 
     # -- opening -------------------------------------------------------------------------
-    def open(self) -> Store:
+    def open(self, on_commit: Callable[[float], None] | None = None) -> Store:
+        """Lock, read and recover the store; `on_commit` is told each transaction's seconds
+        (the daemon's metrics)."""
         if self.dir is not None:
             self.dir.mkdir(parents=True, exist_ok=True)
             self._take_lock()
@@ -111,7 +112,7 @@ class Store:
         except BaseException:
             self.close()
             raise
-        self._w = Writer(self._conn, on_commit=lambda s: self.on_commit(s) if self.on_commit else None)
+        self._w = Writer(self._conn, on_commit=on_commit)
         return self
 
     def _take_lock(self) -> None:

@@ -4,17 +4,10 @@ serves its own, while every route with data still needs it; pages on this machin
 ports get CORS answers and can chat; a foreign page gets no grant and changes nothing; a
 rebound Host is refused."""
 
-import asyncio
-
-import httpx
-
-from superfluid.api.app import create_app
 from superfluid.api.policy import KeyPolicy
-from superfluid.config import EngineConfig
-from superfluid.service.registry import Models
-from superfluid.runtime.registry import ModelSource
 
 from ..fakes import FakeModel
+from ..harness import run
 
 KEY = "sk-front-door-key"
 AUTH = {"authorization": f"Bearer {KEY}"}
@@ -24,26 +17,16 @@ PREFLIGHT = {"access-control-request-method": "POST",
 
 
 def serve(body, **kw):
-    """The app, with the web UI and one API key, on a fake model; `body(client)`'s result and
-    how many generations reached the model."""
+    """The daemon in one process (tests/harness.py), with the web UI and one API key, on a
+    fake model; `body(client)`'s result and how many generations reached the model."""
     m = FakeModel()
     prompts: list = []
     script = m.reply
     m.reply = lambda prompt: (prompts.append(prompt), script(prompt))[1]
 
-    async def go():
-        models = Models(EngineConfig(model_path="fake.gguf", model_id="fake"), lambda cfg: m.engine())
-        models.add(ModelSource("fake.gguf", "fake"))
-        await models.load("fake")
-        app = create_app(models, policies=[KeyPolicy("k", KEY)], **kw)
-        try:
-            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
-                                         base_url="http://127.0.0.1:8080") as client:
-                out = await body(client)
-            return out, len(prompts)
-        finally:
-            await models.close()
-    return asyncio.run(go())
+    async def go(h):
+        return await body(h.client), len(prompts)
+    return run(go, m, policies=(KeyPolicy("k", KEY),), **kw)
 
 
 def test_the_page_and_its_files_need_no_key_and_the_data_does():

@@ -6,16 +6,12 @@ raised in the daemon. A worker fault stays a 500."""
 
 import asyncio
 
-import httpx
 import orjson
 
-from superfluid.api.app import create_app
-from superfluid.config import EngineConfig
 from superfluid.errors import BadRequest
-from superfluid.service.registry import Models
-from superfluid.runtime.registry import ModelSource
 
 from ..fakes import FakeModel
+from ..harness import run
 
 REFUSED = BadRequest("this model's vocabulary cannot enforce the schema", param="response_format")
 
@@ -25,24 +21,16 @@ def chat(**kw) -> dict:
 
 
 def serve(body, refuse: BaseException = REFUSED):
-    """The app on a fake model whose runtime refuses every grammar with `refuse`."""
+    """The daemon in one process (tests/harness.py) on a fake model whose runtime refuses
+    every grammar with `refuse`; `body(client)`'s result and how many runtimes started."""
     m = FakeModel()
 
-    async def go():
-        models = Models(EngineConfig(model_path="fake.gguf", model_id="fake"), lambda cfg: m.engine())
-        models.add(ModelSource("fake.gguf", "fake"))
-        await models.load("fake")
-
+    async def go(h):
         def matcher(grammar):
             raise refuse
         m.runtime.grammar_matcher = matcher
-        transport = httpx.ASGITransport(app=create_app(models, ui=False))
-        try:
-            async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
-                return await body(client), len(m.runtimes)
-        finally:
-            await models.close()
-    return asyncio.run(go())
+        return await body(h.client), len(m.runtimes)
+    return run(go, m, ui=False)
 
 
 def test_the_workers_bad_request_is_the_clients_400_and_other_requests_go_on():

@@ -1,10 +1,9 @@
-"""Several models: a directory of GGUFs loaded on demand, load/unload/delete under traffic,
-idle unloading (never the default)."""
+"""Several models: a directory of GGUFs loaded on demand, load/unload/delete under traffic.
+(Idle unloading, on the daemon's clock: tests/app/test_models.py.)"""
 
 import json
 import os
 import threading
-import time
 
 import httpx
 import pytest
@@ -77,15 +76,6 @@ def test_unload_under_traffic_then_reload_on_next_request(d):
     assert errors and errors[0]["code"] == "model_unloaded"
     assert chat(d, "beta").status_code == 200  # loaded again
     assert cards(d)["beta"]["loaded"]
-
-
-def test_idle_models_are_unloaded_but_never_the_default(d):
-    assert chat(d, "alpha").status_code == 200
-    deadline = time.monotonic() + 20
-    while cards(d)["alpha"]["loaded"] and time.monotonic() < deadline:
-        time.sleep(0.5)
-    c = cards(d)
-    assert not c["alpha"]["loaded"] and c[MODEL]["loaded"]
 
 
 def test_load_with_reload_starts_a_loaded_models_worker_afresh(d):

@@ -13,10 +13,9 @@ from superfluid.runtime.registry import ModelSource
 
 
 def models(*ids: str, strict: bool = False) -> Models:
-    m = Models(EngineConfig(model_path="a.gguf", model_id=ids[0]), build=lambda ec: None)
+    m = Models(EngineConfig(model_path="a.gguf", model_id=ids[0]), build=lambda ec: None, strict=strict)
     for i in ids:
         m.add(ModelSource(f"/m/{i}.gguf", i))
-    m.strict = strict
     return m
 
 
