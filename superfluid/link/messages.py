@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 import msgpack
 import numpy as np
 
-from ..errors import ProtocolError
+from ..errors import ErrorReport, ProtocolError, WorkerCrashed
 from ..request import CallDelta, Chunk, FinishReason, TokenLogprob
 from .conn import HELLO, HELLO_ACK, KEEPALIVE, Protocol
 from .records import Record, Table
@@ -325,9 +325,9 @@ def unpack_array(w) -> np.ndarray:
 
 
 def chunk_to_wire(c: Chunk) -> list:
-    err = None
-    if c.error is not None:
-        err = [getattr(c.error, "code", None) or "error", getattr(c.error, "message", str(c.error))]
+    """A chunk on Link F; its error as an errors.ErrorReport, so a request's own error
+    (errors.LINKED) reaches the head's client as the same typed 4xx."""
+    err = None if c.error is None else ErrorReport.of(c.error, code="node_error").to_wire()
     return [c.text, list(c.tokens), int(c.finish) if c.finish is not None else None, c.prompt_tokens,
             c.completion_tokens, c.cached_tokens, c.ttft_s, c.stop_sequence, c.reasoning,
             [d.to_wire() for d in c.calls],
@@ -345,6 +345,13 @@ def chunk_from_wire(request_id: str, w: list) -> Chunk:
     except (TypeError, ValueError) as e:
         raise ProtocolError(f"a TOKEN_EVENTS chunk is malformed ({e})") from None
     if err is not None:
-        from ..errors import WorkerCrashed
-        c.error = WorkerCrashed(f"the node reported: {err[1]}", code=str(err[0]))
+        try:
+            err = list(err)
+            if len(err) == 2:  # [code, message], as nodes before the typed report sent it
+                err = ["", err[1], err[0], None]
+            report = ErrorReport.from_wire(err)
+        except (TypeError, ValueError) as e:
+            raise ProtocolError(f"a TOKEN_EVENTS error is malformed ({e})") from None
+        c.error = report.exception() if report.kind else WorkerCrashed(f"the node reported: {report.message}",
+                                                                        code=report.code or "node_error")
     return c

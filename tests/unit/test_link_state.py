@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from superfluid.errors import ProtocolError
+from superfluid.errors import BadRequest, ContextLengthExceeded, ProtocolError, WorkerCrashed
 from superfluid.link.frame import Frame, FrameDecoder
 from superfluid.link.head_state import GIVE_UP_S, Counter, Tracker
 from superfluid.link.messages import chunk_from_wire, chunk_to_wire, pack, unpack
@@ -165,6 +165,31 @@ def test_chunks_survive_the_wire():
     assert back == c
     f = Frame(1, 12, body=pack({"x": 1}))
     assert FrameDecoder().feed(f.encode()) == [f]
+
+
+def test_a_requests_own_error_keeps_its_type_across_link_f():
+    """A node's typed refusal (errors.LINKED) is the same 4xx at the head; any other error
+    is the node's fault (a 5xx naming its code); an old node's [code, message] still reads."""
+    def across(err) -> Exception:
+        back = chunk_from_wire("r", unpack(pack({"c": chunk_to_wire(Chunk("r", finish=FinishReason.ERROR,
+                                                                           error=err))}))["c"])
+        assert back.finish == FinishReason.ERROR and back.error is not None
+        return back.error
+    e = across(BadRequest("the grammar does not compile", param="response_format", code="bad_grammar"))
+    assert type(e) is BadRequest and e.status == 400
+    assert (e.message, e.param, e.code) == ("the grammar does not compile", "response_format", "bad_grammar")
+    e = across(ContextLengthExceeded("too long", param="messages"))
+    assert type(e) is ContextLengthExceeded and e.status == 400 and e.param == "messages"
+    e = across(RuntimeError("the arena is corrupt"))
+    assert type(e) is WorkerCrashed and e.status >= 500 and e.code == "node_error"
+    assert "RuntimeError: the arena is corrupt" in e.message
+    old = chunk_to_wire(Chunk("r", finish=FinishReason.ERROR))
+    old[-1] = ["queue_full", "busy"]
+    e = chunk_from_wire("r", old).error
+    assert type(e) is WorkerCrashed and e.code == "queue_full" and "busy" in e.message
+    old[-1] = ["a", "b", "c"]
+    with pytest.raises(ProtocolError):
+        chunk_from_wire("r", old)
 
 
 def test_failover_waits_for_the_grace_and_a_refusal_moves_at_once():
