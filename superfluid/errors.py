@@ -29,7 +29,34 @@ class BadRequest(SuperfluidError):
 
 
 class ContextLengthExceeded(BadRequest):
+    """A prompt (or prompt + max_tokens) over the model's window. The body is OpenAI's
+    (code `context_length_exceeded`) with llama-server's type and its two counts, which
+    clients of llama-server read to trim their history (`n_prompt_tokens`, `n_ctx`)."""
+    type = "exceed_context_size_error"
     code = "context_length_exceeded"
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
+                 n_prompt_tokens: int | None = None, n_ctx: int | None = None):
+        super().__init__(message, param=param, code=code)
+        self.n_prompt_tokens, self.n_ctx = n_prompt_tokens, n_ctx
+
+    @classmethod
+    def over(cls, n_prompt: int, n_ctx: int, asked: int | None = None, *, param: str = "messages",
+             what: str = "the prompt") -> ContextLengthExceeded:
+        """The one wording, with both clients' phrases: llama-server's "exceeds the available
+        context size" and OpenAI's "maximum context length"."""
+        total = n_prompt if asked is None else n_prompt + asked
+        detail = (f"{what} alone has {n_prompt}" if asked is None
+                  else f"{n_prompt} in {what}, {asked} for the completion")
+        return cls(f"the request ({total} tokens) exceeds the available context size ({n_ctx} tokens): this "
+                   f"model's maximum context length is {n_ctx} tokens ({detail})", param=param,
+                   n_prompt_tokens=n_prompt, n_ctx=n_ctx)
+
+    def body(self) -> dict:
+        out = super().body()
+        if self.n_prompt_tokens is not None:
+            out["error"].update(n_prompt_tokens=self.n_prompt_tokens, n_ctx=self.n_ctx)
+        return out
 
 
 class ModelNotFound(SuperfluidError):

@@ -16,7 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from .. import __version__
-from ..errors import BadRequest, NotSupported, QueueFull, SuperfluidError
+from ..errors import BadRequest, ContextLengthExceeded, NotSupported, QueueFull, SuperfluidError
 from ..ids import new_id
 from ..request import Chunk, FinishReason, GenRequest, Qos, TokenLogprob
 from ..engine import for_api
@@ -46,12 +46,15 @@ def native(path: str) -> bool:
 
 def error_body(e: SuperfluidError) -> dict:
     """llama-server's error: {"error": {"code": HTTP status, "message", "type"}}, plus the
-    parameter at fault."""
-    kind = "exceed_context_size_error" if e.code == "context_length_exceeded" else ERROR_TYPES.get(
-        e.status, "server_error")
+    parameter at fault and, for a prompt over the window, its two counts."""
+    own = e.body()["error"]
+    kind = own["type"] if isinstance(e, ContextLengthExceeded) else ERROR_TYPES.get(e.status, "server_error")
     err: dict = {"code": e.status, "message": e.message, "type": kind}
     if e.param:
         err["param"] = e.param
+    for k in ("n_prompt_tokens", "n_ctx"):
+        if k in own:
+            err[k] = own[k]
     return {"error": err}
 
 

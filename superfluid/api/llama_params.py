@@ -165,7 +165,6 @@ def budget(n_predict: int, prompt: int, n_ctx: int) -> int:
     """Tokens to generate: n_predict, or until the window is full (-1, or more than fits: llama-
     server stops at the window too)."""
     if prompt >= n_ctx:
-        raise ContextLengthExceeded(f"the request ({prompt} tokens) exceeds the available context size "
-                                    f"({n_ctx} tokens)", param="prompt")
+        raise ContextLengthExceeded.over(prompt, n_ctx, param="prompt")
     room = n_ctx - prompt
     return room if n_predict < 0 else min(n_predict, room)

@@ -97,16 +97,11 @@ class EngineBase:
         if any(not self.tokenizer.valid(t) for t in req.prompt):
             raise BadRequest("the prompt has token ids outside the vocabulary", param="prompt")
         if len(req.prompt) >= self.n_ctx:
-            raise ContextLengthExceeded(
-                f"This model's maximum context length is {self.n_ctx} tokens; the prompt alone has "
-                f"{len(req.prompt)}.", param="messages")
+            raise ContextLengthExceeded.over(len(req.prompt), self.n_ctx)
         if req.max_tokens < 1:
             raise BadRequest("max_tokens must be at least 1", param="max_tokens")
         if len(req.prompt) + req.max_tokens > self.n_ctx:
-            raise ContextLengthExceeded(
-                f"This model's maximum context length is {self.n_ctx} tokens. However, you "
-                f"requested {len(req.prompt) + req.max_tokens} tokens ({len(req.prompt)} in the "
-                f"prompt, {req.max_tokens} for the completion).", param="messages")
+            raise ContextLengthExceeded.over(len(req.prompt), self.n_ctx, req.max_tokens)
         if req.id in self._streams:
             raise BadRequest(f"request id {req.id} is already running")
 

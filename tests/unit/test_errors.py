@@ -19,7 +19,7 @@ def test_base_error_defaults():
 
 @pytest.mark.parametrize(("cls", "status", "etype", "code"), [
     (E.BadRequest, 400, "invalid_request_error", None),
-    (E.ContextLengthExceeded, 400, "invalid_request_error", "context_length_exceeded"),
+    (E.ContextLengthExceeded, 400, "exceed_context_size_error", "context_length_exceeded"),
     (E.ModelNotFound, 404, "invalid_request_error", "model_not_found"),
     (E.PayloadTooLarge, 413, "invalid_request_error", "request_too_large"),
     (E.WorkerCrashed, 500, "server_error", "worker_crashed"),
@@ -42,6 +42,19 @@ def test_code_can_be_overridden_per_instance():
 
 def test_context_length_exceeded_is_a_bad_request():
     assert issubclass(E.ContextLengthExceeded, E.BadRequest)
+
+
+def test_context_length_exceeded_speaks_both_clients_dialects():
+    """OpenAI's code and phrase, llama-server's type, phrase and counts (clients of either
+    detect an overflow and trim their history from these)."""
+    err = E.ContextLengthExceeded.over(9412, 8192).body()["error"]
+    assert err["code"] == "context_length_exceeded" and err["type"] == "exceed_context_size_error"
+    assert (err["n_prompt_tokens"], err["n_ctx"], err["param"]) == (9412, 8192, "messages")
+    assert "request (9412 tokens) exceeds the available context size (8192 tokens)" in err["message"]
+    assert "maximum context length is 8192 tokens" in err["message"]
+    err = E.ContextLengthExceeded.over(500, 512, 100).body()["error"]
+    assert err["n_prompt_tokens"] == 500 and "request (600 tokens)" in err["message"]
+    assert "500 in the prompt, 100 for the completion" in err["message"]
 
 
 # -- across Link W (errors.ErrorReport, in plan.LaneError) ---------------------------------
