@@ -186,6 +186,21 @@ class FakeRuntime(Runtime):
     def close(self) -> None:
         self.closed = True
 
+    def grammar_tokenizer(self):
+        """The fake vocabulary as llguidance sees one, so grammars hold the fake's output as
+        they hold a real model's (the scripted token loses to what the grammar allows)."""
+        import llguidance
+        vocab = self.vocab
+
+        class Tokens:
+            eos_token_id, bos_token_id = vocab.eos, None
+            tokens = [vocab.token_text(t) for t in range(vocab.n_vocab)]
+            special_token_ids = sorted(vocab.special_pieces)
+
+            def __call__(self, s):
+                return vocab.encode(s.decode("utf-8", "replace") if isinstance(s, bytes) else s)
+        return llguidance.LLTokenizer(llguidance.TokenizerWrapper(Tokens()))
+
 
 class InProcWorker:
     """A worker in this process with WorkerProcess's face. Plans queue on send_step and run in

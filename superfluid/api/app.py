@@ -29,7 +29,7 @@ from . import openai as oa
 from .response_store import ResponseStore
 from .guard import Guard
 from .policy import KeyPolicy, key_of
-from .prompt import prompt_cache_hint
+from .prompt import prompt_cache_hint, request_grammar
 from .schema import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, ModelRequest, TokenizeRequest,
                      json_object, parse)
 from .runner import Run
@@ -282,11 +282,12 @@ def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Q
         body = parse(CompletionRequest, await request.body())
         eng = await engine_for(body.model)
         prompt = await asyncio.to_thread(oa.completion_prompt, eng, body)
+        grammar = await asyncio.to_thread(request_grammar, body.grammar, body.json_schema)  # compiled: off the loop
         top = body.logprobs if body.logprobs is not None else -1
         rid = new_id("cmpl")
         reqs = oa.gen_requests(body, prompt, base_id=rid, n_ctx=eng.n_ctx, seed=eng.new_seed(), default_max=16,
                                top_logprobs=top, qos=qos(request, Qos.COMPLETION if body.suffix is not None else None),
-                               tokenizer=eng.tokenizer, defaults=eng.sampling_defaults)
+                               tokenizer=eng.tokenizer, defaults=eng.sampling_defaults, grammar=grammar)
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         created = int(time.time())
         run = await Run.submit(request, models.service, eng, reqs, api="completions", params={

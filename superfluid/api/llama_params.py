@@ -8,13 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..codec import grammar as gr
 from ..errors import BadRequest, ContextLengthExceeded
 from ..limits import MAX_REPEAT_LAST_N, MAX_STOPS, MAX_TOP_LOGPROBS
 from ..request import SamplingParams
 from ..engine import for_api
 from .bias import logit_bias
-from .prompt import response_format_grammar
+from .prompt import request_grammar
 from .schema import number_in
 
 RANDOM_SEEDS = (-1, 0xFFFFFFFF)  # llama-server's "pick a random seed" (LLAMA_DEFAULT_SEED)
@@ -114,23 +113,13 @@ def options(body: dict, tokenizer=None, defaults: dict | None = None) -> Options
         presence_penalty=number_in(body, "presence_penalty", -100.0, 100.0, d["presence_penalty"], allow_null=True),
         frequency_penalty=number_in(body, "frequency_penalty", -100.0, 100.0, d["frequency_penalty"], allow_null=True),
         repeat_penalty=repeat, top_logprobs=n_probs if n_probs > 0 else -1,
-        ignore_eos=flag(body, "ignore_eos"), grammar=_grammar(body), logit_bias=bias,
+        ignore_eos=flag(body, "ignore_eos"), logit_bias=bias,
+        grammar=request_grammar(body.get("grammar"), body.get("json_schema"), body.get("response_format")),
         typical_p=typical or 1.0, repeat_last_n=last_n)
     return Options(n_predict=n_predict, stream=flag(body, "stream"), stop=_strings(body, "stop", MAX_STOPS),
                    sampling=sp, seed=None if seed in RANDOM_SEEDS else seed % (1 << 63), samplers=samplers,
                    n_probs=n_probs, return_tokens=flag(body, "return_tokens"),
                    response_fields=_strings(body, "response_fields", MAX_RESPONSE_FIELDS))
-
-
-def _grammar(body: dict) -> str:
-    grammar, schema, fmt = body.get("grammar"), body.get("json_schema"), body.get("response_format")
-    if grammar not in (None, ""):
-        if not isinstance(grammar, str):
-            raise BadRequest("grammar must be a string (GBNF)", param="grammar")
-        return gr.gbnf(grammar)
-    if schema is not None:
-        return gr.json_schema(schema, "json_schema")
-    return response_format_grammar(fmt) if fmt is not None else ""
 
 
 def prompt_tokens(eng, prompt: object) -> list[int]:

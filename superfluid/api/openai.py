@@ -15,7 +15,7 @@ from ..codec.tools import new_call_id
 from .. import __version__
 from ..engine import for_api
 from .bias import logit_bias
-from .prompt import ChatPrompt, response_format_grammar, template_options
+from .prompt import ChatPrompt, request_grammar, template_options
 from .prompt import chat_prompt as build_chat_prompt
 from .schema import ChatCompletionRequest, CompletionRequest, Message, Sampling
 
@@ -53,7 +53,7 @@ def chat_prompt(engine, body: ChatCompletionRequest) -> ChatPrompt:
     """The prompt's session events (a Message per message, the opener), its tokens, how
     to split the output, and the grammar (tool_choice required / response_format)."""
     return build_chat_prompt(engine, render_messages(body.messages), tools=body.tools, tool_choice=body.tool_choice,
-                             grammar=response_format_grammar(body.response_format),
+                             grammar=request_grammar(body.grammar, body.json_schema, body.response_format),
                              template_kwargs=template_options(body.chat_template_kwargs, body.reasoning_effort),
                              parallel_tool_calls=body.parallel_tool_calls)
 

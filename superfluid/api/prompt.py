@@ -123,6 +123,18 @@ def response_format_grammar(fmt: object, param: str = "response_format") -> str:
     raise BadRequest(f"{param} type {kind!r} is not supported: use text, json_object or json_schema", param=param)
 
 
+def request_grammar(grammar: object = None, json_schema: object = None, response_format: object = None) -> str:
+    """The output grammar a request asks for, as llama-server reads it on every route: a GBNF
+    `grammar` first, then a bare `json_schema`, then OpenAI's `response_format`."""
+    if grammar not in (None, ""):
+        if not isinstance(grammar, str):
+            raise BadRequest("grammar must be a string (GBNF)", param="grammar")
+        return gr.gbnf(grammar)
+    if json_schema is not None:
+        return gr.json_schema(json_schema, "json_schema")
+    return response_format_grammar(response_format)
+
+
 def template_options(chat_template_kwargs: object = None, reasoning_effort: object = None,
                      enable_thinking: object = None) -> dict:
     kw = dict(chat_template_kwargs) if isinstance(chat_template_kwargs, dict) else {}

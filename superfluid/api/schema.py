@@ -71,6 +71,8 @@ class Sampling(_Body):
     ignore_eos: bool = False
     stream_options: StreamOptions | None = None
     logit_bias: dict[str, float] | None = None  # token id → bias (api/bias.py checks it)
+    grammar: str | None = None  # llama-server's GBNF grammar, honoured on the OpenAI routes as there
+    json_schema: dict | None = None  # llama-server's bare JSON schema for the output
 
 
 class ChatCompletionRequest(Sampling):
