@@ -29,8 +29,10 @@ from .sse import cursor, event, tagged
 from .runner import Run
 from .streams import session_header
 
-NATIVE = frozenset({"/completion", "/infill", "/tokenize", "/detokenize", "/apply-template", "/props", "/slots"})
-UNPREFIXED = ("/v1/chat/completions", "/v1/completions", "/v1/models")  # /embeddings: embeddings.py
+NATIVE = frozenset({"/completion", "/completions", "/infill", "/tokenize", "/detokenize", "/apply-template", "/props",
+                    "/slots"})
+# llama-server's /completions (no /v1) is its native /completion, as there; /embeddings: embeddings.py
+UNPREFIXED = ("/v1/chat/completions", "/v1/models")
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 501: "not_supported_error", 503: "unavailable_error"}
 
@@ -216,6 +218,7 @@ async def answer(models, eng, request: Request, prompt: list[int], opts: Options
 
 def add_routes(app: FastAPI, models, qos_for) -> None:
     @app.post("/completion")
+    @app.post("/completions")
     async def completion(request: Request):
         body = json_object(await request.body())
         model = body.get("model")

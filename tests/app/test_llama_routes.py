@@ -1,0 +1,23 @@
+"""llama-server's route table, in one process (tests/harness.py): `/completions` without /v1
+is its native completion (`content`, `stop`, `timings` ...), as in llama-server, while
+`/v1/completions` and `/chat/completions` stay OpenAI's."""
+
+from ..harness import MODEL, run
+
+
+def test_completions_without_v1_is_the_native_completion():
+    async def body(h):
+        c = h.client
+        return {p: await c.post(p, json=b) for p, b in [
+            ("/completions", {"prompt": "hi", "n_predict": 3}),
+            ("/completion", {"prompt": "hi", "n_predict": 3}),
+            ("/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 3}),
+            ("/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}),
+        ]}
+    r = run(body)
+    native, legacy = r["/completions"].json(), r["/completion"].json()
+    assert native["content"] == legacy["content"] == "Hello world."
+    assert native["stop"] is True and native["tokens_predicted"] == 3 and "timings" in native
+    assert set(native) == set(legacy)
+    assert r["/v1/completions"].json()["object"] == "text_completion"
+    assert r["/chat/completions"].json()["object"] == "chat.completion"
