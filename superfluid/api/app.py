@@ -237,21 +237,27 @@ def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Q
         body = parse(TokenizeRequest, await request.body())
         eng = await engine_for(body.model)
         tok = eng.tokenizer
-        ids = (tok.encode_prompt(body.content) if body.add_special
-               else tok.encode(body.content, parse_special=body.parse_special))
-        out: dict = {"tokens": ids, "count": len(ids), "max_context": eng.n_ctx}
-        if body.with_pieces:  # llama-server's shape: [{id, piece}], a piece that is not UTF-8 as its bytes
-            out["tokens"] = [{"id": t, "piece": llama.piece(tok.token_text(t))} for t in ids]
-        return _json(out)
+
+        def answer() -> Response:  # a body of megabytes takes seconds: off the event loop
+            ids = (tok.encode_prompt(body.content) if body.add_special
+                   else tok.encode(body.content, parse_special=body.parse_special))
+            out: dict = {"tokens": ids, "count": len(ids), "max_context": eng.n_ctx}
+            if body.with_pieces:  # llama-server's shape: [{id, piece}], a piece that is not UTF-8 as its bytes
+                out["tokens"] = [{"id": t, "piece": llama.piece(tok.token_text(t))} for t in ids]
+            return _json(out)
+        return await asyncio.to_thread(answer)
 
     @app.post("/detokenize")
     async def detokenize(request: Request):
         body = parse(DetokenizeRequest, await request.body())
         tok = (await engine_for(body.model)).tokenizer
-        bad = [t for t in body.tokens if not tok.valid(t)]
-        if bad:
-            raise BadRequest(f"token ids outside the vocabulary: {bad[:5]}", param="tokens")
-        return _json({"content": tok.decode(body.tokens)})
+
+        def answer() -> Response:  # off the event loop, as /tokenize
+            bad = [t for t in body.tokens if not tok.valid(t)]
+            if bad:
+                raise BadRequest(f"token ids outside the vocabulary: {bad[:5]}", param="tokens")
+            return _json({"content": tok.decode(body.tokens)})
+        return await asyncio.to_thread(answer)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):

@@ -21,6 +21,17 @@ FIELDS = ("method", "path", "status", "model", "qos", "prompt_tokens", "cached_t
 MAX_PATH = 256  # a client's path is logged up to this many characters
 
 
+def shown(path: str) -> str:
+    """A client's path as the log shows it: at most MAX_PATH characters, and every character
+    that is not printable (a newline that would forge a log line, a terminal escape, a bidi
+    override) written as its escape."""
+    if len(path) > MAX_PATH:
+        path = path[:MAX_PATH] + "…"
+    if path.isprintable():
+        return path
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in path)
+
+
 def line(rec: dict, fmt: str) -> str:
     if fmt == "json":
         return orjson.dumps({k: rec[k] for k in FIELDS if rec.get(k) is not None}).decode()
@@ -55,8 +66,7 @@ class AccessLog:
         t0 = time.monotonic()
         rec = scope.setdefault("state", {}).setdefault("access", {})
         path = scope.get("path") or ""
-        rec.update(method=scope.get("method"), path=path if len(path) <= MAX_PATH else path[:MAX_PATH] + "…",
-                   status=500)
+        rec.update(method=scope.get("method"), path=shown(path), status=500)
 
         async def send_(m):
             if m["type"] == "http.response.start":
@@ -68,9 +78,14 @@ class AccessLog:
         finally:
             rec["total_s"] = round(time.monotonic() - t0, 4)
             # what metrics label by: the matched route's template, never a raw path a client
-            # makes up (each new one would be a new series, kept forever)
+            # makes up (each new one would be a new series, kept forever). Without a route, a
+            # file the app serves keeps its path (a set the app bounds); a preflight, which any
+            # path gets, is "preflight"; anything else is "unmatched".
             route = getattr(scope.get("route"), "path", None)
-            rec["route"] = route or (scope.get("path") if rec.get("status", 500) < 400 else "unmatched")
+            if route is None:
+                ok = rec.get("status", 500) < 400
+                route = "preflight" if ok and scope.get("method") == "OPTIONS" else (path if ok else "unmatched")
+            rec["route"] = route
             log.info(line(derive(rec), self.fmt))
             if self.on_record is not None:
                 self.on_record(rec)

@@ -21,3 +21,27 @@ def test_completions_without_v1_is_the_native_completion():
     assert set(native) == set(legacy)
     assert r["/v1/completions"].json()["object"] == "text_completion"
     assert r["/chat/completions"].json()["object"] == "chat.completion"
+
+
+def test_a_huge_tokenize_never_holds_up_other_requests():
+    """/tokenize and /detokenize run off the event loop: /health answers while a body of
+    megabytes is being tokenized."""
+    import asyncio
+
+    async def body(h):
+        c, order = h.client, []
+
+        async def big():
+            r = await c.post("/tokenize", json={"content": "hello world " * 40_000, "with_pieces": True})
+            order.append(("tokenize", r.status_code, r.json()["count"]))
+
+        async def small():
+            await asyncio.sleep(0.05)  # the tokenize has started
+            r = await c.get("/health")
+            order.append(("health", r.status_code))
+        await asyncio.gather(big(), small())
+        r = await c.post("/detokenize", json={"tokens": [72, 105]})
+        return order, r.json()
+    order, detok = run(body)
+    assert order[0] == ("health", 200) and order[1][:2] == ("tokenize", 200) and order[1][2] > 40_000
+    assert detok == {"content": "Hi"}
