@@ -32,6 +32,26 @@ def home() -> Path:
     return Path(os.environ.get("SUPERFLUID_HOME", "~/.superfluid")).expanduser()
 
 
+def private_dir(path: Path) -> Path:
+    """`path` as a directory only its owner can list or enter (0700), made if missing. What
+    the daemon keeps (sessions, KV, pid files, logs) is other users' business in none of it;
+    an existing directory we do not own keeps its mode."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        os.chmod(path, 0o700)
+    except PermissionError:
+        pass
+    return path
+
+
+def private_file(path: Path) -> None:
+    """A file only its owner can read or write (0600), if it exists."""
+    try:
+        os.chmod(path, 0o600)
+    except (FileNotFoundError, PermissionError):
+        pass
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     model_path: str

@@ -21,7 +21,7 @@ import uvicorn
 from . import __version__
 from .api.app import create_app
 from .codec.tokenizer import Tokenizer
-from .config import EngineConfig, ServeConfig, home
+from .config import EngineConfig, ServeConfig, home, private_dir
 from .engine import NO_HOOKS, Engine, EngineAPI, Hooks, SessionLog
 from .monitor.access import AccessLog
 from .monitor.metrics import Metrics
@@ -85,7 +85,8 @@ def pidfile_path(port: int):
 def write_pidfile(port: int):
     """<home>/run/serve-PORT.pid, for `superfluid stop`."""
     path = pidfile_path(port)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(home())
+    private_dir(path.parent)
     path.write_text(f"{os.getpid()}\n")
     return path
 

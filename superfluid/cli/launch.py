@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 
-from ..config import home
+from ..config import home, private_dir
 
 
 HERMES_MIN = 64000
@@ -71,7 +71,7 @@ def ensure_server(url: str, port: int, api_key: str | None, serve_args: list[str
     if model is not None:
         return model
     log_dir = home() / "launch"
-    log_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(log_dir)
     log = open(log_dir / "serve.log", "ab")
     cmd = [sys.executable, "-m", "superfluid.cli", "serve", "--port", str(port), "--no-tui", *serve_args]
     print(f"superfluid: nothing answers at {url}; starting `superfluid serve` (log: {log_dir / 'serve.log'})",
@@ -88,8 +88,7 @@ def ensure_server(url: str, port: int, api_key: str | None, serve_args: list[str
 
 def _file(name: str, data: object) -> Path:
     """A per-launch file of ours under <home>/launch (an agent's own config is never edited)."""
-    path = home() / "launch" / name
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = private_dir(home() / "launch") / name  # an agent's config may hold a key
     path.write_text(json.dumps(data, indent=2))
     return path
 

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import msgpack
 
+from ..config import private_dir
 from ..plan import kv_key
 
 log = logging.getLogger("superfluid.kvstore")
@@ -64,8 +65,8 @@ class _Entry:
 
 class KvStore:
     def __init__(self, root: str | Path, fingerprint: str, cap_bytes: int):
-        self.dir = Path(root) / fingerprint
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.dir = private_dir(Path(root))  # the prompts' KV is as private as their text
+        self.dir = private_dir(self.dir / fingerprint)
         self.fp = fingerprint
         self.cap = max(0, cap_bytes)
         self._lock = threading.Lock()
@@ -243,7 +244,7 @@ class KvStore:
         p = self._path(key)
         tmp = p.with_suffix(f".{os.getpid()}.tmp")  # two processes may share a home
         try:
-            with open(tmp, "wb") as f:
+            with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
                 f.write(MAGIC + struct.pack("<I", len(header)) + header)
                 f.write(data)
             os.replace(tmp, p)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..config import private_dir, private_file
 from ..errors import BadRequest, SessionNotFound, StaleEpoch, StoreError, StoreLocked, StoreUnreadable, SuperfluidError
 from .writer import Writer
 from .events import Body, Created, EpochBump, Event, Generated, GenerationPrompt, Message, Meta, Purge, ToolResult, \
@@ -104,7 +105,7 @@ class Store:
         """Lock, read and recover the store; `on_commit` is told each transaction's seconds
         (the daemon's metrics)."""
         if self.dir is not None:
-            self.dir.mkdir(parents=True, exist_ok=True)
+            private_dir(self.dir)
             self._take_lock()
         try:
             self._conn = self._connect()
@@ -132,6 +133,11 @@ class Store:
     def _connect(self) -> sqlite3.Connection:
         target = str(self.path) if self.path is not None else ":memory:"
         existed = self.path is not None and self.path.exists() and self.path.stat().st_size > 0
+        if self.path is not None:  # SQLite gives its -wal and -shm files the database's mode
+            os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
+            for f in (self.path, self.path.with_name(self.path.name + "-wal"),
+                      self.path.with_name(self.path.name + "-shm")):
+                private_file(f)
         try:
             conn = sqlite3.connect(target, isolation_level=None, check_same_thread=False)
         except sqlite3.Error as e:
