@@ -44,8 +44,10 @@ def private_dir(path: Path) -> Path:
     return path
 
 
-def private_file(path: Path) -> None:
-    """A file only its owner can read or write (0600), if it exists."""
+def private_file(path: Path, *, create: bool = False) -> None:
+    """A file only its owner can read or write (0600): made so with `create`, else if it exists."""
+    if create:
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
     try:
         os.chmod(path, 0o600)
     except (FileNotFoundError, PermissionError):

@@ -2,9 +2,10 @@
 Every call runs on one writer thread (session/writer.py: group commit, one fsync per
 transaction, a failed commit fails every write in it and leaves the store consistent).
 
-Opening takes an exclusive lock on the directory (a second daemon is refused), refuses a
-file that is not a readable store (never overwriting it), and bumps the epoch of every
-live session, so no owner from before the restart can append."""
+Opening takes an exclusive lock on the directory (a second daemon is refused), refuses a file
+that is not a readable store (never overwriting it), keeps the files the owner's alone (0600
+in a 0700 directory), and bumps the epoch of every live session, so no owner from before the
+restart can append."""
 
 from __future__ import annotations
 
@@ -102,10 +103,8 @@ class Store:
 
     # -- opening -------------------------------------------------------------------------
     def open(self, on_commit: Callable[[float], None] | None = None) -> Store:
-        """Lock, read and recover the store; `on_commit` is told each transaction's seconds
-        (the daemon's metrics)."""
+        """Lock, read and recover the store; `on_commit` gets each commit's seconds (metrics)."""
         if self.dir is not None:
-            private_dir(self.dir)
             self._take_lock()
         try:
             self._conn = self._connect()
@@ -117,8 +116,7 @@ class Store:
         return self
 
     def _take_lock(self) -> None:
-        assert self.dir is not None
-        fd = os.open(self.dir / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+        fd = os.open(private_dir(self.dir) / "lock", os.O_RDWR | os.O_CREAT, 0o600)  # type: ignore[arg-type]
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -134,10 +132,8 @@ class Store:
         target = str(self.path) if self.path is not None else ":memory:"
         existed = self.path is not None and self.path.exists() and self.path.stat().st_size > 0
         if self.path is not None:  # SQLite gives its -wal and -shm files the database's mode
-            os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
-            for f in (self.path, self.path.with_name(self.path.name + "-wal"),
-                      self.path.with_name(self.path.name + "-shm")):
-                private_file(f)
+            for suffix in ("", "-wal", "-shm"):
+                private_file(self.path.with_name(self.path.name + suffix), create=not suffix)
         try:
             conn = sqlite3.connect(target, isolation_level=None, check_same_thread=False)
         except sqlite3.Error as e:
