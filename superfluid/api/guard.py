@@ -12,6 +12,7 @@ import math
 import re
 import time
 from collections import deque
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 import orjson
@@ -51,6 +52,25 @@ class _Window:
         return 0.0
 
 
+class Slots:
+    """A key's background responses: each holds one of the key's max_concurrent slots until it
+    ends, for new generation requests; polling, streaming or cancelling one stays open."""
+
+    def __init__(self, running: dict[str, int], name: str):
+        self.running, self.name = running, name
+
+    def hold(self) -> Callable[[], None]:
+        """Take a slot; the returned function gives it back (once, however often called)."""
+        self.running[self.name] = self.running.get(self.name, 0) + 1
+        held = [True]
+
+        def release() -> None:
+            if held:
+                held.clear()
+                self.running[self.name] -= 1
+        return release
+
+
 class Guard:
     def __init__(self, app, *, policies: list[KeyPolicy], loopback_bind: bool,
                  ip_rpm: int | None = None, clock=time.monotonic, cors_origins: tuple[str, ...] = ()):
@@ -64,6 +84,7 @@ class Guard:
         self._key_windows: dict[str, _Window] = {}
         self._ip_windows: dict[str, _Window] = {}
         self._active: dict[str, int] = {}
+        self._background: dict[str, int] = {}  # background responses running, by key name (Slots)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -124,10 +145,15 @@ class Guard:
                 if wait:
                     return await _deny_in(scope, send, 429, f"rate limit: key '{policy.name}' may make {policy.rpm} "
                                        "requests per minute", "rate_limit_exceeded", wait)
-            if policy.max_concurrent and self._active.get(policy.name, 0) >= policy.max_concurrent:
+            running = self._active.get(policy.name, 0)
+            if scope.get("method") == "POST" and not scope.get("path", "").endswith("/cancel"):
+                running += self._background.get(policy.name, 0)  # what may start a generation
+            if policy.max_concurrent and running >= policy.max_concurrent:
                 return await _deny_in(scope, send, 429, f"key '{policy.name}' already has {policy.max_concurrent} "
                                    "requests running", "concurrency_limit_exceeded", 1.0)
             scope.setdefault("state", {})["key"] = policy
+            if policy.max_concurrent:
+                scope["state"]["slots"] = Slots(self._background, policy.name)
         if policy is None or not policy.max_concurrent:
             return await self.app(scope, receive, send)
         self._active[policy.name] = self._active.get(policy.name, 0) + 1

@@ -37,15 +37,27 @@ class Background:
         self.store = store  # api/responses.py ResponseStore
         self.tasks: dict[str, asyncio.Task] = {}
 
-    async def start(self, record: dict, stream: AsyncIterator[Chunk], finished: Finish) -> dict:
+    async def start(self, record: dict, stream: AsyncIterator[Chunk], finished: Finish,
+                    release: Callable[[], None] | None = None) -> dict:
         """Store the response as queued and read its generation in a task of its own;
-        `finished` stores the final response. Returns the queued response."""
-        resp = {**record["response"], "status": "queued"}
-        await self.store.put({**record, "response": resp}, record["session"])
-        rid = resp["id"]
-        task = asyncio.get_running_loop().create_task(self._run(record, stream, finished))
+        `finished` stores the final response; `release` is called once it has ended (the key's
+        concurrency slot). Returns the queued response."""
+        rid = record["response"]["id"]
+        try:
+            resp = {**record["response"], "status": "queued"}
+            await self.store.put({**record, "response": resp}, record["session"])
+            task = asyncio.get_running_loop().create_task(self._run(record, stream, finished))
+        except BaseException:
+            if release is not None:
+                release()
+            raise
         self.tasks[rid] = task
-        task.add_done_callback(lambda _t: self.tasks.pop(rid, None))
+
+        def ended(_t) -> None:
+            self.tasks.pop(rid, None)
+            if release is not None:
+                release()
+        task.add_done_callback(ended)
         return resp
 
     async def _run(self, record: dict, stream: AsyncIterator[Chunk], finished: Finish) -> None:

@@ -292,7 +292,9 @@ def add_routes(app: FastAPI, models, qos_for, body_of, store: ResponseStore) -> 
         response.headers.update(headers)
         if background:  # not tied to this connection: a task reads it; the stream reads the log
             pending = {**base, "output": [], "usage": None, "error": None, "incomplete_details": None}
-            queued = await bg.start({**record, "session": req.session, "response": pending}, run.streams[0], finished)
+            slots = request.scope.get("state", {}).get("slots")  # the key's max_concurrent counts it (guard.Slots)
+            queued = await bg.start({**record, "session": req.session, "response": pending}, run.streams[0], finished,
+                                    release=slots.hold() if slots is not None else None)
             if body.get("stream"):
                 return _with(sse(await bg.stream(rid, -1), lambda: None, [req]), headers)
             return queued
