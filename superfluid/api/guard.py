@@ -19,6 +19,7 @@ import orjson
 
 from ..net.loopback import is_loopback_host
 from ..request import Qos
+from ..service.registry import LOADS_REFUSED
 from .policy import KeyPolicy, find_key
 
 OPEN_PATHS = {"/health", "/"}  # a status, and Ollama's "Ollama is running" (the page is ui.py's)
@@ -89,6 +90,15 @@ class Guard:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        # who may load a model the request names (service/registry.Models.get reads it)
+        token = LOADS_REFUSED.set("a GET request never loads one" if scope.get("method") in ("GET", "HEAD")
+                                  else "only an admin key may load one" if self.policies else None)
+        try:
+            return await self._guarded(scope, receive, send)
+        finally:
+            LOADS_REFUSED.reset(token)
+
+    async def _guarded(self, scope, receive, send):
         names = [k.decode("latin-1").lower() for k, _ in scope.get("headers", [])]
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         twice = sorted({n for n in names if n in SINGLE and names.count(n) > 1})
@@ -152,6 +162,8 @@ class Guard:
                 return await _deny_in(scope, send, 429, f"key '{policy.name}' already has {policy.max_concurrent} "
                                    "requests running", "concurrency_limit_exceeded", 1.0)
             scope.setdefault("state", {})["key"] = policy
+            if policy.admin and scope.get("method") not in ("GET", "HEAD"):
+                LOADS_REFUSED.set(None)
             if policy.max_concurrent:
                 scope["state"]["slots"] = Slots(self._background, policy.name)
         if policy is None or not policy.max_concurrent:

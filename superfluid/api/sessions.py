@@ -11,6 +11,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from ..errors import BadRequest, SessionNotFound
 from ..request import SamplingParams
+from ..service.registry import LOADS_REFUSED
 from ..service.verbs import sampling_dict
 from .policy import listed_owner, may_see, owner_of
 from .resume import media_type, rest_of_generation, subscription
@@ -195,7 +196,11 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
             left = int(budget) - st.turn_tokens if budget is not None else 0
             if not go_on or left < 1 or sessions.busy(sid):
                 return None
-            eng = await models.get(st.params.get("model"))
+            allowed = LOADS_REFUSED.set(None)  # the owner's own cut generation may load its model again
+            try:
+                eng = await models.get(st.params.get("model"))
+            finally:
+                LOADS_REFUSED.reset(allowed)
             left = min(left, eng.n_ctx - len(st.tokens))  # a caller's ?budget= never asks past the window
             if left < 1:
                 return None

@@ -14,6 +14,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import replace
 from pathlib import Path
 
@@ -21,10 +22,14 @@ from ..config import EngineConfig
 from .service import Service
 from .sessions import Sessions
 from ..engine.contract import EngineAPI
-from ..errors import ModelLoadError, ModelNotFound, ModelUnloaded
+from ..errors import Forbidden, ModelLoadError, ModelNotFound, ModelUnloaded
 from ..runtime.registry import ModelSource, default_runtime, resolve
 
 log = logging.getLogger("superfluid.models")
+
+# Why the request being served may not load a model (None: it may). The API's guard sets it
+# for each request: a GET never loads one, and with keys configured only an admin key does.
+LOADS_REFUSED: ContextVar[str | None] = ContextVar("loads_refused", default=None)
 
 REAP_S = 0.5  # how often idle models are looked for
 GRACE_S = 1.0  # a model handed to a request is not unloaded sooner (it may not have submitted yet)
@@ -100,6 +105,9 @@ class Models:
         mid = self.resolve_id(model, fallback=True)
         eng = self.engines.get(mid)
         if eng is None:
+            why = LOADS_REFUSED.get()
+            if why is not None:
+                raise Forbidden(f"the model {mid} is not loaded, and {why}", param="model", code="model_not_loaded")
             return await self.load(mid)
         eng.last_used = self.clock()  # not reaped between here and its request's submit
         return eng
