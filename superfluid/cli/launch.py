@@ -216,6 +216,11 @@ def stop(port: int, *, drain: bool, timeout: float) -> int:
     except (OSError, ValueError):
         print(f"superfluid: no server of ours on port {port} (no {path})", file=sys.stderr)
         return 1
+    if not _our_server(pid):  # a stale pid file: the pid may be anyone's process now
+        Path(path).unlink(missing_ok=True)
+        print(f"superfluid: the server on port {port} is already gone (pid {pid} is another program now)",
+              file=sys.stderr)
+        return 1
     try:
         os.kill(pid, signal.SIGUSR1 if drain else signal.SIGTERM)
     except ProcessLookupError:
@@ -229,6 +234,19 @@ def stop(port: int, *, drain: bool, timeout: float) -> int:
         time.sleep(0.2)
     print(f"superfluid: the server (pid {pid}) is still running after {timeout:.0f} s", file=sys.stderr)
     return 1
+
+
+def _our_server(pid: int) -> bool:
+    """Whether `pid` runs `superfluid serve` (its command line says so; where the system has no
+    /proc to read, whether it exists)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            args = f.read().split(b"\0")
+    except FileNotFoundError:
+        return not os.path.isdir("/proc/self") and _alive(pid)
+    except OSError:
+        return False
+    return any(b"superfluid" in a for a in args) and b"serve" in args
 
 
 def _alive(pid: int) -> bool:
