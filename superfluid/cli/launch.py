@@ -88,7 +88,9 @@ def ensure_server(url: str, port: int, api_key: str | None, serve_args: list[str
 
 def _file(name: str, data: object) -> Path:
     """A per-launch file of ours under <home>/launch (an agent's own config is never edited)."""
-    path = private_dir(home() / "launch") / name  # an agent's config may hold a key
+    path = home() / "launch" / name
+    private_dir(home() / "launch")  # an agent's config may hold a key
+    private_dir(path.parent)
     path.write_text(json.dumps(data, indent=2))
     return path
 
