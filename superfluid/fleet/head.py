@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from ..engine.contract import NO_HOOKS, EngineStats, Hooks
 from ..engine.base import EngineBase
-from ..errors import ContextLengthExceeded, SuperfluidError, WorkerUnavailable
+from ..errors import ContextLengthExceeded, ProtocolError, SuperfluidError, WorkerUnavailable
 from ..link import messages as m
 from ..link.head_state import Tracker
 from ..request import Chunk, FinishReason, GenRequest
@@ -261,10 +261,13 @@ class FleetEngine(EngineBase):
             return
         st = self._streams.get(gen)
         outs = []
-        for seq, w in body.events:
+        chunks = [(seq, m.chunk_from_wire(gen, w)) for seq, w in body.events]  # all checked before any counts
+        n_vocab = self.tokenizer.n_vocab
+        if any(not 0 <= t < n_vocab for _, c in chunks for t in c.tokens):
+            raise ProtocolError(f"node {n.addr} sent token ids outside the model's vocabulary")
+        for seq, c in chunks:
             if not p.tracker.accept(epoch, seq):
                 continue
-            c = m.chunk_from_wire(gen, w)
             if st is not None and st.n_out == 0 and c.tokens:
                 self._timed(st)  # its time to first token, as the client sees it
             p.delivered += c.tokens
