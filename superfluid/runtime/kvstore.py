@@ -89,8 +89,8 @@ class KvStore:
                 with open(p, "rb") as f:
                     head = self._read_header(f, os.fstat(f.fileno()).st_size)
                 st = p.stat()
-            except (OSError, ValueError) as e:
-                log.warning("KV entry %s is unusable (%s): deleted", p.name, e)
+            except (OSError, ValueError, KeyError, TypeError, struct.error, msgpack.UnpackException) as e:
+                log.warning("KV entry %s is unusable (%s): deleted", p.name, e)  # as get() treats one
                 self._unlink(p)
                 continue
             key, tokens, size = head

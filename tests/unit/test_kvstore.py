@@ -2,12 +2,13 @@
 file (corrupt, truncated, another model's, misnamed) ignored and deleted; the cap and LRU."""
 
 import os
+import struct
 import time
 
 import pytest
 
 from superfluid.plan import kv_key
-from superfluid.runtime.kvstore import KvStore, file_fingerprint
+from superfluid.runtime.kvstore import MAGIC, KvStore, file_fingerprint
 
 
 def entry(seed: int, n: int = 100, size: int = 4096) -> tuple[int, tuple[int, ...], bytes]:
@@ -127,3 +128,26 @@ def test_fingerprint_changes_with_content_and_format(tmp_path):
     raw[2_500_000 // 17 * 8] ^= 1  # a byte inside one of the sampled pieces
     p.write_bytes(bytes(raw))
     assert f1 != file_fingerprint(str(p), "llamacpp-1")
+
+
+@pytest.mark.parametrize("body", [
+    b"",  # empty
+    MAGIC,  # the magic, then nothing: no header length
+    MAGIC + b"\x02\x00",  # a header length cut short
+    MAGIC + struct.pack("<I", 3) + b"\xc1\xc1\xc1",  # not msgpack
+    MAGIC + struct.pack("<I", 1) + b"\x05",  # msgpack, not a map
+], ids=["empty", "magic-only", "short-length", "not-msgpack", "not-a-map"])
+def test_a_malformed_entry_is_deleted_at_start_and_the_rest_load(tmp_path, body):
+    good = KvStore(tmp_path, "fp-a", 1 << 20)
+    key, tokens, data = entry(1)
+    assert good.put(key, tokens, data)
+    good.flush()
+    good.close()
+    bad = tmp_path / "fp-a" / f"{key + 1:016x}.kv"
+    bad.write_bytes(body)
+    s = KvStore(tmp_path, "fp-a", 1 << 20)
+    try:
+        assert [k for k, _ in s.scan()] == [key]
+        assert not bad.exists()
+    finally:
+        s.close()
