@@ -163,8 +163,7 @@ async def _cross_scores(eng, query: str, docs: list[str], truncate: bool, qos: Q
 
     def encode() -> list[EmbedInput]:
         out = []
-        for d in docs:
-            ids, at = tok.encode_pair(query, d)
+        for ids, at in tok.encode_pairs(query, docs):  # the query tokenized once
             if truncate and len(ids) > window:
                 ids = _cut(ids, window, tok.pieces)
             out.append(EmbedInput(ids, max(1, min(at, len(ids) - 1))))

@@ -139,9 +139,20 @@ class HfTokenizer(Vocab):
         a pair (BERT: [CLS] a [SEP] b [SEP]), and the index where segment B starts: its first
         token of type 1, or, for a tokenizer that gives pairs no type ids (RoBERTa), the first
         token of b. Special tokens in either text are plain text."""
+        return self.encode_pairs(a, [b])[0]
+
+    def encode_pairs(self, a: str, bs: list[str]) -> list[tuple[list[int], int]]:
+        """encode_pair(a, b) for every b, with `a` tokenized once (a rerank's query is the same
+        for up to 2,048 documents): each pair is the post-processor's join of the two."""
         with self._lock:
             self._tok.encode_special_tokens = True
-            enc = self._tok.encode(a, b, add_special_tokens=True)
+            first = self._tok.encode(a, add_special_tokens=False)
+            encs = [self._tok.post_process(first, self._tok.encode(b, add_special_tokens=False))
+                    for b in bs]
+        return [self._pair(enc) for enc in encs]
+
+    @staticmethod
+    def _pair(enc) -> tuple[list[int], int]:
         ids = list(enc.ids)
         at = next((i for i, t in enumerate(enc.type_ids) if t == 1), None)
         if at is None:

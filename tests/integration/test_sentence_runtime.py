@@ -129,6 +129,12 @@ def test_encode_pair_matches_transformers_tokenizer(tok, minilm):
     # special tokens in user text stay text (transformers would parse this [SEP])
     ids, at = tok.encode_pair(a, "one [SEP] two")
     assert ids[at:-1] == tok.encode("one [SEP] two") and ids.count(ids[-1]) == 2
+    # a rerank's query is tokenized once for all its documents: the same pairs as tokenizing
+    # each pair whole (what transformers does for the first one above)
+    docs = [b, "one [SEP] two", "", "x " * 300]
+    tok._tok.encode_special_tokens = True
+    whole = [tok._tok.encode(a, d, add_special_tokens=True) for d in docs]
+    assert tok.encode_pairs(a, docs) == [(list(w.ids), w.type_ids.index(1)) for w in whole]
 
 
 @pytest.fixture(scope="module")
