@@ -178,7 +178,11 @@ def replay(rows: list[dict]) -> None:
             with httpx.Client(base_url=s.url, timeout=3600) as c:
                 row["llama_server"] = []
                 for path, body in row.pop("bodies"):
-                    ttft, prompt, status = first_token_s(c, path, body)
+                    try:
+                        ttft, prompt, status = first_token_s(c, path, body)
+                    except httpx.HTTPError as e:  # llama-server may drop (or die on) a body it cannot take
+                        row["llama_server"].append({"path": path, "error": f"{type(e).__name__}: {e}"})
+                        break
                     row["llama_server"].append({"path": path, "status": status, "prompt_tokens": prompt,
                                                 "ttft_s": round(ttft, 3)})
         finally:
@@ -200,7 +204,12 @@ def main() -> None:
     if not a.skip_agents:
         d = ours()
         try:
-            rows = [row for name in a.agents.split(",") if (row := agent(name, d)) is not None]
+            rows = []
+            for name in a.agents.split(","):
+                row = agent(name, d)
+                if row is not None:  # printed now: kept if the replay fails
+                    print(json.dumps({k: v for k, v in row.items() if k != "bodies"}), flush=True)
+                    rows.append(row)
         finally:
             d.stop()
         replay(rows)
