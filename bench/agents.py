@@ -175,11 +175,13 @@ def replay(rows: list[dict]) -> None:
     for row in rows:
         s = peer()
         try:
-            with httpx.Client(base_url=s.url, timeout=3600) as c:
+            # a fresh connection per request: llama-server closes an idle one under a long wait
+            with httpx.Client(base_url=s.url, timeout=3600, limits=httpx.Limits(max_keepalive_connections=0)) as c:
                 row["llama_server"] = []
                 for path, body in row.pop("bodies"):
-                    try:
-                        ttft, prompt, status = first_token_s(c, path, body)
+                    cap = "max_output_tokens" if path == "/v1/responses" else "max_tokens"
+                    try:  # 16 tokens: the first token's time is the figure, not a full answer
+                        ttft, prompt, status = first_token_s(c, path, {**body, cap: 16})
                     except httpx.HTTPError as e:  # llama-server may drop (or die on) a body it cannot take
                         row["llama_server"].append({"path": path, "error": f"{type(e).__name__}: {e}"})
                         break
