@@ -208,8 +208,9 @@ class InProcWorker:
 
     _pids = itertools.count(1)
 
-    def __init__(self, spec, make_runtime: Callable[[object], Runtime]):
+    def __init__(self, spec, make_runtime: Callable[[object], Runtime], delay: float = 0.0):
         self.spec = spec
+        self.delay = delay  # seconds each step takes, as the loop sees it (a real model's pace)
         self._make = make_runtime
         self.runtime: Runtime | None = None
         self.info: ModelInfo | None = None
@@ -236,7 +237,7 @@ class InProcWorker:
             self._plans.append(StepPlan.from_wire(plan.to_wire()))
 
     async def recv_step(self) -> StepResult:
-        await asyncio.sleep(0)
+        await asyncio.sleep(self.delay)
         if not self._alive or not self._plans or self.runtime is None:
             raise WorkerCrashed("the worker exited")
         plan = self._plans.popleft()
@@ -263,15 +264,16 @@ class FakeModel:
     started (a respawn starts a new one)."""
 
     def __init__(self, reply: Reply | None = None, *, vocab: FakeVocab | None = None, n_ctx: int = 512,
-                 fail_starts: int = 0):
+                 fail_starts: int = 0, step_delay: float = 0.0):
         self.vocab = vocab or FakeVocab()
         self.reply: Reply = reply or (lambda prompt: self.vocab.script("Hello world."))
         self.n_ctx = n_ctx
         self.runtimes: list[FakeRuntime] = []
         self.fail_starts = fail_starts  # the next this many worker starts fail
+        self.step_delay = step_delay  # seconds per step (0: as fast as the loop turns)
 
     def worker(self, spec) -> InProcWorker:
-        return InProcWorker(spec, self._runtime)
+        return InProcWorker(spec, self._runtime, self.step_delay)
 
     def _runtime(self, spec) -> FakeRuntime:
         if self.fail_starts > 0:

@@ -16,27 +16,59 @@ def new_call_id() -> str:
     return "call_" + secrets.token_hex(12)
 
 
+MAX_DEPTH = 64  # brackets a call may nest: a model means no deeper call, and readers recurse
+READ_ERRORS = (ValueError, TypeError, SyntaxError, RecursionError, MemoryError)  # what a reader may raise
+
+
+def too_deep(text: str, limit: int = MAX_DEPTH) -> bool:
+    """Whether brackets outside quoted strings nest past `limit` in `text` (one pass, no
+    recursion): every reader checks this before it parses what a model wrote."""
+    depth, quote, escaped = 0, "", False
+    for ch in text:
+        if quote:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == quote:
+                quote = ""
+        elif ch in "\"'":
+            quote = ch
+        elif ch in "[{(":
+            depth += 1
+            if depth > limit:
+                return True
+        elif ch in "]})":
+            depth -= 1
+    return False
+
+
 def call_from(obj: object) -> ToolCall | None:
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
     args = obj.get("arguments", obj.get("parameters", {}))
-    if isinstance(args, str):
-        try:
-            json.loads(args)
-        except ValueError:
+    try:
+        if isinstance(args, str):
+            if too_deep(args):
+                return None
+            json.loads(args)  # arguments are JSON, or no call
+            text = args
+        elif isinstance(args, dict):
+            text = json.dumps(args, ensure_ascii=False)
+        else:
             return None
-        text = args
-    elif isinstance(args, dict):
-        text = json.dumps(args, ensure_ascii=False)
-    else:
+    except READ_ERRORS:
         return None
     return ToolCall(new_call_id(), obj["name"], text)
 
 
 def parse_json(text: str) -> object:
+    """What a model wrote as JSON, or None (not JSON, or nested past MAX_DEPTH)."""
+    if too_deep(text):
+        return None
     try:
         return json.loads(text)
-    except ValueError:
+    except READ_ERRORS:
         return None
 
 

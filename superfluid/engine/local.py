@@ -365,7 +365,15 @@ class Engine(EngineBase):
         if ev.logprob is not None and ev.token not in self.tokenizer.eog:
             tt = self.tokenizer.token_text
             lp = TokenLogprob(ev.token, tt(ev.token), ev.logprob, tuple((t, tt(t), p) for t, p in ev.top))
-        chunk = st.chunk(ev.token, ev.finish, ev.cached, lp)
+        try:
+            chunk = st.chunk(ev.token, ev.finish, ev.cached, lp)
+        except Exception as e:  # noqa: BLE001 - reading one stream's output fails that stream alone
+            log.exception("request %s: its output could not be read", st.req.id)
+            st.done = True
+            self._streams.pop(st.req.id, None)
+            self.sched.finish(ev.job_id, FinishReason.ERROR)
+            return st, st.final(FinishReason.ERROR, SuperfluidError(
+                f"the output could not be read ({type(e).__name__})", code="output_unreadable"))
         if chunk.stop_sequence is not None:
             self.sched.finish(ev.job_id, FinishReason.STOP_SEQUENCE)
         if chunk.finish is not None:

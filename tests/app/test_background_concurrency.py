@@ -15,8 +15,8 @@ CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_to
 
 
 def test_background_responses_hold_a_concurrency_slot_until_they_end():
-    m = FakeModel()
-    m.reply = lambda prompt: m.vocab.script(*["Hello"] * 400)  # long enough to be running
+    m = FakeModel(step_delay=0.01)  # 400 tokens: four seconds, running while the test asks
+    m.reply = lambda prompt: m.vocab.script(*["Hello"] * 400)
 
     async def body(h):
         c, out = h.client, {}

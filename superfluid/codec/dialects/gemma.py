@@ -16,7 +16,7 @@ import json
 
 from ...request import ToolCall
 from .. import grammar as gr
-from ..tools import args_obj, new_call_id
+from ..tools import READ_ERRORS, args_obj, new_call_id, too_deep
 from .base import Delimited, Dialect, Parser, calls_lark, tool_names
 
 OPEN, CLOSE = "```tool_code\n", "\n```"
@@ -35,9 +35,11 @@ def _literal(node: ast.expr) -> object:
 
 def read_python(body: str) -> list[ToolCall] | None:
     """Calls `name(key=value, ...)` (one a line; `print(...)` around one is allowed)."""
+    if too_deep(body):
+        return None
     try:
         tree = ast.parse(body.strip(), mode="exec")
-    except SyntaxError:
+    except READ_ERRORS:
         return None
     calls = []
     for stmt in tree.body:
@@ -54,7 +56,7 @@ def read_python(body: str) -> list[ToolCall] | None:
             return None
         try:
             args = {k.arg: _literal(k.value) for k in node.keywords if k.arg is not None}
-        except (ValueError, TypeError, SyntaxError):
+        except READ_ERRORS:
             return None
         calls.append(ToolCall(new_call_id(), name, json.dumps(args, ensure_ascii=False)))
     return calls or None

@@ -21,7 +21,7 @@ import json
 
 from ...request import ToolCall
 from .. import grammar as gr
-from ..tools import call_from, new_call_id
+from ..tools import READ_ERRORS, call_from, new_call_id, too_deep
 from .base import Delimited, Dialect, Parser, Parts, calls_lark, one_of
 
 PYTHON_TAG = "<|python_tag|>"
@@ -34,6 +34,8 @@ _PROSE = r"(\s*[^{\s](.|\n)*)?"
 
 def json_objects(body: str) -> list[ToolCall] | None:
     """Calls from one or more JSON objects separated by whitespace, `;` or `,`."""
+    if too_deep(body):
+        return None
     dec, out, i = json.JSONDecoder(), [], 0
     while True:
         while i < len(body) and body[i] in " \t\r\n;,":
@@ -42,7 +44,7 @@ def json_objects(body: str) -> list[ToolCall] | None:
             break
         try:
             obj, i = dec.raw_decode(body, i)
-        except ValueError:
+        except READ_ERRORS:
             return None
         call = call_from(obj)
         if call is None:
@@ -64,7 +66,7 @@ def builtin_call(body: str) -> list[ToolCall] | None:
         return None
     try:
         args = {k.arg: ast.literal_eval(k.value) for k in node.keywords if k.arg}
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+    except READ_ERRORS:
         return None
     return [ToolCall(new_call_id(), fn.value.id, json.dumps(args, ensure_ascii=False))]
 

@@ -19,7 +19,7 @@ import re
 
 from ...request import ToolCall
 from .. import grammar as gr
-from ..tools import new_call_id
+from ..tools import READ_ERRORS, new_call_id, too_deep
 from .base import Delimited, Dialect, Parser, calls_lark, tool_names
 
 _FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.S)
@@ -27,9 +27,11 @@ _PARAM = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.S)
 
 
 def _value(text: str) -> object:
+    if too_deep(text):
+        return text
     try:
         v = json.loads(text)
-    except ValueError:
+    except READ_ERRORS:
         return text
     return v if not isinstance(v, str) else text
 
