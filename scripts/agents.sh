@@ -4,7 +4,7 @@
 # missing. Idempotent: nothing happens when they are there. Needs node and npm.
 set -euo pipefail
 pins=("@openai/codex@0.169.0" "@anthropic-ai/claude-code@2.1.197" "opencode-ai@1.18.33"
-      "@mariozechner/pi-coding-agent@0.73.1")
+      "@mariozechner/pi-coding-agent@0.73.1" "cline@3.0.65")
 missing=()
 for p in "${pins[@]}"; do
   npm ls -g --depth=0 "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -37,6 +37,8 @@ AGENTS = {
     "codex": Agent("codex", "codex", "OpenAI Codex CLI, through the Responses API", 16384, "npm i -g @openai/codex"),
     "opencode": Agent("opencode", "opencode", "opencode, through the OpenAI chat API", 16384, "npm i -g opencode-ai"),
     "pi": Agent("pi", "pi", "pi, through the OpenAI chat API", 8192, "npm i -g @mariozechner/pi-coding-agent"),
+    # its first prompt (system prompt and tools) is about 5,500 tokens
+    "cline": Agent("cline", "cline", "Cline CLI, through the OpenAI chat API", 16384, "npm i -g cline"),
     # Hermes refuses a model whose window is under 64,000 tokens
     "hermes": Agent("hermes", "hermes", "Hermes Agent, through the OpenAI chat API", HERMES_MIN,
                     "pip install hermes-agent (in a venv of its own: scripts/agents.sh)"),
@@ -170,6 +172,18 @@ def agent_setup(name: str, url: str, model: str, api_key: str | None, window: in
             "compat": {"supportsDeveloperRole": False, "supportsReasoningEffort": False}, "models": [entry]}}})
         return {"PI_CODING_AGENT_DIR": str(path.parent), "PI_OFFLINE": "1"}, [], \
             ["--provider", "superfluid", "--model", model]
+    if name == "cline":  # its provider settings file is ours (CLINE_PROVIDER_SETTINGS_PATH): the
+        # rest of its config (~/.cline: rules, MCP servers, history) stays the user's. It reads
+        # only a complete file (`modes`, `updatedAt`), else it falls back to its own provider.
+        settings = {"provider": "openai-compatible", "apiKey": token, "model": model, "baseUrl": f"{url}/v1",
+                    "maxTokens": output_limit(window)}
+        if window:
+            settings["contextWindow"] = window
+        path = _file("cline/providers.json", {
+            "version": 1, "lastUsedProvider": "openai-compatible", "modes": {},
+            "providers": {"openai-compatible": {"settings": settings, "tokenSource": "manual",
+                                                "updatedAt": time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime())}}})
+        return {"CLINE_PROVIDER_SETTINGS_PATH": str(path)}, [], []
     if name == "hermes":  # its endpoint can only come from config.yaml in its home: one of ours
         told = max(window, HERMES_MIN)  # under its minimum it will not start (launch has warned)
         path = _file("hermes/config.yaml", {  # JSON is YAML

@@ -48,3 +48,6 @@ def setup_logging(json_lines: bool = False) -> None:
     queued = _Dropping(q)
     queued.setFormatter(logging.Formatter("%(message)s"))  # only the message: the writer formats the line
     logging.basicConfig(level=logging.INFO, handlers=[queued])
+    # httpx logs each request it makes at INFO ("HTTP Request: GET …"): noise in front of an
+    # agent `launch` starts, and the daemon's own requests have their own lines
+    logging.getLogger("httpx").setLevel(logging.WARNING)

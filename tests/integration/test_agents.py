@@ -101,6 +101,12 @@ def test_pi_one_shot(d, tmp_path):
     assert words(r.stdout), r.stdout
 
 
+def test_cline_one_shot(d, tmp_path):
+    r, recs = launch(d, tmp_path, "cline", "Reply with one word: hello")
+    check(r, recs, "/v1/chat/completions")
+    assert words(r.stdout), r.stdout
+
+
 def test_opencode_one_shot(d, tmp_path):
     r, recs = launch(d, tmp_path, "opencode", "run", "Reply with one word: hello")
     check(r, recs, "/v1/chat/completions")
@@ -197,6 +203,7 @@ def test_hermes_one_shot(d, tmp_path):
 LOOPS = {  # agent: (its arguments, the tool it is made to call, the call's arguments, its API)
     "pi": (["-p"], "read", {"path": "note.txt"}, "/v1/chat/completions"),
     "opencode": (["run"], "read", {"filePath": "{work}/note.txt"}, "/v1/chat/completions"),
+    "cline": ([], "read_files", {"files": [{"path": "{work}/note.txt"}]}, "/v1/chat/completions"),
     "codex": (["exec", "--skip-git-repo-check"], "exec_command", {"cmd": "cat note.txt"}, "/v1/responses"),
     "hermes": (None, "read_file", {"path": "{work}/note.txt"}, "/v1/chat/completions"),
 }
@@ -211,7 +218,7 @@ def test_tool_loop(d, tmp_path, agent):
     work = tmp_path / "work"
     work.mkdir()
     (work / "note.txt").write_text(SECRET + "\n")
-    call = {k: v.format(work=work) for k, v in call.items()}
+    call = json.loads(json.dumps(call).replace("{work}", str(work)))
     proxy = ForcingProxy(d.url, tool, call, answer=SHORT)
     prompt = "Read note.txt and tell me what it says."
     try:

@@ -17,7 +17,7 @@ from .daemon import Daemon, free_port
 STAND_IN = """#!{python}
 import json, os, sys
 keys = [k for k in os.environ if k.startswith(("ANTHROPIC_", "CLAUDE_", "OLLAMA_", "OPENCODE_", "SUPERFLUID_API",
-                                               "PI_", "HERMES_"))]
+                                               "PI_", "HERMES_", "CLINE_"))]
 with open(os.environ["RECORD"], "w") as f:
     json.dump({{"argv": sys.argv[1:], "env": {{k: os.environ[k] for k in keys}}}}, f)
 """
@@ -26,7 +26,7 @@ with open(os.environ["RECORD"], "w") as f:
 def stand_ins(tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for name in ("claude", "codex", "opencode", "pi", "hermes", "ollama"):
+    for name in ("claude", "codex", "opencode", "pi", "cline", "hermes", "ollama"):
         p = bin_dir / name
         p.write_text(STAND_IN.format(python=sys.executable))
         p.chmod(p.stat().st_mode | stat.S_IEXEC)
@@ -79,6 +79,15 @@ def test_launch_each_agent_against_a_running_server(tmp_path):
         assert cfg_path.startswith(d.home)
         cfg = json.loads(open(cfg_path).read())
         assert cfg["provider"]["superfluid"]["options"]["baseURL"] == d.url + "/v1"
+
+        cli("launch", "cline", "--port", port, "--", "hi", home=d.home, path=bin_dir, record=rec)
+        got = json.loads(rec.read_text())
+        assert got["argv"] == ["hi"]
+        cfg = json.loads(open(got["env"]["CLINE_PROVIDER_SETTINGS_PATH"]).read())
+        assert cfg["lastUsedProvider"] == "openai-compatible" and "updatedAt" in cfg["providers"]["openai-compatible"]
+        settings = cfg["providers"]["openai-compatible"]["settings"]
+        assert settings["baseUrl"] == d.url + "/v1" and settings["model"] == MODEL
+        assert settings["contextWindow"] == 256
 
         r = cli("launch", "hermes", "--port", port, "--", "-z", "hi", home=d.home, path=bin_dir, record=rec)
         assert "needs a window of about 64000 tokens" in r.stderr
