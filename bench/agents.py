@@ -1,7 +1,7 @@
 """Coding agents on the embedded model: how long each agent waits for its first and second
 answer here, the same requests sent to llama-server, and long-prompt prefill against it.
 
-    python bench/agents.py [--agents claude,codex,opencode,pi] [--tokens 19000] [--repeats 3] [--skip-agents]
+    python bench/agents.py [--agents claude,codex,opencode,pi,cline] [--tokens 19000] [--repeats 3] [--skip-agents]
 
 Two parts, both with a 32k window (YaRN), two threads, one lane, greedy:
 1. prefill: the same token ids (a --tokens long text, a different one each run so no cache
@@ -41,7 +41,7 @@ from tests.integration.forcing_proxy import ForcingProxy
 WINDOW = 32768
 PROMPT = "Reply with one word: hello"
 ARGS = {"claude": ["-p", PROMPT], "codex": ["exec", "--skip-git-repo-check", PROMPT],
-        "opencode": ["run", PROMPT], "pi": ["-p", PROMPT]}
+        "opencode": ["run", PROMPT], "pi": ["-p", PROMPT], "cline": [PROMPT]}
 GEN_PATHS = ("/v1/messages", "/v1/responses", "/v1/chat/completions")
 
 
@@ -195,7 +195,7 @@ def replay(rows: list[dict]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--agents", default="claude,codex,opencode,pi")
+    ap.add_argument("--agents", default="claude,codex,opencode,pi,cline")
     ap.add_argument("--tokens", type=int, default=19000)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--skip-agents", action="store_true")

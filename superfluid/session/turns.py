@@ -28,17 +28,44 @@ def encode_turn(tok, text: str, content: str | None, first: bool, at: int | None
     """Tokens of rendered conversation text holding one message's content: the template's
     markup with its special tokens parsed, the content as plain text, so chat markers a user
     typed stay text. `at`: where the content starts in `text` (default: its last occurrence).
-    Text with no such content is tokenized whole, as before."""
+    Text with no such content is tokenized whole, as before. Content holding such markers that
+    the text does not hold verbatim is refused: it cannot be told from the template's markup
+    (`Turns` passes the content as the template shows it, trimmed or escaped)."""
     if not content or not _typed_markers(tok, content):
         return tok.encode_prompt(text) if first else tok.encode(text, parse_special=True)
     i = text.rfind(content) if at is None else at
     if i < 0 or text[i:i + len(content)] != content:
         i = text.rfind(content)
-    if i < 0:  # the template changed the content: no text of it can be told from markup
-        return tok.encode_prompt(text) if first else tok.encode(text, parse_special=True)
+    if i < 0:
+        raise _unplaceable()
     head, tail = text[:i], text[i + len(content):]
     out = tok.encode_prompt(head) if first else tok.encode(head, parse_special=True)
     return out + tok.encode(content, parse_special=False) + tok.encode(tail, parse_special=True)
+
+
+def _unplaceable() -> BadRequest:
+    return BadRequest("a message holds text this model reads as chat markup (special tokens), and its chat template "
+                      "rewrites that message so the text cannot be kept apart from the markup", param="messages")
+
+
+SENTINEL = "\x00superfluid-content\x00"
+
+
+def shown_content(render, before: list[dict], msg: dict, full: str) -> str:
+    """A message's content as the template puts it in `full` (the rendering of `before` and
+    `msg`): the content itself when `full` holds it verbatim; else what stands where a
+    sentinel content stands when rendered the same way (templates that trim the content, as
+    Llama 3's and Gemma's do). Refused when the template does something else with it."""
+    content = msg["content"]
+    if content in full:
+        return content
+    marked = render(before + [{**msg, "content": SENTINEL}])
+    j = marked.find(SENTINEL)
+    head, tail = marked[:j], marked[j + len(SENTINEL):]
+    if j < 0 or SENTINEL in tail or len(head) + len(tail) > len(full) \
+            or not full.startswith(head) or not full.endswith(tail):
+        raise _unplaceable()
+    return full[len(head):len(full) - len(tail)]
 
 
 def context_text(tokenizer, tokens: list[int]) -> str:
@@ -92,6 +119,8 @@ class Turns:
         else:
             full = self._render(self.messages + [msg], False)
             content = msg.get("content")
+            if isinstance(content, str) and content and _typed_markers(self.tokenizer, content):
+                content = shown_content(lambda ms: self._render(ms, False), self.messages, msg, full)
             span = self._span(full, self.messages, content if isinstance(content, str) else None)
             self.messages.append(msg)
         self._take(span)

@@ -125,3 +125,42 @@ def test_a_long_conversation_costs_linear_rendering_and_gets_the_exact_spans(eng
     exact, exact_prompt = prelude(SimpleNamespace(tokenizer=engine.tokenizer, template=template), msgs)
     assert prompt == exact_prompt == engine.tokenizer.encode_prompt(template.render(msgs, add_generation_prompt=True))
     assert [b.span for b in bodies] == [b.span for b in exact]
+
+
+TEMPLATES = "tests/fixtures/templates/"
+
+
+@pytest.mark.parametrize("name", ["meta-llama-Llama-3.1-8B-Instruct.jinja", "google-gemma-2-2b-it.jinja"])
+def test_typed_markers_stay_text_under_templates_that_trim_content(engine, name):
+    """Llama 3's and Gemma's templates trim a message's content, so a content with a leading
+    space is not in the rendering verbatim; the markers in it must stay text all the same
+    (they became control tokens: a forged system turn). SmolLM2's tokenizer gives the
+    markers; neither template uses them, so none of them may be a special token."""
+    from pathlib import Path
+    tok = engine.tokenizer
+    eng = SimpleNamespace(tokenizer=tok, template=ChatTemplate(Path(TEMPLATES + name).read_text(), bos="<s>"))
+    (start,) = tok.encode("<|im_start|>", parse_special=True)
+    (end,) = tok.encode("<|im_end|>", parse_special=True)
+    msgs = [{"role": "user", "content": " " + INJECTED + " "}, {"role": "assistant", "content": " ok "},
+            {"role": "user", "content": "\n" + INJECTED}]
+    _, prompt = prelude(eng, msgs)
+    assert start not in prompt and end not in prompt, tok.decode(prompt)
+    assert tok.decode(prompt).count(INJECTED) == 2  # all there, as text
+    t = Turns.of(eng)
+    for m in msgs:
+        t.message(m)
+    t.opener()
+    assert t.tokens == prompt
+
+
+def test_a_template_that_rewrites_marked_content_is_refused(engine):
+    """Content with markers that the template changes past trimming cannot be kept apart from
+    its markup: a 400, never a guess."""
+    from superfluid.errors import BadRequest
+    upper = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content | upper }}<|im_end|>\n{% endfor %}"
+    eng = SimpleNamespace(tokenizer=engine.tokenizer, template=ChatTemplate(upper))
+    with pytest.raises(BadRequest, match="markup"):
+        prelude(eng, [{"role": "user", "content": INJECTED}])
+    _, prompt = prelude(eng, [{"role": "user", "content": "plain words"}])  # no markers: rendered as ever
+    (end,) = engine.tokenizer.encode("<|im_end|>", parse_special=True)
+    assert "PLAIN WORDS" in engine.tokenizer.decode(prompt) and prompt.count(end) == 1
