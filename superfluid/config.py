@@ -105,6 +105,8 @@ class ServeConfig:
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
     max_body_bytes: int = 16 * 1024 * 1024
+    max_connections: int = 1024  # open HTTP connections; more get a 503 (net/http.py)
+    header_timeout: float = 30.0  # seconds to send a request's headers (slowloris)
     default_qos: Qos = Qos.AGENT
     policies: tuple = ()  # api.policy.KeyPolicy entries; empty: no key needed
     ip_rpm: int | None = None  # per-client requests per minute

@@ -26,6 +26,7 @@ from .engine import NO_HOOKS, Engine, EngineAPI, Hooks, SessionLog
 from .monitor.access import AccessLog
 from .monitor.metrics import Metrics
 from .monitor.tui import Dashboard, LiveMonitor, LogBuffer
+from .net.http import open_files_room, protocol
 from .net.loopback import is_loopback_host
 from .runtime.registry import available_memory, default_runtime, fit_context, is_hf_folder, model_bytes
 from .runtime.rope import derive, describe, trained_window
@@ -251,8 +252,9 @@ async def serve(daemon: App, sock: socket.socket) -> None:
     assert models.default is not None
     engine = engines[models.default]
     host, port = sock.getsockname()[:2]
+    http = protocol(open_files_room(cfg.max_connections), cfg.header_timeout)
     server = _Server(uvicorn.Config(daemon.asgi, log_level="warning", access_log=False,
-                                    timeout_graceful_shutdown=3, lifespan="off"))
+                                    timeout_graceful_shutdown=3, lifespan="off", http=http))
     server.drain_timeout = cfg.drain_timeout
     shown = f"[{host}]" if ":" in host else host
     others = f" (+{len(models.sources) - 1} more)" if len(models.sources) > 1 else ""

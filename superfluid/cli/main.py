@@ -44,6 +44,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--no-ui", action="store_true", help="do not serve the web app (the chat at / and the engine view at /monitor)")
     s.add_argument("--log-format", choices=("text", "json"), default="text", help="log lines as text (default) or one JSON object per line")
     s.add_argument("--max-body", type=_positive, default=16 * 1024 * 1024, help="largest request body in bytes (default 16 MiB)")
+    s.add_argument("--max-connections", type=_positive, default=1024, metavar="N", help="open HTTP connections at most; more get a 503 and are closed (default 1024)")
+    s.add_argument("--header-timeout", type=_positive, default=30, metavar="S", help="seconds a connection gets to send a request's headers before it is closed (default 30)")
     s.add_argument("--sessions", metavar="DIR", help="session store directory (default: $SUPERFLUID_HOME/sessions, ~/.superfluid/sessions)")
     s.add_argument("--sessions-cache", action="store_true", help="keep sessions in memory only: nothing survives a restart")
     s.add_argument("--resume-grace", type=float, default=0.0, metavar="S", help="a streamed generation whose client disconnected is cut at once, freeing its lane, and a resume with Last-Event-ID continues it from the log (default 0); S > 0 keeps it running S seconds instead")
@@ -252,7 +254,8 @@ def _serve(args: argparse.Namespace) -> int:
                       ui=not args.no_ui,
                       cors_origins=tuple(o.strip() for o in args.cors_origins.split(",") if o.strip()),
                       allow_model_paths=args.allow_model_paths, aliases=tuple(args.aliases),
-                      strict_models=args.strict_models)
+                      strict_models=args.strict_models, max_connections=args.max_connections,
+                      header_timeout=float(args.header_timeout))
     if args.fleet_local and not (args.fleet or args.fleet_listen):
         print("superfluid: --fleet-local needs --fleet or --fleet-listen (a head with other nodes)", file=sys.stderr)
         return 2
