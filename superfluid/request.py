@@ -107,6 +107,9 @@ class GenRequest:
     # drafts per step this generation may have verified (speculative decoding): None is the
     # engine's own setting; a fleet head passes its own to the node that runs the generation
     speculate: int | None = None
+    # False (a `store: false` response): nothing of it goes to the KV disk tier, which would
+    # keep its tokens past a restart
+    persist: bool = True
 
 
 @dataclass(frozen=True, slots=True)

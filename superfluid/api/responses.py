@@ -275,7 +275,7 @@ def add_routes(app: FastAPI, models, qos_for, body_of, store: ResponseStore) -> 
         rid = "resp_" + new_id("r").split("-", 1)[1]
         req = GenRequest(rid, cp.prompt, sp, mt or room, (), qos_for(request), channels=cp.channels,
                          cache=prompt_cache_hint(body.get("prompt_cache_key"), body.get("prompt_cache_retention"),
-                                                 len(cp.prompt)))
+                                                 len(cp.prompt)), persist=stored)
         base = {"id": rid, "object": "response", "created_at": int(time.time()), "model": eng.model_id,
                 "instructions": body.get("instructions"), "previous_response_id": body.get("previous_response_id"),
                 "max_output_tokens": mt, "temperature": sp.temperature, "top_p": sp.top_p,

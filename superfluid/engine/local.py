@@ -133,7 +133,7 @@ class Engine(EngineBase):
         st = _Stream(req, out)
         self._streams[req.id] = st
         self.sched.add(Job(req.id, list(req.prompt), req.sampling, req.max_tokens, req.qos, prior=tuple(req.history),
-                           session=req.session, cache=req.cache, speculate=req.speculate))
+                           session=req.session, cache=req.cache, speculate=req.speculate, persist=req.persist))
         if self._gave_up:  # a new request is the cue to try the worker again
             self._gave_up, self._failures = False, 0
         self._wake.set()

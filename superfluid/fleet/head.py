@@ -215,7 +215,7 @@ class FleetEngine(EngineBase):
         self.pool.send(node, m.GenerateReq(
             self.pool.cmds.next(), r.id, r.session or r.id, epoch, tuple(r.prompt) + tuple(p.delivered),
             r.sampling.to_wire(), r.max_tokens - len(p.delivered), tuple(r.stop), int(r.qos),
-            spec_to_wire(r.channels), tuple(r.history) + tuple(p.delivered), self._speculate(r)))
+            spec_to_wire(r.channels), tuple(r.history) + tuple(p.delivered), self._speculate(r), r.persist))
 
     def _speculate(self, r: GenRequest) -> int:
         """The drafts per step the node may verify for this generation: the request's own, else

@@ -128,6 +128,7 @@ class GenerateReq(Record):
     channels: dict | None = None  # codec.channels.spec_to_wire()
     history: tuple[int, ...] = ()
     speculate: int | None = None  # drafts per step the node may verify (the head's setting); None: the node's
+    persist: bool = True  # False (store: false): the node keeps none of it on its KV disk tier
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,6 +31,7 @@ class Slot:
     kv: list[int] = field(default_factory=list)  # tokens whose KV a free slot holds, from position 0
     hits: int = 0  # times this entry seeded a job
     last_used: int = 0
+    persist: bool = True  # False: the KV is a store:false job's, never saved to the disk tier
 
 
 class KvSlots:

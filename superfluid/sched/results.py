@@ -57,7 +57,8 @@ class Results:
                 seen.add(s.seq)
                 job.pending -= 1
             job.output.append(s.token)
-            if len(job.output) == 1 and self.disk is not None and len(job.prompt) - (job.cached or 0) >= SAVE_PROMPT:
+            if len(job.output) == 1 and self.disk is not None and job.persist \
+                    and len(job.prompt) - (job.cached or 0) >= SAVE_PROMPT:
                 self._to_save[s.seq] = job.prompt  # its first token: a long prompt's KV outlives a crash
             reason = self._finish_reason(job, s.token)
             if reason is not None:

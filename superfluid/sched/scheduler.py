@@ -285,7 +285,8 @@ class Scheduler(KvTiers, Results):
             self.counters.disk_lookups += 1
         if slot.kv and slot is not src:
             self.counters.evictions += 1
-            self._save(slot.seq, slot.kv, step, saves, drops)  # before the open wipes it
+            if slot.persist:
+                self._save(slot.seq, slot.kv, step, saves, drops)  # before the open wipes it
         if slot is src:
             slot.hits += 1
         slot.job, slot.kv, slot.last_used = job, [], step
@@ -377,10 +378,10 @@ class Scheduler(KvTiers, Results):
         end of a turn, the disk tier gets a copy)."""
         assert job.seq is not None
         slot: Slot = self.slots[job.seq]
-        slot.kv, slot.job, slot.last_used = job.kv_tokens(), None, self._step
+        slot.kv, slot.job, slot.last_used, slot.persist = job.kv_tokens(), None, self._step, job.persist
         self.running.pop(job.seq, None)
         self._to_close.append(job.seq)
-        if save and self.disk is not None:
+        if save and self.disk is not None and job.persist:
             self._to_save[job.seq] = slot.kv
         if save:
             self._keep_pinned(job, slot.kv)

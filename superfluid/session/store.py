@@ -20,32 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import private_dir, private_file
-from ..errors import BadRequest, SessionNotFound, StaleEpoch, StoreError, StoreLocked, StoreUnreadable, SuperfluidError
+from ..config import private_dir
+from ..errors import BadRequest, SessionNotFound, StaleEpoch, StoreError, StoreLocked, SuperfluidError
+from .opening import connect, erase, recover
 from .writer import Writer
 from .events import Body, Created, EpochBump, Event, Generated, GenerationPrompt, Message, Meta, Purge, ToolResult, \
     decode, encode
 
 log = logging.getLogger("superfluid.store")
-
-FORMAT = "superfluid-sessions-1"
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS sessions (
-  id TEXT PRIMARY KEY, parent TEXT, fork_at INTEGER, model TEXT, api TEXT,
-  created REAL NOT NULL, updated REAL NOT NULL, epoch INTEGER NOT NULL, next_id INTEGER NOT NULL,
-  title TEXT, archived INTEGER NOT NULL DEFAULT 0, purged INTEGER NOT NULL DEFAULT 0,
-  generating INTEGER NOT NULL DEFAULT 0, owner TEXT);
-CREATE INDEX IF NOT EXISTS sessions_created ON sessions (created);
-CREATE INDEX IF NOT EXISTS sessions_owner ON sessions (owner, created);
-CREATE TABLE IF NOT EXISTS events (
-  session TEXT NOT NULL, id INTEGER NOT NULL, epoch INTEGER NOT NULL, ts REAL NOT NULL,
-  kind TEXT NOT NULL, body BLOB NOT NULL, PRIMARY KEY (session, id)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS responses (
-  id TEXT PRIMARY KEY, session TEXT, created REAL NOT NULL, record BLOB NOT NULL);
-"""
-
 
 @dataclass(frozen=True, slots=True)
 class SessionRow:
@@ -107,8 +89,8 @@ class Store:
         if self.dir is not None:
             self._take_lock()
         try:
-            self._conn = self._connect()
-            self._recover()
+            self._conn = connect(self.path, self.durable, self.max_bytes)
+            self.epoch, self.recovered = recover(self._conn, wal=self.path is not None)
         except BaseException:
             self.close()
             raise
@@ -127,65 +109,6 @@ class Store:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._lock_fd = fd
-
-    def _connect(self) -> sqlite3.Connection:
-        target = str(self.path) if self.path is not None else ":memory:"
-        existed = self.path is not None and self.path.exists() and self.path.stat().st_size > 0
-        if self.path is not None:  # SQLite gives its -wal and -shm files the database's mode
-            for suffix in ("", "-wal", "-shm"):
-                private_file(self.path.with_name(self.path.name + suffix), create=not suffix)
-        try:
-            conn = sqlite3.connect(target, isolation_level=None, check_same_thread=False)
-        except sqlite3.Error as e:
-            raise StoreUnreadable(f"the session store {target} cannot be opened ({e})") from None
-        try:
-            if existed:
-                check = conn.execute("PRAGMA quick_check").fetchall()
-                if check != [("ok",)]:
-                    raise sqlite3.DatabaseError("; ".join(str(r[0]) for r in check[:3]))
-                tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-                fmt = conn.execute("SELECT value FROM meta WHERE key='format'").fetchone() \
-                    if "meta" in tables else None
-                if fmt is None or fmt[0] != FORMAT:
-                    raise sqlite3.DatabaseError(f"not a superfluid session store (format {fmt[0] if fmt else None})")
-            if self.path is not None:
-                conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute(f"PRAGMA synchronous={'FULL' if self.durable else 'OFF'}")
-            if self.max_bytes:
-                page = conn.execute("PRAGMA page_size").fetchone()[0]
-                conn.execute(f"PRAGMA max_page_count={max(16, self.max_bytes // page)}")
-            conn.executescript(SCHEMA)
-            conn.execute("INSERT OR IGNORE INTO meta VALUES ('format', ?)", (FORMAT,))
-        except sqlite3.DatabaseError as e:
-            conn.close()
-            raise StoreUnreadable(f"the session store {target} cannot be read ({e}); it was left untouched: "
-                                  f"move it away or start with --sessions DIR") from None
-        return conn
-
-    def _recover(self) -> None:
-        """Bump the store's epoch and every live session's; sessions that were generating
-        when the last owner stopped get an EpochBump event (their turn stays open)."""
-        conn = self._conn
-        assert conn is not None
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            row = conn.execute("SELECT value FROM meta WHERE key='epoch'").fetchone()
-            self.epoch = (int(row[0]) if row else 0) + 1
-            conn.execute("INSERT OR REPLACE INTO meta VALUES ('epoch', ?)", (str(self.epoch),))
-            cut = conn.execute("SELECT id, next_id FROM sessions WHERE generating=1 AND purged=0").fetchall()
-            conn.execute("UPDATE sessions SET epoch=? WHERE purged=0", (self.epoch,))
-            now = time.time()
-            for sid, nxt in cut:
-                kind, body = encode(EpochBump(self.epoch))
-                conn.execute("INSERT INTO events VALUES (?,?,?,?,?,?)", (sid, nxt, self.epoch, now, kind, body))
-                conn.execute("UPDATE sessions SET next_id=?, updated=?, generating=0 WHERE id=?", (nxt + 1, now, sid))
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        self.recovered = [sid for sid, _ in cut]
-        if cut:
-            log.info("session store: %d session(s) were cut mid-generation; their turns stay open", len(cut))
 
     def close(self) -> None:
         if self._w is not None:
@@ -288,11 +211,7 @@ class Store:
     async def erase(self, sid: str) -> None:
         """Remove a session's content for good (events, stored responses); its row stays, purged
         and marked erased (next_id -1), so the id is never reused and reads find nothing."""
-        def q(c):
-            c.execute("DELETE FROM events WHERE session=?", (sid,))
-            c.execute("DELETE FROM responses WHERE session=?", (sid,))
-            c.execute("UPDATE sessions SET purged=1, title=NULL, generating=0, next_id=-1 WHERE id=?", (sid,))
-        await self._call(q, True)
+        await self._call(lambda c: erase(c, sid), True)
 
     async def delete_response(self, rid: str) -> bool:
         return await self._call(lambda c: c.execute("DELETE FROM responses WHERE id=?", (rid,)).rowcount > 0, True)
@@ -398,3 +317,4 @@ def _generating(b: Body) -> bool | None:
     if isinstance(b, (Message, ToolResult, EpochBump)):
         return False
     return None
+

@@ -208,3 +208,18 @@ def test_a_long_prompt_is_saved_once_prefilled_while_its_job_runs():
     plans = run_to_end(s)
     # the turn's end adds only a few tokens: the prompt's entry already covers it
     assert not any(p.saves for p in plans)
+
+
+def test_a_store_false_job_never_reaches_the_disk_tier():
+    """Not at its turn's end, not as a long prompt, not when its slot is evicted for another
+    job: its tokens would outlive a restart there. A stored job beside it is saved as ever."""
+    s = sched(lanes=1, slots=1, n_ctx=2048)
+    a = toks(31, 600)  # long enough for the prompt save
+    s.add(Job("a", list(a), SamplingParams(), 3, persist=False))
+    plans = run_to_end(s)
+    assert not any(p.saves for p in plans)
+    b = toks(32, 150)
+    s.add(Job("b", list(b), SamplingParams(), 2))  # evicts a's slot
+    plans = run_to_end(s)
+    assert [sv.tokens[:150] for p in plans for sv in p.saves] == [tuple(b)]  # b's turn end only
+    assert len(s.disk) == 1

@@ -1,6 +1,7 @@
 """The SQLite session store: group commit, replay, epochs, refusals, a full disk."""
 
 import asyncio
+import os
 import sqlite3
 
 import pytest
@@ -87,6 +88,42 @@ def test_only_sessions_cut_mid_generation_get_an_epoch_bump_event(tmp_path):
         kinds = run(_kinds(s, "cut"))
         assert kinds[-1] == "epoch_bump"
         assert run(_kinds(s, "done"))[-1] == "generated"
+    finally:
+        s.close()
+
+
+SECRET = "the vault code is 8813-secret-ephemeral"
+
+
+def test_a_store_false_conversation_cut_by_a_crash_leaves_nothing(tmp_path):
+    """A `store: false` session is erased when it ends; one cut by a stop (a crash) is erased
+    at the next start, and its text is in neither the database file nor its WAL, nor in the
+    free pages (secure_delete). A stored session cut beside it keeps its turn open."""
+    d = tmp_path / "s"
+
+    async def write():
+        s = Store(d).open()
+        await s.create("eph", params={"store": False},
+                       bodies=[Message("user", SECRET, (1,)), GenerationPrompt((2,))])
+        await s.append([Append("eph", Generated((3,), SECRET.upper(), finish=None))])
+        await s.create("kept", params={}, bodies=[Message("user", "u", (1,)), GenerationPrompt((2,))])
+        s._w.close()  # the daemon killed: no clean close of the connection (no checkpoint)
+        s._w = None
+        s._conn = None
+        os.close(s._lock_fd)
+        s._lock_fd = None
+
+    run(write())
+    files = lambda: b"".join(p.read_bytes() for p in d.iterdir() if p.is_file())  # noqa: E731
+    assert SECRET.encode() in files()  # as written before the crash
+    s = Store(d).open()
+    try:
+        assert s.recovered == ["kept"]
+        with pytest.raises(SessionNotFound):
+            run(s.events("eph"))
+        assert run(_kinds(s, "kept"))[-1] == "epoch_bump"
+        blob = files()
+        assert SECRET.encode() not in blob and SECRET.upper().encode() not in blob
     finally:
         s.close()
 
