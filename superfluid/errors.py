@@ -145,6 +145,13 @@ class StoreError(SuperfluidError):
     code = "store_error"
 
 
+class StoreFull(StoreError):
+    """The session store reached its size cap (--sessions-max-mb) or the disk is full: nothing
+    of the request was saved; purging or deleting sessions frees room (HTTP's 507)."""
+    status = 507
+    code = "store_full"
+
+
 class StoreUnreadable(SuperfluidError):
     """The session store on disk is not a store we can read; we refuse to touch it."""
     code = "store_unreadable"

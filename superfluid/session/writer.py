@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import StoreError, SuperfluidError
+from ..errors import StoreError, StoreFull, SuperfluidError
 
 log = logging.getLogger("superfluid.store")
 
@@ -112,7 +112,8 @@ class Writer:
             except Exception as e:  # noqa: BLE001 -- sqlite errors (disk full, I/O) and anything else: undo all
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
-                err = StoreError(f"the session store could not commit ({e}); nothing of this request was saved")
+                err = full(e) or StoreError(f"the session store could not commit ({e}); nothing of this request "
+                                            "was saved")
                 log.error("session store: commit failed: %s", e)
                 results.extend((c, None, err) for c in writes)
             took = time.perf_counter() - t0
@@ -157,3 +158,11 @@ class Writer:
             raise box["exc"]
         return box["value"]
 
+
+def full(e: BaseException) -> StoreFull | None:
+    """The typed error for a commit that failed for want of room (SQLITE_FULL: the page cap
+    --sessions-max-mb sets, or the disk)."""
+    if getattr(e, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or "is full" in str(e):
+        return StoreFull("the session store is full (--sessions-max-mb, or the disk); nothing of this request was "
+                         "saved: delete or purge sessions to free room")
+    return None

@@ -32,7 +32,7 @@ FUZZ = settings(deadline=None, derandomize=True, database=None,
                                        HealthCheck.function_scoped_fixture])
 
 # 5xx a hostile body may legitimately get: typed store and worker errors (and the typed 503s)
-TYPED_5XX = {"store_error", "store_unreadable", "store_locked", "worker_crashed", "worker_unavailable",
+TYPED_5XX = {"store_error", "store_full", "store_unreadable", "store_locked", "worker_crashed", "worker_unavailable",
              "model_unloaded", "queue_full"}
 # routes left out of the OpenAI-listed sweep: they change what the shared daemon serves
 # (unloading its model), or stream until the client goes (the monitor, a session's live feed)

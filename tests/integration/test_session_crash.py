@@ -147,7 +147,7 @@ def test_a_full_store_fails_requests_with_a_typed_error_and_stays_whole(tmp_path
                 break
             ok.append(r.headers["x-superfluid-session"])
         assert err is not None, "the store never filled up"
-        assert err.status_code == 500 and err.json()["error"]["code"] == "store_error"
+        assert err.status_code == 507 and err.json()["error"]["code"] == "store_full"  # typed: free room and retry
         assert d.health()["status"] == "ok"  # the daemon keeps serving
         with Client(d.url) as c:
             for sid in ok[-3:]:  # what was acknowledged is all there
