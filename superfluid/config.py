@@ -105,8 +105,6 @@ class ServeConfig:
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
     max_body_bytes: int = 16 * 1024 * 1024
-    max_connections: int = 1024  # open HTTP connections; more get a 503 (net/http.py)
-    header_timeout: float = 30.0  # seconds to send a request's headers (slowloris)
     default_qos: Qos = Qos.AGENT
     policies: tuple = ()  # api.policy.KeyPolicy entries; empty: no key needed
     ip_rpm: int | None = None  # per-client requests per minute
@@ -119,7 +117,7 @@ class ServeConfig:
     sessions_dir: str | None = None  # the session store's directory (None: <home>/sessions)
     sessions_cache: bool = False  # a throwaway in-memory store: nothing persists
     resume_grace: float = 0.0  # a dropped stream keeps generating this long (0: cut at once, resumed from the log)
-    store_max_bytes: int | None = None  # the session store refuses writes past this size
+    store_max_bytes: int | None = None  # the session store's cap (retention keeps it under; then 507s)
     fleet: tuple = ()  # (host, port) of nodes the head dials; the default model runs on them
     fleet_psk: bytes | None = None  # SHA-256 of the fleet token (None: plaintext, loopback only)
     fleet_policy: str = "load-aware"
@@ -134,3 +132,6 @@ class ServeConfig:
     allow_model_paths: bool = False  # an admin key may load a model file by its path
     aliases: tuple = ()  # --alias: (name, model id or None for the default model)
     strict_models: bool = False  # a model name we do not serve is a 404 even when one model is served
+    max_connections: int = 1024  # open HTTP connections; more get a 503 (net/http.py)
+    header_timeout: float = 30.0  # seconds to send a request's headers (slowloris)
+    sessions_max_age: float | None = None  # seconds: idle sessions older than this are erased

@@ -32,6 +32,7 @@ from .runtime.registry import available_memory, default_runtime, fit_context, is
 from .runtime.rope import derive, describe, trained_window
 from .service import Sessions
 from .service.registry import Models
+from .service.retention import Retention
 from .session.store import Store
 
 Clock = Callable[[], float]
@@ -190,6 +191,7 @@ class App:
     sessions: Sessions
     metrics: Metrics
     store: Store
+    retention: Retention
 
     async def start(self) -> None:
         await self.models.start([src.id for src in self.cfg.models])
@@ -220,6 +222,8 @@ def build(cfg: ServeConfig, *, store: Store, engine_factory: EngineFactory | Non
 
         models = Models(cfg.engine, engine, idle_timeout=cfg.idle_timeout, sessions=sessions,
                         embedding=cfg.embedding_model, strict=cfg.strict_models, engines=engines, clock=clock)
+        retention = Retention(sessions, lambda sid: any(getattr(e, "pinned", _never)(sid) for e in engines.values()),
+                              cfg.sessions_max_age, cfg.store_max_bytes, on_erased=metrics.pruned.inc)
         for src in cfg.models:
             models.add(src)
         if cfg.model_dir:
@@ -229,13 +233,18 @@ def build(cfg: ServeConfig, *, store: Store, engine_factory: EngineFactory | Non
         app = create_app(models, max_body=cfg.max_body_bytes, default_qos=cfg.default_qos,
                          metrics_registry=metrics.registry, policies=list(cfg.policies),
                          loopback_bind=is_loopback_host(cfg.host), ip_rpm=cfg.ip_rpm, ui=cfg.ui,
-                         cors_origins=cfg.cors_origins, allow_model_paths=cfg.allow_model_paths)
+                         cors_origins=cfg.cors_origins, allow_model_paths=cfg.allow_model_paths,
+                         retention=retention)
         logged = AccessLog(app, cfg.log_format, on_record=metrics.observe_request,
                            skip=frozenset({"/health", "/metrics", "/v1/monitor"}))  # polled each second, like /metrics
     except BaseException:
         store.close()
         raise
-    return App(cfg, logged, models, sessions, metrics, store)
+    return App(cfg, logged, models, sessions, metrics, store, retention)
+
+
+def _never(sid: str) -> bool:
+    return False
 
 
 async def serve(daemon: App, sock: socket.socket) -> None:
@@ -273,10 +282,12 @@ async def serve(daemon: App, sock: socket.socket) -> None:
         monitor.start()
     pidfile = write_pidfile(port)
     reaper = asyncio.create_task(models.reap_idle())
+    retention = asyncio.create_task(daemon.retention.run())
     try:
         await server.serve(sockets=[sock])
     finally:
         reaper.cancel()
+        retention.cancel()
         if advert is not None:
             await advert.close()
         if monitor is not None:

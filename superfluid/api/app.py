@@ -18,7 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from .. import __version__
-from ..errors import BadRequest, Forbidden, PayloadTooLarge, SuperfluidError
+from ..errors import BadRequest, Forbidden, NotSupported, PayloadTooLarge, SuperfluidError
 from ..engine import health_row
 from ..ids import new_id
 from ..request import Qos
@@ -30,8 +30,8 @@ from .response_store import ResponseStore
 from .guard import Guard
 from .policy import KeyPolicy, key_of
 from .prompt import prompt_cache_hint, request_grammar
-from .schema import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, ModelRequest, TokenizeRequest,
-                     json_object, parse)
+from .schema import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, ModelRequest, PruneRequest,
+                     TokenizeRequest, json_object, parse)
 from .runner import Run
 from .streams import (ClientGone, chat_events, completion_events, session_header)
 
@@ -102,7 +102,7 @@ def parse_qos(request: Request, default: Qos = Qos.AGENT) -> Qos:
 def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Qos.AGENT,
                metrics_registry: CollectorRegistry | None = None, policies: list[KeyPolicy] | None = None,
                loopback_bind: bool = True, ip_rpm: int | None = None, ui: bool = True,
-               cors_origins: tuple[str, ...] = (), allow_model_paths: bool = False):
+               cors_origins: tuple[str, ...] = (), allow_model_paths: bool = False, retention=None):
     """The ASGI app: routes, wrapped in the body limit and the guard (keys, origins, limits)."""
     app = FastAPI(title="superfluid", version=__version__)
     started = int(time.time())
@@ -231,6 +231,19 @@ def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Q
             raise BadRequest("the default model cannot be deleted; unload it instead", param="model")
         await models.unload(mid, forget=True)
         return _json({"id": mid, "object": "model", "deleted": True})
+
+    @app.post("/v1/sessions/prune")
+    async def prune_sessions(request: Request):
+        """One retention pass now (admin): {"older_than_days": D} and/or {"max_mb": MB}, else
+        the server's own policy (service/retention.py)."""
+        require_admin(request)
+        if retention is None:
+            raise NotSupported("this server has no session retention")
+        body = parse(PruneRequest, await request.body())
+        erased = await retention.once(
+            max_age=body.older_than_days * 86400 if body.older_than_days is not None else None,
+            max_bytes=int(body.max_mb * 1024 * 1024) if body.max_mb is not None else None)
+        return _json({"object": "sessions.prune", "erased": erased})
 
     @app.post("/tokenize")
     async def tokenize(request: Request):

@@ -126,6 +126,13 @@ class ModelRequest(_Body):
     reload: bool = False
 
 
+class PruneRequest(_Body):
+    """POST /v1/sessions/prune: erase idle sessions older than this, or until the store is this
+    small (neither: the server's own retention policy)."""
+    older_than_days: float | None = Field(None, ge=0)
+    max_mb: float | None = Field(None, ge=0)
+
+
 class DetokenizeRequest(_Body):
     model: str | None = None
     tokens: list[int]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 
-from ..config import home, private_dir
+from ..config import DEFAULT_PORT, home, private_dir
 
 
 HERMES_MIN = 64000
@@ -44,6 +44,28 @@ AGENTS = {
                     "pip install hermes-agent (in a venv of its own: scripts/agents.sh)"),
     "ollama": Agent("ollama", "ollama", "the ollama CLI, through the Ollama API"),
 }
+
+
+def add_parsers(sub) -> None:
+    la = sub.add_parser("launch", help="start a coding agent pointed at this server (serving first if needed)")
+    la.add_argument("agent", nargs="?", help=f"{', '.join(AGENTS)}; none: list them")
+    la.add_argument("args", nargs="*", help="after --: the agent's own arguments")
+    la.add_argument("--port", type=int, default=DEFAULT_PORT)
+    la.add_argument("--api-key", default=os.environ.get("SUPERFLUID_API_KEY"))
+    st = sub.add_parser("stop", help="stop the server on a port (started by serve or launch)")
+    st.add_argument("--port", type=int, default=DEFAULT_PORT)
+    st.add_argument("--drain", action="store_true", help="let running requests finish first (SIGUSR1)")
+    st.add_argument("--timeout", type=float, default=330.0, help="how long to wait for it to exit")
+
+
+def run(args) -> int:
+    """`superfluid launch` and `superfluid stop`."""
+    if args.command == "stop":
+        return stop(args.port, drain=args.drain, timeout=args.timeout)
+    if not args.agent:
+        print(listing())
+        return 0
+    return launch(args.agent, args.args, port=args.port, api_key=args.api_key, serve_args=[])
 
 
 def listing() -> str:

@@ -17,6 +17,7 @@ from .llama_flags import add_flags as add_llama_flags, apply_flags as apply_llam
 from ..engine import sampling_defaults
 from ..errors import ModelLoadError, SuperfluidError
 from ..request import Qos
+from . import launch as launch_cli, sessions as sessions_cli
 from .flags import _class_lanes, _engine_flags, _hostport, _hostports, _positive, _proportions, _qos, _rpc_nodes  # noqa: F401
 
 
@@ -49,7 +50,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--sessions", metavar="DIR", help="session store directory (default: $SUPERFLUID_HOME/sessions, ~/.superfluid/sessions)")
     s.add_argument("--sessions-cache", action="store_true", help="keep sessions in memory only: nothing survives a restart")
     s.add_argument("--resume-grace", type=float, default=0.0, metavar="S", help="a streamed generation whose client disconnected is cut at once, freeing its lane, and a resume with Last-Event-ID continues it from the log (default 0); S > 0 keeps it running S seconds instead")
-    s.add_argument("--sessions-max-mb", type=float, metavar="MB", help="the session store refuses writes (HTTP 500 store_error) once its file reaches MB")
+    s.add_argument("--sessions-max-mb", type=float, metavar="MB", help="the session store's cap: idle sessions are erased, least recently written first, once it is 90%% full (down to 75%%); when only live or pinned ones are left, writes get HTTP 507 store_full")
+    s.add_argument("--sessions-max-age", type=float, metavar="DAYS", help="erase sessions idle for more than DAYS (never a live or pinned one)")
     s.add_argument("--fleet", type=_hostports, default=(), metavar="HOST:PORT,...", help="fleet nodes to dial: the default model runs on them (this head keeps the tokenizer, template and session log)")
     s.add_argument("--fleet-listen", type=_hostport, metavar="HOST:PORT", help="accept fleet nodes that join (superfluid node join HOST:PORT)")
     s.add_argument("--fleet-auth", metavar="TOKENFILE", help="the fleet token file (superfluid fleet token); without one, nodes must be on loopback")
@@ -93,15 +95,8 @@ def parser() -> argparse.ArgumentParser:
     nj.add_argument("--mdns-interface", metavar="IP", help="look for heads by mDNS on the interface with this address only (default: all)")
     nj.add_argument("--rpc", action="store_true", help="offer this host's CPU and memory to the head, which splits a GGUF over the nodes that join (serve --rpc-nodes auto or NAME --fleet-listen), through llama.cpp's RPC engine inside Link F")
     _engine_flags(nj)
-    la = sub.add_parser("launch", help="start a coding agent pointed at this server (serving first if needed)")
-    la.add_argument("agent", nargs="?", help="claude, codex, opencode or ollama; none: list them")
-    la.add_argument("args", nargs="*", help="after --: the agent's own arguments")
-    la.add_argument("--port", type=int, default=DEFAULT_PORT)
-    la.add_argument("--api-key", default=os.environ.get("SUPERFLUID_API_KEY"))
-    st = sub.add_parser("stop", help="stop the server on a port (started by serve or launch)")
-    st.add_argument("--port", type=int, default=DEFAULT_PORT)
-    st.add_argument("--drain", action="store_true", help="let running requests finish first (SIGUSR1)")
-    st.add_argument("--timeout", type=float, default=330.0, help="how long to wait for it to exit")
+    launch_cli.add_parsers(sub)
+    sessions_cli.add_parser(sub)
     t = sub.add_parser("top", help="watch servers: a row each from their /metrics, once a second")
     t.add_argument("servers", nargs="*", metavar="HOST:PORT", help=f"default {DEFAULT_HOST}:{DEFAULT_PORT}")
     t.add_argument("--api-key", default=os.environ.get("SUPERFLUID_API_KEY"))
@@ -255,6 +250,7 @@ def _serve(args: argparse.Namespace) -> int:
                       cors_origins=tuple(o.strip() for o in args.cors_origins.split(",") if o.strip()),
                       allow_model_paths=args.allow_model_paths, aliases=tuple(args.aliases),
                       strict_models=args.strict_models, max_connections=args.max_connections,
+                      sessions_max_age=args.sessions_max_age * 86400 if args.sessions_max_age else None,
                       header_timeout=float(args.header_timeout))
     if args.fleet_local and not (args.fleet or args.fleet_listen):
         print("superfluid: --fleet-local needs --fleet or --fleet-listen (a head with other nodes)", file=sys.stderr)
@@ -384,15 +380,10 @@ def main(argv: list[str] | None = None) -> int:
         return fleet_token()
     if args.command == "node":
         return _node(args)
-    if args.command == "launch":
-        from .launch import launch, listing
-        if not args.agent:
-            print(listing())
-            return 0
-        return launch(args.agent, args.args, port=args.port, api_key=args.api_key, serve_args=[])
-    if args.command == "stop":
-        from .launch import stop
-        return stop(args.port, drain=args.drain, timeout=args.timeout)
+    if args.command in ("launch", "stop"):
+        return launch_cli.run(args)
+    if args.command == "sessions":
+        return sessions_cli.run(args)
     return 2
 
 

@@ -172,6 +172,9 @@ class Engine(EngineBase):
         self._wake.set()  # the disk pin goes with the next plan
         return self.sched.pin_session(session, tokens) if tokens is not None else int(self.sched.unpin_session(session))
 
+    def pinned(self, session: str) -> bool:
+        return self.sched.pinned(session)
+
     @property
     def queued(self) -> int:
         return len(self.sched.waiting)

@@ -117,6 +117,8 @@ class Metrics:
                                 ["path", "status"], registry=self.registry)
         self.errors = Counter("superfluid_errors", "requests that ended in an error, by type",
                               ["type"], registry=self.registry)
+        self.pruned = Counter("superfluid_sessions_pruned", "idle sessions erased by retention (age, size cap)",
+                              registry=self.registry)
         self.commit = Histogram("superfluid_store_commit_seconds",
                                 "session-store transactions (one fsync each; a step's tokens share one)",
                                 buckets=COMMIT_BUCKETS, registry=self.registry)

@@ -61,6 +61,16 @@ class Sessions(Cache, Commits, Watchers, Verbs):
             r.session = spec["sid"]
             self.started(r, cancel(r), evs[-1].id + 1).ephemeral = params.get("store") is False
 
+    async def erase_idle(self, sids: list[str], kept: Callable[[str], bool]) -> int:
+        """Erase these sessions (retention), but for those generating, in use by a verb, or
+        `kept` (pinned); how many were erased."""
+        gone = [s for s in sids if s not in self._busy and s not in self._locks and not kept(s)]
+        for s in gone:
+            self._states.pop(s, None)
+        if gone:
+            await self.store.erase_many(gone)
+        return len(gone)
+
     def started(self, req: GenRequest, cancel: Callable[[], bool], next_id: int) -> Gen:
         assert req.session is not None
         if req.session in self._busy:

@@ -26,6 +26,8 @@ CREATE TABLE IF NOT EXISTS sessions (
   generating INTEGER NOT NULL DEFAULT 0, owner TEXT);
 CREATE INDEX IF NOT EXISTS sessions_created ON sessions (created);
 CREATE INDEX IF NOT EXISTS sessions_owner ON sessions (owner, created);
+CREATE INDEX IF NOT EXISTS sessions_parent ON sessions (parent);
+CREATE INDEX IF NOT EXISTS sessions_updated ON sessions (updated);
 CREATE TABLE IF NOT EXISTS events (
   session TEXT NOT NULL, id INTEGER NOT NULL, epoch INTEGER NOT NULL, ts REAL NOT NULL,
   kind TEXT NOT NULL, body BLOB NOT NULL, PRIMARY KEY (session, id)) WITHOUT ROWID;

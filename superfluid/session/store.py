@@ -208,6 +208,30 @@ class Store:
                                                  "ON s.id = r.session WHERE r.id=?", (rid,)).fetchone(), False)
         return (r is not None, r[0] if r else None)
 
+    def prunable(self, cutoff: float | None, limit: int, skip: int = 0) -> asyncio.Future:
+        """Sessions retention may erase, least recently written first: not erased, not
+        generating, last written before `cutoff` (None: whenever), and no kept session forked
+        from them (a fork reads its parent's events). `skip`: the first ones, passed over."""
+        age = " AND updated < ?" if cutoff is not None else ""
+        sql = (f"SELECT id FROM sessions s WHERE next_id >= 0 AND generating=0{age} AND NOT EXISTS "
+               "(SELECT 1 FROM sessions k WHERE k.parent = s.id AND k.next_id >= 0) ORDER BY updated LIMIT ? OFFSET ?")
+        args = ((cutoff,) if cutoff is not None else ()) + (limit, skip)
+        return self._call(lambda c: [r[0] for r in c.execute(sql, args)], False)
+
+    def used_bytes(self) -> asyncio.Future:
+        """Bytes the store's pages hold (free pages, which new writes reuse, not counted)."""
+        def q(c):
+            (pages,), (free,), (size,) = (c.execute(f"PRAGMA {p}").fetchone()
+                                          for p in ("page_count", "freelist_count", "page_size"))
+            return (pages - free) * size
+        return self._call(q, False)
+
+    async def erase_many(self, sids: Sequence[str]) -> None:
+        def q(c):
+            for sid in sids:
+                erase(c, sid)
+        await self._call(q, True)
+
     async def erase(self, sid: str) -> None:
         """Remove a session's content for good (events, stored responses); its row stays, purged
         and marked erased (next_id -1), so the id is never reused and reads find nothing."""

@@ -101,6 +101,9 @@ def test_launch_each_agent_against_a_running_server(tmp_path):
         got = json.loads(rec.read_text())
         assert got["env"]["OLLAMA_HOST"] == d.url and got["argv"] == ["list"]
 
+        r = cli("sessions", "prune", "--port", port, "--older-than", "0", home=d.home, path=bin_dir)
+        assert r.returncode == 0 and r.stdout.startswith("erased "), r.stderr  # the admin route, keyless
+
         listing = cli("launch", home=d.home, path=bin_dir).stdout
         assert f"installed at {bin_dir}/claude" in listing
         assert cli("launch", "vim", home=d.home, path=bin_dir).returncode == 2
