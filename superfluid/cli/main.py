@@ -240,18 +240,20 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"superfluid: warning: listening on {host} without --api-key: anyone who can reach "
               f"port {port} can use this server", file=sys.stderr)
     tui = sys.stdout.isatty() and not args.no_tui and args.log_format == "text"
-    cfg = ServeConfig(ec, host, port, args.max_body, args.default_qos, tuple(policies), args.rate_limit,
-                      args.log_format, tui, args.drain_timeout, tuple(sources), args.model_dir,
-                      args.idle_timeout, args.sessions, args.sessions_cache, args.resume_grace,
-                      int(args.sessions_max_mb * 1024 * 1024) if args.sessions_max_mb else None,
-                      tuple(args.fleet), None, args.fleet_policy, args.fleet_timeout, args.fleet_grace,
-                      args.fleet_listen, args.fleet_local, not args.no_mdns, embedding_model=embedding,
-                      ui=not args.no_ui,
-                      cors_origins=tuple(o.strip() for o in args.cors_origins.split(",") if o.strip()),
-                      allow_model_paths=args.allow_model_paths, aliases=tuple(args.aliases),
-                      strict_models=args.strict_models, max_connections=args.max_connections,
-                      sessions_max_age=args.sessions_max_age * 86400 if args.sessions_max_age else None,
-                      header_timeout=float(args.header_timeout))
+    cfg = ServeConfig(  # by keyword: a field added to ServeConfig cannot shift the others
+        ec, host=host, port=port, max_body_bytes=args.max_body, default_qos=args.default_qos,
+        policies=tuple(policies), ip_rpm=args.rate_limit, log_format=args.log_format, tui=tui,
+        drain_timeout=args.drain_timeout, models=tuple(sources), model_dir=args.model_dir,
+        idle_timeout=args.idle_timeout, sessions_dir=args.sessions, sessions_cache=args.sessions_cache,
+        resume_grace=args.resume_grace,
+        store_max_bytes=int(args.sessions_max_mb * 1024 * 1024) if args.sessions_max_mb else None,
+        fleet=tuple(args.fleet), fleet_policy=args.fleet_policy, fleet_timeout=args.fleet_timeout,
+        fleet_grace=args.fleet_grace, fleet_listen=args.fleet_listen, fleet_local=args.fleet_local,
+        fleet_mdns=not args.no_mdns, embedding_model=embedding, ui=not args.no_ui,
+        cors_origins=tuple(o.strip() for o in args.cors_origins.split(",") if o.strip()),
+        allow_model_paths=args.allow_model_paths, aliases=tuple(args.aliases), strict_models=args.strict_models,
+        max_connections=args.max_connections, header_timeout=float(args.header_timeout),
+        sessions_max_age=args.sessions_max_age * 86400 if args.sessions_max_age else None)
     if args.fleet_local and not (args.fleet or args.fleet_listen):
         print("superfluid: --fleet-local needs --fleet or --fleet-listen (a head with other nodes)", file=sys.stderr)
         return 2
