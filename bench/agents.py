@@ -17,8 +17,15 @@ Two parts, both with a 32k window (YaRN), two threads, one lane, greedy:
    tools its own way, or not at all for a template without tool support).
 
 Measured (2026-12-03, two cores, the embedded Q4_1 model): a 19,000-token prefill in a median
-502 s here (37.8 tokens/s) and 525 s on llama-server (36.2): ratio 1.045. The agents' part is
-still to be measured (docs/agents.md)."""
+502 s here (37.8 tokens/s) and 525 s on llama-server (36.2): ratio 1.045. The agents
+(`--skip-prefill --agents claude,codex,cline`, then `--agents claude` again after launch let
+Claude Code wait past 5 idle minutes), first / second request here:
+- Cline: 5,534 tokens cold in 57.4 s; 5,442 with 5,376 cached in 1.05 s (warm/cold 0.018);
+- Codex: 10,200 tokens cold in 178.7 s (a one-shot sends one request);
+- Claude Code: 20,159 tokens cold in 482.1 s; 21,700 with 20,414 cached in 60.4 s (0.125: the
+  1,286 new tokens sit 20k deep, where each costs about twice the cold prefill's average).
+llama-server renders these prompts without the tools (2,999, 6,044 and 919 tokens): 13.6 s,
+47.7 s and 4.5 s, so its times are not the same work; the prefill above is."""
 
 from __future__ import annotations
 

@@ -20,6 +20,7 @@ from ..config import DEFAULT_PORT, home, private_dir
 
 
 HERMES_MIN = 64000
+LOCAL_TIMEOUT_MS = 3_600_000  # an hour: how long a local model may take to prefill and answer
 
 
 @dataclass(frozen=True)
@@ -160,7 +161,11 @@ def agent_setup(name: str, url: str, model: str, api_key: str | None, window: in
                "CLAUDE_CODE_SUBAGENT_MODEL": model,
                # no per-request attribution line at the top of the system prompt: the prefix stays
                # the same from request to request, so the prefix cache holds it
-               "CLAUDE_CODE_ATTRIBUTION_HEADER": "0"}
+               "CLAUDE_CODE_ATTRIBUTION_HEADER": "0",
+               # it aborts a stream that has sent no content for 5 minutes (pings do not count)
+               # and retries: a cold 19k-token prefill on a CPU takes longer (bench/agents.py:
+               # aborted at 14k tokens), and its requests time out after 10 minutes
+               "CLAUDE_STREAM_IDLE_TIMEOUT_MS": str(LOCAL_TIMEOUT_MS), "API_TIMEOUT_MS": str(LOCAL_TIMEOUT_MS)}
         if window:
             # its own check refuses to send a conversation past window - min(max output, 20000)
             # - 3000, max output defaulting to 32000 for a model it does not know: at 32k, less

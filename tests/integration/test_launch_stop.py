@@ -62,6 +62,7 @@ def test_launch_each_agent_against_a_running_server(tmp_path):
         assert env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] == "256" and env["CLAUDE_CODE_ATTRIBUTION_HEADER"] == "0"
         assert env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == "256"  # output_limit's floor
         assert "ANTHROPIC_API_KEY" not in env
+        assert int(env["CLAUDE_STREAM_IDLE_TIMEOUT_MS"]) >= 1_800_000  # a long cold prefill is not cut and retried
 
         cli("launch", "pi", "--port", port, "--", "-p", "hi", home=d.home, path=bin_dir, record=rec)
         got = json.loads(rec.read_text())
