@@ -21,6 +21,7 @@ from typing import Any
 
 from ..link import messages as m
 from ..runtime import rpc
+from ..net.loopback import listener_is_ours
 from ..net.transport import Tunnels
 from .node import NodeServer, _Head
 
@@ -49,6 +50,9 @@ class RpcNodeServer(NodeServer):
         threading.Thread(target=rpc.serve, args=(self.rpc_port, cache_dir, threads), name="ggml-rpc",
                          daemon=True).start()
         self._wait_listening()
+        if listener_is_ours(self.rpc_port) is False:  # Link F would carry a head's tensors to it
+            raise rpc.RpcUnavailable(f"another process took 127.0.0.1:{self.rpc_port} before ggml's RPC server could "
+                                     "bind it; start the node again")
 
     def _wait_listening(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT

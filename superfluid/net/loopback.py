@@ -20,3 +20,33 @@ def is_loopback_host(host: str) -> bool:
     except ValueError:
         return False
 
+
+
+def listener_is_ours(port: int) -> bool | None:
+    """Whether the socket listening on 127.0.0.1:`port` belongs to this process: a server
+    started on a port picked beforehand may find another local user's listener there (it took
+    the port first), and a check that it answers would not tell. None where the system has no
+    /proc/net/tcp to read (not Linux)."""
+    import os
+    try:
+        with open("/proc/net/tcp") as f:
+            rows = f.read().splitlines()[1:]
+    except OSError:
+        return None
+    want = f"0100007F:{port:04X}"
+    inodes = {cols[9] for cols in (r.split() for r in rows) if len(cols) > 9 and cols[1] == want and cols[3] == "0A"}
+    if not inodes:
+        return False
+    try:
+        fds = os.listdir("/proc/self/fd")
+    except OSError:
+        return None
+    mine = set()
+    for fd in fds:
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            mine.add(link[8:-1])
+    return bool(inodes & mine)
