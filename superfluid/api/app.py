@@ -288,10 +288,11 @@ def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Q
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         created = int(time.time())
         run = await Run.submit(request, models.service, eng, reqs, cp.bodies, api="chat.completions", params={
-            "response_id": rid, "created": created, "logprobs": bool(body.logprobs), "include_usage": include_usage})
+            "response_id": rid, "created": created, "logprobs": bool(body.logprobs), "include_usage": include_usage,
+            "timings": body.timings_per_token})
         if body.stream:
             return run.stream(chat_events(rid, eng.model_id, run.streams, body.logprobs, include_usage, reqs,
-                                          created=created))
+                                          created=created, with_timings=body.timings_per_token))
         resp = _json(oa.chat_response(rid, eng.model_id, await run.collect(), body.logprobs))
         resp.headers.update(session_header(reqs))
         return resp

@@ -27,7 +27,7 @@ from ..session.turns import context_text
 from .schema import ChatCompletionRequest, json_object, parse
 from .sse import cursor, event, tagged
 from .runner import Run
-from .streams import session_header
+from .streams import session_header, timings
 
 NATIVE = frozenset({"/completion", "/completions", "/infill", "/tokenize", "/detokenize", "/apply-template", "/props",
                     "/slots"})
@@ -67,19 +67,6 @@ def error_response(e: SuperfluidError) -> Response:
 def stop_type(c: Chunk) -> str:
     return {FinishReason.END_OF_TURN: "eos", FinishReason.GRAMMAR: "eos", FinishReason.LENGTH: "limit",
             FinishReason.STOP_SEQUENCE: "word"}.get(c.finish, "none") if c.finish is not None else "none"
-
-
-def timings(c: Chunk, wall_s: float) -> dict:
-    """llama-server's timings from the final chunk: the prompt's time is to the first token."""
-    prompt_n, predicted_n = max(0, c.prompt_tokens - c.cached_tokens), c.completion_tokens
-    prompt_ms = 1e3 * (c.ttft_s if c.ttft_s is not None else wall_s)
-    predicted_ms = max(0.0, 1e3 * wall_s - prompt_ms)
-    return {"cache_n": c.cached_tokens, "prompt_n": prompt_n, "prompt_ms": prompt_ms,
-            "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
-            "prompt_per_second": 1e3 * prompt_n / prompt_ms if prompt_ms > 0 else 0.0,
-            "predicted_n": predicted_n, "predicted_ms": predicted_ms,
-            "predicted_per_token_ms": predicted_ms / predicted_n if predicted_n else 0.0,
-            "predicted_per_second": 1e3 * predicted_n / predicted_ms if predicted_ms > 0 else 0.0}
 
 
 def settings(opts: Options | None, n_ctx: int, model: str, seed: int | None = None,

@@ -88,6 +88,7 @@ class ChatCompletionRequest(Sampling):
     reasoning_effort: str | None = None
     prompt_cache_key: object = None  # checked by prompt_cache_hint
     prompt_cache_retention: object = None
+    timings_per_token: bool = False  # llama-server's: streamed chunks that end a choice carry `timings`
 
 
 class CompletionRequest(Sampling):

@@ -5,6 +5,7 @@ generations, or leaves a session's to be resumed."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable
 
 from fastapi import Request
@@ -112,9 +113,9 @@ def sse(gen: AsyncIterator[bytes], on_close: Callable[[], None], reqs: list[GenR
     """A streamed response that runs `on_close` however it ends (Service.on_close: a
     session's generation gets the grace period to be resumed, any other is cancelled).
     An event stream sends `keepalive` when it has had nothing to say for KEEPALIVE_S (a
-    long prompt being prefilled): clients with an idle timeout (Claude Code's is 300 s) do
-    not give up and retry, and a client that went away is noticed then, not at the first
-    token. NDJSON streams (Ollama's) have no such frame."""
+    long prompt being prefilled): clients with an idle timeout on bytes do not give up and
+    retry, and a client that went away is noticed then, not at the first token. (Claude
+    Code's 300 s stream-idle timeout counts content only: `launch` raises it.) NDJSON streams (Ollama's) have no such frame."""
     if media_type != "text/event-stream":
         keepalive = None
     return _EngineStream(gen if keepalive is None else kept_alive(gen, keepalive, KEEPALIVE_S), on_close,
@@ -149,6 +150,19 @@ async def kept_alive(gen: AsyncIterator[bytes], frame: bytes, every: float) -> A
             await close()
 
 
+def timings(c: Chunk, wall_s: float) -> dict:
+    """llama-server's timings from the final chunk: the prompt's time is to the first token."""
+    prompt_n, predicted_n = max(0, c.prompt_tokens - c.cached_tokens), c.completion_tokens
+    prompt_ms = 1e3 * (c.ttft_s if c.ttft_s is not None else wall_s)
+    predicted_ms = max(0.0, 1e3 * wall_s - prompt_ms)
+    return {"cache_n": c.cached_tokens, "prompt_n": prompt_n, "prompt_ms": prompt_ms,
+            "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
+            "prompt_per_second": 1e3 * prompt_n / prompt_ms if prompt_ms > 0 else 0.0,
+            "predicted_n": predicted_n, "predicted_ms": predicted_ms,
+            "predicted_per_token_ms": predicted_ms / predicted_n if predicted_n else 0.0,
+            "predicted_per_second": 1e3 * predicted_n / predicted_ms if predicted_ms > 0 else 0.0}
+
+
 def _error_event(c: Chunk) -> bytes:
     assert c.error is not None
     return frame(c.error.body())
@@ -156,10 +170,12 @@ def _error_event(c: Chunk) -> bytes:
 
 async def _events(kind: str, rid: str, model: str, streams, want_logprobs: bool, include_usage: bool,
                   sessions: list[str | None], created: int,
-                  indices: list[int] | None = None) -> AsyncIterator[bytes]:
+                  indices: list[int] | None = None, with_timings: bool = False) -> AsyncIterator[bytes]:
     """SSE events of a chat completion (kind "chat") or a completion ("text") from typed
     output chunks, live or replayed from the log (api/resume.py). Each chunk's frames carry
-    its log cursor on the last one."""
+    its log cursor on the last one. `with_timings` (llama-server's `timings_per_token`):
+    each choice's last chunk, and the usage chunk, carry llama-server's `timings`."""
+    t0 = time.monotonic()
     chat = kind == "chat"
     idx = indices or list(range(len(streams)))
     if chat:
@@ -198,21 +214,27 @@ async def _events(kind: str, rid: str, model: str, streams, want_logprobs: bool,
             final = (oa.chat_chunk(rid, model, created, i, {}, oa.finish_reason(c.finish, calls[k])) if chat
                      else oa.completion_chunk(rid, model, created, i, "", c.finish.openai))
             final["usage"] = oa.usage(c.prompt_tokens, c.completion_tokens, c.cached_tokens)
+            if with_timings:
+                final["timings"] = timings(c, time.monotonic() - t0)
             out.append(frame(final))
         for o in tagged(out, cursor(sessions[k], c.event_id)):
             yield o
     if include_usage and finals:
-        yield event({"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
-                     "created": created, "model": model, "choices": [],
-                     "usage": oa.usage(finals[0].prompt_tokens, sum(c.completion_tokens for c in finals),
-                                       finals[0].cached_tokens)})
+        last = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
+                "created": created, "model": model, "choices": [],
+                "usage": oa.usage(finals[0].prompt_tokens, sum(c.completion_tokens for c in finals),
+                                  finals[0].cached_tokens)}
+        if with_timings:
+            last["timings"] = timings(finals[0], time.monotonic() - t0)
+        yield event(last)
     yield DONE
 
 
 def chat_events(rid, model, streams, want_logprobs, include_usage, reqs=(), *,
-                created: int) -> AsyncIterator[bytes]:
+                created: int, with_timings: bool = False) -> AsyncIterator[bytes]:
     sessions = [r.session for r in reqs] or [None] * len(streams)
-    return _events("chat", rid, model, streams, want_logprobs, include_usage, sessions, created)
+    return _events("chat", rid, model, streams, want_logprobs, include_usage, sessions, created,
+                   with_timings=with_timings)
 
 
 def completion_events(rid, model, streams, want_logprobs, include_usage, reqs=(), *,
@@ -225,7 +247,7 @@ def _replay(kind: str):
     def translate(sid: str, p: dict, chunks: AsyncIterator[Chunk]) -> AsyncIterator[bytes]:
         return _events(kind, str(p.get("response_id") or sid), str(p.get("model") or ""), [chunks],
                        bool(p.get("logprobs")), bool(p.get("include_usage")), [sid],
-                       int(p.get("created") or 0), [int(p.get("index") or 0)])
+                       int(p.get("created") or 0), [int(p.get("index") or 0)], bool(p.get("timings")))
     return translate
 
 

@@ -45,3 +45,27 @@ def test_a_huge_tokenize_never_holds_up_other_requests():
     order, detok = run(body)
     assert order[0] == ("health", 200) and order[1][:2] == ("tokenize", 200) and order[1][2] > 40_000
     assert detok == {"content": "Hi"}
+
+
+def test_timings_per_token_puts_timings_on_the_last_chunks_of_a_chat_stream():
+    """llama-server's `timings_per_token` (its test_chat_completion_with_timings_per_token):
+    the role chunk has none; the choice's last chunk and the usage chunk carry `timings`.
+    Without the flag no chunk does."""
+    import json
+
+    async def body(h):
+        out = {}
+        for flag in (True, False):
+            r = await h.client.post("/v1/chat/completions", json={
+                "model": MODEL, "max_tokens": 3, "stream": True, "stream_options": {"include_usage": True},
+                "timings_per_token": flag, "messages": [{"role": "user", "content": "hi"}]})
+            out[flag] = [json.loads(ln[6:]) for ln in r.text.splitlines() if ln.startswith("data: {")]
+        return out
+    r = run(body)
+    events = r[True]
+    assert "timings" not in events[0] and events[0]["choices"][0]["delta"]["role"] == "assistant"
+    usage = [e for e in events if not e["choices"]]
+    assert len(usage) == 1 and usage[0]["timings"]["predicted_n"] == 3
+    assert {"prompt_per_second", "predicted_per_second", "prompt_n", "cache_n"} <= set(usage[0]["timings"])
+    assert "timings" in [e for e in events if e["choices"] and e["choices"][0]["finish_reason"]][0]
+    assert not any("timings" in e for e in r[False])
