@@ -33,8 +33,8 @@ def listener_is_ours(port: int) -> bool | None:
             rows = f.read().splitlines()[1:]
     except OSError:
         return None
-    want = f"0100007F:{port:04X}"
-    inodes = {cols[9] for cols in (r.split() for r in rows) if len(cols) > 9 and cols[1] == want and cols[3] == "0A"}
+    want = {f"0100007F:{port:04X}", f"7F000001:{port:04X}"}  # the address in host byte order
+    inodes = {cols[9] for cols in (r.split() for r in rows) if len(cols) > 9 and cols[1] in want and cols[3] == "0A"}
     if not inodes:
         return False
     try:
