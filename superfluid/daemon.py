@@ -222,7 +222,7 @@ def build(cfg: ServeConfig, *, store: Store, engine_factory: EngineFactory | Non
 
         models = Models(cfg.engine, engine, idle_timeout=cfg.idle_timeout, sessions=sessions,
                         embedding=cfg.embedding_model, strict=cfg.strict_models, engines=engines, clock=clock)
-        retention = Retention(sessions, lambda sid: any(getattr(e, "pinned", _never)(sid) for e in engines.values()),
+        retention = Retention(sessions, lambda sid: any(e.pinned(sid) for e in engines.values()),
                               cfg.sessions_max_age, cfg.store_max_bytes, on_erased=metrics.pruned.inc)
         for src in cfg.models:
             models.add(src)
@@ -242,9 +242,6 @@ def build(cfg: ServeConfig, *, store: Store, engine_factory: EngineFactory | Non
         raise
     return App(cfg, logged, models, sessions, metrics, store, retention)
 
-
-def _never(sid: str) -> bool:
-    return False
 
 
 async def serve(daemon: App, sock: socket.socket) -> None:

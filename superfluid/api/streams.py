@@ -115,7 +115,8 @@ def sse(gen: AsyncIterator[bytes], on_close: Callable[[], None], reqs: list[GenR
     An event stream sends `keepalive` when it has had nothing to say for KEEPALIVE_S (a
     long prompt being prefilled): clients with an idle timeout on bytes do not give up and
     retry, and a client that went away is noticed then, not at the first token. (Claude
-    Code's 300 s stream-idle timeout counts content only: `launch` raises it.) NDJSON streams (Ollama's) have no such frame."""
+    Code's 300 s stream-idle timeout counts content only: `launch` raises it.) NDJSON
+    streams (Ollama's) have no such frame."""
     if media_type != "text/event-stream":
         keepalive = None
     return _EngineStream(gen if keepalive is None else kept_alive(gen, keepalive, KEEPALIVE_S), on_close,
@@ -220,10 +221,10 @@ async def _events(kind: str, rid: str, model: str, streams, want_logprobs: bool,
         for o in tagged(out, cursor(sessions[k], c.event_id)):
             yield o
     if include_usage and finals:
-        last = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
-                "created": created, "model": model, "choices": [],
-                "usage": oa.usage(finals[0].prompt_tokens, sum(c.completion_tokens for c in finals),
-                                  finals[0].cached_tokens)}
+        last: dict = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
+                      "created": created, "model": model, "choices": [],
+                      "usage": oa.usage(finals[0].prompt_tokens, sum(c.completion_tokens for c in finals),
+                                        finals[0].cached_tokens)}
         if with_timings:
             last["timings"] = timings(finals[0], time.monotonic() - t0)
         yield event(last)

@@ -112,6 +112,9 @@ class EngineBase:
             raise ModelUnloaded(f"the model {self.model_id} was unloaded; retry to load it again")
         return await self.embedder.embed(inputs, qos)
 
+    def pinned(self, session: str) -> bool:
+        return False  # pins are the local scheduler's (engine/local.py)
+
     def keep_running(self, request_id: str) -> None:
         """Its consumer going away does not cancel it: someone else (a resumed stream,
         a grace timer) decides."""

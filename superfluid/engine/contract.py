@@ -163,6 +163,9 @@ class EngineAPI(Protocol):
 
     def keep_running(self, request_id: str) -> None: ...
 
+    def pinned(self, session: str) -> bool:
+        """Whether the session's context is pinned here (retention never erases it)."""
+
     @property
     def queued(self) -> int:
         """Generations waiting here for a lane (--max-queue bounds it)."""
