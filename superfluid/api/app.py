@@ -208,7 +208,7 @@ def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Q
         body = parse(ModelRequest, await request.body())
         key = key_of(request)
         if not any(body.model.lower() == m.lower() for m in models.sources) and not (
-                allow_model_paths and key is not None and key.admin):
+                allow_model_paths and key is not None and key.admin) and not models.pullable(body.model):
             models.resolve_id(body.model)  # a path: the same answer as for an unknown id (nothing of the disk)
         if body.reload and any(body.model.lower() == m.lower() for m in models.sources):
             await models.unload(body.model)

@@ -48,6 +48,8 @@ def _aliases(s: str) -> list[tuple[str, str | None]]:
 def add_flags(s: argparse.ArgumentParser) -> None:
     g = s.add_argument_group("llama-server compatibility (docs/migrating.md)")
     g.add_argument("-m", dest="llama_model", metavar="PATH", help="the model to serve (the positional MODEL)")
+    g.add_argument("-hf", "-hfr", "--hf-repo", dest="llama_hf", metavar="REPO[:QUANT]",
+                   help="the model to serve by its Hugging Face name (the positional MODEL)")
     g.add_argument("-c", "--ctx-size", dest="llama_ctx", type=_count, metavar="N",
                    help="--max-context: tokens per lane (0: the model's window)")
     g.add_argument("-np", "--parallel", dest="llama_parallel", type=_count, metavar="N",
@@ -66,10 +68,11 @@ def add_flags(s: argparse.ArgumentParser) -> None:
 
 def apply_flags(args: argparse.Namespace) -> str | None:
     """Fold the aliases into the flags they stand for; an error line for a contradiction."""
-    if args.llama_model:
-        if args.model and args.model != args.llama_model:
-            return "give the model once: as MODEL or as -m"
-        args.model = args.llama_model
+    for given, flag in ((args.llama_model, "-m"), (args.llama_hf, "-hf")):
+        if given:
+            if args.model and args.model != given:
+                return f"give the model once: as MODEL, -m or -hf ({flag})"
+            args.model = given
     if args.llama_ctx and args.llama_ctx > 0:
         args.max_context = args.llama_ctx
     if args.llama_parallel and args.llama_parallel > 0:

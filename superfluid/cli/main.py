@@ -17,7 +17,7 @@ from .llama_flags import add_flags as add_llama_flags, apply_flags as apply_llam
 from ..engine import sampling_defaults
 from ..errors import ModelLoadError, SuperfluidError
 from ..request import Qos
-from . import launch as launch_cli, sessions as sessions_cli
+from . import hub as hub_cli, launch as launch_cli, sessions as sessions_cli
 from .flags import _class_lanes, _engine_flags, _hostport, _hostports, _positive, _proportions, _qos, _rpc_nodes  # noqa: F401
 
 
@@ -26,8 +26,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"superfluid {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="serve a model over HTTP (default: the embedded SmolLM2-135M-Instruct)")
-    s.add_argument("model", nargs="?", help="path to a .gguf file (default: the embedded model)")
-    s.add_argument("--model", action="append", default=[], dest="models", metavar="PATH", help="another GGUF model to serve (repeatable; the first model given is the default)")
+    s.add_argument("model", nargs="?", help="a .gguf file, a Hugging Face folder, or a Hugging Face name, pulled into the cache first (OWNER/REPO[:QUANT|:FILE], e.g. Qwen/Qwen3-4B-GGUF:Q4_K_M); default: the embedded model")
+    s.add_argument("--model", action="append", default=[], dest="models", metavar="PATH|NAME", help="another model to serve, by path or Hugging Face name (repeatable; the first model given is the default)")
+    hub_cli.offline_flag(s)
     s.add_argument("--embedding-model", metavar="PATH|default", help="also serve an embedding model, the one /v1/embeddings, /api/embed and /v1/rerank use when a request names none: a sentence-transformers or cross-encoder folder, a GGUF, or 'default' (the embedded all-MiniLM-L6-v2)")
     s.add_argument("--model-dir", metavar="DIR", help="serve every .gguf in DIR too, each loaded on its first request")
     s.add_argument("--idle-timeout", type=float, metavar="S", help="unload a model (never the default) after S idle seconds")
@@ -84,6 +85,7 @@ def parser() -> argparse.ArgumentParser:
     ns.add_argument("--lease", type=float, default=10.0, metavar="S", help="a head silent for S seconds loses its generations here (default 10)")
     ns.add_argument("--name", help="this node's name in the fleet (default: the host name); a node that joins again under its name gets its generations back")
     _engine_flags(ns)
+    hub_cli.offline_flag(ns)
     nj = nd_sub.add_parser("join", help="serve a model to a fleet head by dialing it (the head needs --fleet-listen)")
     nj.add_argument("head", nargs="?", metavar="HOST:PORT", help="the head's --fleet-listen address (default: find a head with this fleet token by mDNS)")
     nj.add_argument("model", nargs="?", help="path to a .gguf file (default: the embedded model)")
@@ -95,8 +97,10 @@ def parser() -> argparse.ArgumentParser:
     nj.add_argument("--mdns-interface", metavar="IP", help="look for heads by mDNS on the interface with this address only (default: all)")
     nj.add_argument("--rpc", action="store_true", help="offer this host's CPU and memory to the head, which splits a GGUF over the nodes that join (serve --rpc-nodes auto or NAME --fleet-listen), through llama.cpp's RPC engine inside Link F")
     _engine_flags(nj)
+    hub_cli.offline_flag(nj)
     launch_cli.add_parsers(sub)
     sessions_cli.add_parser(sub)
+    hub_cli.add_parsers(sub)
     t = sub.add_parser("top", help="watch servers: a row each from their /metrics, once a second")
     t.add_argument("servers", nargs="*", metavar="HOST:PORT", help=f"default {DEFAULT_HOST}:{DEFAULT_PORT}")
     t.add_argument("--api-key", default=os.environ.get("SUPERFLUID_API_KEY"))
@@ -373,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "launch":
         args.args = list(args.args) + agent_args
     setup_logging(json_lines=getattr(args, "log_format", "text") == "json")
+    hub_cli.apply_offline(args)
     if args.command == "serve":
         return _serve(args)
     if args.command == "top":
@@ -386,6 +391,8 @@ def main(argv: list[str] | None = None) -> int:
         return launch_cli.run(args)
     if args.command == "sessions":
         return sessions_cli.run(args)
+    if args.command in ("pull", "models", "rm"):
+        return hub_cli.run(args)
     return 2
 
 

@@ -50,4 +50,5 @@ def setup_logging(json_lines: bool = False) -> None:
     logging.basicConfig(level=logging.INFO, handlers=[queued])
     # httpx logs each request it makes at INFO ("HTTP Request: GET …"): noise in front of an
     # agent `launch` starts, and the daemon's own requests have their own lines
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    for name in ("httpx", "httpx2"):  # httpx2: huggingface_hub's client (superfluid pull)
+        logging.getLogger(name).setLevel(logging.WARNING)

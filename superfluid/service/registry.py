@@ -23,6 +23,7 @@ from .service import Service
 from .sessions import Sessions
 from ..engine.contract import EngineAPI
 from ..errors import Forbidden, ModelLoadError, ModelNotFound, ModelUnloaded
+from ..runtime import hub
 from ..runtime.registry import ModelSource, default_runtime, resolve
 
 log = logging.getLogger("superfluid.models")
@@ -112,10 +113,17 @@ class Models:
         eng.last_used = self.clock()  # not reaped between here and its request's submit
         return eng
 
+    @staticmethod
+    def pullable(model: str) -> bool:
+        """A hub name (REPO[:QUANT|:FILE]) that is not a path on this machine."""
+        return hub.parse(model) is not None and not Path(model).expanduser().exists()
+
     async def load(self, model: str) -> EngineAPI:
-        if model not in self.sources and Path(model).suffix == ".gguf":
-            self.add(resolve(model))
-            model = resolve(model).id
+        """Load a served model, or (an admin's POST /v1/models/load) a GGUF by its path or a
+        model by its hub name: pulled off the event loop, then served under that name."""
+        if not any(model.lower() == m.lower() for m in self.sources) and (
+                Path(model).suffix == ".gguf" or self.pullable(model)):
+            model = self.add(await asyncio.to_thread(resolve, model))
         mid = self.resolve_id(model)
         async with self._lock:
             if mid in self.engines:

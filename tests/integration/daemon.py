@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -21,14 +23,18 @@ def free_port() -> int:
 
 class Daemon:
     def __init__(self, *args: str, max_context: int = 1024, max_batch: int = 8, home: str | None = None,
-                 threads: int = 1):
-        self.home = home or tempfile.mkdtemp(prefix="superfluid-home-")
+                 threads: int = 1, env: dict[str, str] | None = None):
+        if home is None:  # ours: removed when the test process ends (its KV disk tier is GBs)
+            home = tempfile.mkdtemp(prefix="superfluid-home-")
+            atexit.register(shutil.rmtree, home, True)
+        self.home = home
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "superfluid.cli", "serve", *args, "--port", str(self.port),
                "--max-context", str(max_context), "--max-batch", str(max_batch), "--threads", str(threads)]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1", "SUPERFLUID_HOME": self.home})
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1", "SUPERFLUID_HOME": self.home,
+                                          **(env or {})})
         self.banner = ""
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:

@@ -50,7 +50,11 @@ def test_llama_server_flags():
     a = parser().parse_args(["serve", "-c", "0", "-np", "-1", "-t", "-1", "--max-batch", "4"])
     assert apply_flags(a) is None and a.max_context is None and a.max_batch == 4 and a.model is None
     a = parser().parse_args(["serve", "a.gguf", "-m", "b.gguf"])
-    assert apply_flags(a) == "give the model once: as MODEL or as -m"
+    assert apply_flags(a) == "give the model once: as MODEL, -m or -hf (-m)"
+    a = parser().parse_args(["serve", "-hf", "Qwen/Qwen3-4B-GGUF:Q4_K_M"])
+    assert apply_flags(a) is None and a.model == "Qwen/Qwen3-4B-GGUF:Q4_K_M"
+    a = parser().parse_args(["serve", "-m", "b.gguf", "--hf-repo", "o/r"])
+    assert apply_flags(a) == "give the model once: as MODEL, -m or -hf (-hf)"
     for bad in (["-np", "-2"], ["-c", "x"], ["--alias", "=x"], ["--alias", "a="]):
         with pytest.raises(SystemExit):
             parser().parse_args(["serve", *bad])
