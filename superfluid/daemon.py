@@ -28,7 +28,8 @@ from .monitor.metrics import Metrics
 from .monitor.tui import Dashboard, LiveMonitor, LogBuffer
 from .net.http import open_files_room, protocol
 from .net.loopback import is_loopback_host
-from .runtime.registry import available_memory, default_runtime, fit_context, is_hf_folder, model_bytes
+from .runtime.registry import (available_memory, default_runtime, fit_context, is_hf_folder, kv_bytes_per_token,
+                               model_bytes)
 from .runtime.rope import derive, describe, trained_window
 from .service import Sessions
 from .service.registry import Models
@@ -108,7 +109,7 @@ def build_engine(ec: EngineConfig, log: SessionLog | None = None, *, hooks: Hook
     # an explicit --rope-scale stretches the default window too; the worker applies the same
     # derivation (runtime/rope.py), this one only sizes the window and says what it serves
     n_ctx = fit_context(requested=ec.max_context, n_ctx_train=trained_window(trained, ec.rope_scale, ec.yarn_orig_ctx),
-                        lanes=ec.slots, kv_bytes_per_token=tok.shape.kv_bytes_per_token,
+                        lanes=ec.slots, kv_bytes_per_token=kv_bytes_per_token(tok.shape.kv_bytes_per_token, ec.kv_bits),
                         model_bytes=model_bytes(ec.model_path), mem_bytes=available_memory())
     say_window(ec, n_ctx, trained)
     return Engine(ec, tok, n_ctx, log, hooks=hooks, clock=clock)

@@ -45,9 +45,15 @@ def _aliases(s: str) -> list[tuple[str, str | None]]:
     return out
 
 
+CACHE_TYPES = {"f16": 16, "q8_0": 8, "q4_0": 4}  # llama-server's -ctk/-ctv as --kv-bits
+
+
 def add_flags(s: argparse.ArgumentParser) -> None:
     g = s.add_argument_group("llama-server compatibility (docs/migrating.md)")
     g.add_argument("-m", dest="llama_model", metavar="PATH", help="the model to serve (the positional MODEL)")
+    for short, long in (("-ctk", "--cache-type-k"), ("-ctv", "--cache-type-v")):
+        g.add_argument(short, long, dest=f"llama_{long[2:].replace('-', '_')}", choices=tuple(CACHE_TYPES),
+                       help="--kv-bits: f16 (16), q8_0 (8) or q4_0 (4); K and V together")
     g.add_argument("-hf", "-hfr", "--hf-repo", dest="llama_hf", metavar="REPO[:QUANT]",
                    help="the model to serve by its Hugging Face name (the positional MODEL)")
     g.add_argument("-c", "--ctx-size", dest="llama_ctx", type=_count, metavar="N",
@@ -73,6 +79,14 @@ def apply_flags(args: argparse.Namespace) -> str | None:
             if args.model and args.model != given:
                 return f"give the model once: as MODEL, -m or -hf ({flag})"
             args.model = given
+    types = {t for t in (args.llama_cache_type_k, args.llama_cache_type_v) if t}
+    if len(types) > 1 or (types and (args.llama_cache_type_k is None or args.llama_cache_type_v is None)):
+        return "-ctk and -ctv: superfluid quantizes K and V together; give both the same type (or --kv-bits)"
+    if types:
+        bits = CACHE_TYPES[types.pop()]
+        if args.kv_bits not in (16, bits):
+            return f"-ctk/-ctv and --kv-bits {args.kv_bits} disagree: give one"
+        args.kv_bits = bits
     if args.llama_ctx and args.llama_ctx > 0:
         args.max_context = args.llama_ctx
     if args.llama_parallel and args.llama_parallel > 0:

@@ -142,6 +142,11 @@ def _engine_config(args: argparse.Namespace, src) -> EngineConfig | int:
     if problem:
         print(f"superfluid: {problem}", file=sys.stderr)
         return 2
+    runtime = args.runtime or default_runtime(src.path)
+    if args.kv_bits != 16 and runtime != "llamacpp":
+        print(f"superfluid: --kv-bits {args.kv_bits} quantizes llama.cpp's KV cache; the {runtime} runtime keeps "
+              f"its own at 16 bits", file=sys.stderr)
+        return 2
     step_tokens = max(args.step_tokens, args.max_batch)
     if args.kv_slots is not None and args.kv_slots < args.max_batch:
         print("superfluid: --kv-slots must be at least --max-batch", file=sys.stderr)
@@ -168,7 +173,7 @@ def _engine_config(args: argparse.Namespace, src) -> EngineConfig | int:
                         spec_max_tokens=args.spec_max_tokens, draft_model=draft,
                         rope_scaling=args.rope_scaling, rope_scale=args.rope_scale,
                         yarn_orig_ctx=args.yarn_orig_ctx,
-                        sampling=sampling_defaults.from_args(args),
+                        sampling=sampling_defaults.from_args(args), kv_bits=args.kv_bits,
                         **_kv_disk(args))
 
 

@@ -56,11 +56,19 @@ ROPE_TYPES = {"none": ll.LLAMA_ROPE_SCALING_TYPE_NONE, "linear": ll.LLAMA_ROPE_S
               "yarn": ll.LLAMA_ROPE_SCALING_TYPE_YARN}
 
 
-def context_params(lanes: int, n_ctx: int, threads: int, batch_tokens: int, rope: Rope | None = None):
+KV_TYPES = {16: ll.GGML_TYPE_F16, 8: ll.GGML_TYPE_Q8_0, 4: ll.GGML_TYPE_Q4_0}  # --kv-bits: the cache's cells
+
+
+def context_params(lanes: int, n_ctx: int, threads: int, batch_tokens: int, rope: Rope | None = None,
+                   kv_bits: int = 16):
     """A context for `lanes` sequences of n_ctx tokens, each with its own KV stream; with
     `rope`, its positions stretched (runtime/rope.py). Without, llama.cpp's defaults keep
-    the model's own rope settings."""
+    the model's own rope settings. `kv_bits` 8 or 4: K and V quantized (q8_0, q4_0), with
+    flash attention, which llama.cpp needs for a quantized V."""
     cp = ll.llama_context_default_params()
+    if kv_bits != 16:
+        cp.type_k = cp.type_v = KV_TYPES[kv_bits]
+        cp.flash_attn_type = ll.LLAMA_FLASH_ATTN_TYPE_ENABLED
     if rope is not None and rope.kind:
         cp.rope_scaling_type = ROPE_TYPES[rope.kind]
     if rope is not None:
@@ -133,7 +141,7 @@ class LlamaCppRuntime(Runtime):
     def __init__(self, path: str, *, lanes: int, n_ctx: int, threads: int, batch_tokens: int,
                  pooling: str | None = None, rpc_nodes: list | None = None, rpc_psk: bytes | None = None,
                  rpc_split: list[float] | None = None, rpc_output: str = "head", rpc_names: list[str] | None = None,
-                 rpc_listen_fd: int = -1, rope: tuple[str, float, int] = ("", 0.0, 0)):
+                 rpc_listen_fd: int = -1, rope: tuple[str, float, int] = ("", 0.0, 0), kv_bits: int = 16):
         super().__init__()
         quiet_llama_logs()
         ll.llama_backend_init()
@@ -157,10 +165,15 @@ class LlamaCppRuntime(Runtime):
         n_ctx_train = ll.llama_model_n_ctx_train(self.model)
         self.rope = derive(*rope, n_ctx=n_ctx, n_ctx_train=n_ctx_train)
         self.ctx = ll.llama_init_from_model(self.model, context_params(lanes, n_ctx, threads, batch_tokens,
-                                                                       self.rope))
+                                                                       self.rope, kv_bits))
         if not self.ctx:
+            self.close()
+            if kv_bits != 16:
+                raise ModelLoadError(f"--kv-bits {kv_bits}: llama.cpp cannot quantize this model's KV cache "
+                                     f"(a quantized cache needs flash attention, which it could not enable)")
             raise ModelLoadError(f"llama.cpp could not create a context for {path} "
                                  f"({lanes} lanes x {n_ctx} tokens)")
+        self.kv_bits = kv_bits
         self.mem = ll.llama_get_memory(self.ctx)
         self.n_batch = batch_tokens
         self.batch = ll.llama_batch_init(batch_tokens, 0, 1)
@@ -186,7 +199,8 @@ class LlamaCppRuntime(Runtime):
         window = min(EMBED_WINDOW, n_ctx_seq, n_ctx_train or n_ctx_seq)
         # the disk tier's entries fit only this build's state format and this KV layout
         self.kv_format = (f"llamacpp-{ll.__version__}-streams-{ll.llama_model_n_layer(self.model)}"
-                          f"x{ll.llama_model_n_embd(self.model)}{rope_key(self.rope)}")
+                          f"x{ll.llama_model_n_embd(self.model)}{rope_key(self.rope)}"
+                          f"{'' if kv_bits == 16 else f'-kv{kv_bits}'}")  # a cell width never loads at another
         self.info = ModelInfo(n_vocab=n_vocab, n_ctx=n_ctx_seq, n_lanes=lanes,
                               n_ctx_train=n_ctx_train,
                               description=desc.value.decode(errors="replace"),

@@ -129,6 +129,14 @@ def available_memory() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
 
 
+KV_VALUE_BYTES = {16: 2.0, 8: 34 / 32, 4: 18 / 32}  # f16; q8_0 and q4_0 blocks of 32 values (34 and 18 bytes)
+
+
+def kv_bytes_per_token(f16_bytes: int, kv_bits: int) -> int:
+    """A token's KV bytes at --kv-bits, from its f16 size."""
+    return max(1, round(f16_bytes * KV_VALUE_BYTES[kv_bits] / 2))
+
+
 def fit_context(*, requested: int | None, n_ctx_train: int, lanes: int,
                 kv_bytes_per_token: int, model_bytes: int, mem_bytes: int) -> int:
     """The per-lane context: what was asked, else the trained window capped so that every
@@ -170,7 +178,7 @@ def _runtime(s: Any):
                                threads=s.threads, batch_tokens=s.batch_tokens, pooling=s.pooling or None,
                                rpc_nodes=list(s.rpc_nodes), rpc_psk=s.stage_psk, rpc_split=list(s.rpc_split),
                                rpc_output=s.rpc_output, rope=(s.rope_scaling, s.rope_scale, s.yarn_orig_ctx),
-                               rpc_names=list(s.rpc_names), rpc_listen_fd=s.rpc_listen_fd)
+                               rpc_names=list(s.rpc_names), rpc_listen_fd=s.rpc_listen_fd, kv_bits=s.kv_bits)
     if s.runtime in TORCH_RUNTIMES:  # transformers; sentence: embeddings or a cross-encoder
         module, name = TORCH_RUNTIMES[s.runtime]
         try:

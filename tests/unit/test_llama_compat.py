@@ -51,6 +51,12 @@ def test_llama_server_flags():
     assert apply_flags(a) is None and a.max_context is None and a.max_batch == 4 and a.model is None
     a = parser().parse_args(["serve", "a.gguf", "-m", "b.gguf"])
     assert apply_flags(a) == "give the model once: as MODEL, -m or -hf (-m)"
+    a = parser().parse_args(["serve", "-ctk", "q8_0", "-ctv", "q8_0"])
+    assert apply_flags(a) is None and a.kv_bits == 8
+    a = parser().parse_args(["serve", "--cache-type-k", "q4_0"])
+    assert "K and V together" in apply_flags(a)
+    a = parser().parse_args(["serve", "-ctk", "q4_0", "-ctv", "q4_0", "--kv-bits", "8"])
+    assert "disagree" in apply_flags(a)
     a = parser().parse_args(["serve", "-hf", "Qwen/Qwen3-4B-GGUF:Q4_K_M"])
     assert apply_flags(a) is None and a.model == "Qwen/Qwen3-4B-GGUF:Q4_K_M"
     a = parser().parse_args(["serve", "-m", "b.gguf", "--hf-repo", "o/r"])
