@@ -77,6 +77,11 @@ class FakeVocab(Vocab):
     def token_text(self, token: int) -> bytes:
         return self.special_pieces.get(token) or self.pieces[token]
 
+    META = {"general.architecture": "fake", "general.file_type": "7", "general.size_label": "1K"}
+
+    def meta(self, key: str) -> str | None:
+        return self.META.get(key)
+
     def encode(self, text: str, *, add_special: bool = False, parse_special: bool = False) -> list[int]:
         out: list[int] = []
         i = 0

@@ -22,6 +22,7 @@ from ..errors import BadRequest, Forbidden, NotSupported, PayloadTooLarge, Super
 from ..engine import health_row
 from ..ids import new_id
 from ..request import Qos
+from ..service.capabilities import record as capabilities_record
 from . import anthropic, embeddings, infill, llama, ollama, responses
 from . import sessions as sessions_api
 from . import ui as web_ui
@@ -158,10 +159,12 @@ def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Q
     def model_card(mid: str) -> dict:
         eng = engines.get(mid)
         meta = {"loaded": eng is not None, "default": mid == models.default, "path": models.sources[mid].path}
+        card = {"id": mid, "object": "model", "created": started, "owned_by": "superfluid"}
         if eng is not None:
             meta.update(n_ctx=eng.n_ctx, n_ctx_train=eng.info.n_ctx_train if eng.info else None,
                         n_vocab=eng.tokenizer.n_vocab, lanes=eng.cfg.max_batch)
-        return {"id": mid, "object": "model", "created": started, "owned_by": "superfluid", "meta": meta}
+            card.update(capabilities_record(eng))  # capabilities, window, output limit, sampling
+        return {**card, "meta": meta}
 
     ollama.add_routes(app, models, qos)
 

@@ -19,6 +19,7 @@ from .. import __version__
 from ..errors import BadRequest, ContextLengthExceeded, NotSupported, QueueFull, SuperfluidError
 from ..ids import new_id
 from ..request import Chunk, FinishReason, GenRequest, Qos, TokenLogprob
+from ..service.capabilities import record as capabilities_record
 from ..engine import for_api
 from . import openai as oa
 from . import resume
@@ -236,10 +237,12 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
     async def props(request: Request):
         eng = await models.get(request.query_params.get("model"))
         src = models.sources[eng.model_id]
+        rec = capabilities_record(eng)
         return _json({"default_generation_settings": {**slot(eng, 0, False), "prompt": ""},
                       "total_slots": eng.cfg.max_batch, "model_path": src.path, "model_alias": eng.model_id,
                       "chat_template": eng.tokenizer.chat_template or "", "chat_template_caps": {},
-                      "modalities": {"vision": False, "audio": False},
+                      "modalities": {"vision": rec["capabilities"]["vision"] is True, "audio": False},
+                      **rec,  # capabilities, window, output limit, recommended sampling (service/capabilities)
                       "build_info": f"superfluid {__version__}", "is_sleeping": False})
 
     @app.post("/props")

@@ -12,15 +12,18 @@ import os
 import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
+from typing import Any
 from datetime import datetime, UTC
 
 import orjson
 from fastapi import FastAPI, Request
-from fastapi.responses import Response
+from fastapi.responses import Response, StreamingResponse
 
-from ..errors import BadRequest, Forbidden
+from ..errors import BadRequest, Forbidden, SuperfluidError
+from ..service.registry import LOADS_REFUSED
 from ..ids import new_id
 from ..request import Calls, Chunk, GenRequest, Qos
+from ..service.capabilities import ollama_names, quantization, record as capabilities_record
 from .embeddings import embed_texts, embedding_engine, shorten
 from .ollama_options import logprobs_out, refuse_template, sampling, think_options, top_logprobs
 from .schema import MAX_EMBED_INPUTS, json_object
@@ -99,12 +102,19 @@ def refuse_unsupported(body: dict) -> None:
 
 
 def card(models, mid: str) -> dict:
+    """A model as /api/tags lists it; a loaded one with its family, size and quantization."""
     src = models.sources[mid]
-    size = os.path.getsize(src.path) if os.path.exists(src.path) else 0
+    size = os.path.getsize(src.path) if os.path.isfile(src.path) else 0
     digest = hashlib.sha256(f"{src.path}:{size}".encode()).hexdigest()
-    return {"name": mid, "model": mid, "modified_at": _now(), "size": size, "digest": digest,
-            "details": {"format": "gguf", "family": "", "families": None, "parameter_size": "",
-                        "quantization_level": ""}}
+    details: dict[str, Any] = {"format": "gguf" if os.path.isfile(src.path) else "safetensors", "family": "",
+                               "families": None, "parameter_size": "", "quantization_level": ""}
+    eng = models.engines.get(mid)
+    if eng is not None:
+        family = eng.tokenizer.meta("general.architecture") or ""
+        details.update(family=family, families=[family] if family else None,
+                       parameter_size=eng.tokenizer.meta("general.size_label") or "",
+                       quantization_level=quantization(eng))
+    return {"name": mid, "model": mid, "modified_at": _now(), "size": size, "digest": digest, "details": details}
 
 
 def final_fields(c: Chunk, total_s: float) -> dict:
@@ -178,12 +188,14 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
         eng = await models.get(mid)
         tok = eng.tokenizer
         arch = tok.meta("general.architecture") or "llama"
-        return {"modelfile": f"FROM {models.sources[mid].path}\n", "parameters": "",
+        rec = capabilities_record(eng)
+        params = "\n".join(f"{k} {v:g}" for k, v in sorted(rec["sampling"].items()))
+        return {"modelfile": f"FROM {models.sources[mid].path}\n", "parameters": params,
                 "template": tok.chat_template or "", "details": card(models, mid)["details"],
                 "model_info": {"general.architecture": arch, f"{arch}.context_length": eng.n_ctx,
                                f"{arch}.block_count": tok.shape.n_layer,
                                f"{arch}.embedding_length": tok.shape.n_embd},
-                "capabilities": ["completion"], "modified_at": _now()}
+                "capabilities": ollama_names(rec["capabilities"]), "modified_at": _now()}
 
     @app.post("/api/chat")
     async def chat(request: Request):
@@ -195,7 +207,20 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
         body = json_object(await request.body())
         return await _generate(request, body, chat=False)
 
-    for path in ("/api/pull", "/api/push", "/api/create", "/api/copy", "/api/blobs/{digest}"):
+    @app.post("/api/pull")
+    async def pull(request: Request):
+        """A model by its Hugging Face name into the cache, then served (unloaded until its
+        first request), with Ollama's progress lines; only where a request may load models."""
+        body = json_object(await request.body())
+        name = body.get("model") or body.get("name")
+        if not isinstance(name, str) or not models.pullable(name):
+            raise BadRequest("model must be a Hugging Face name: OWNER/REPO[:QUANT|:FILE]", param="model")
+        why = LOADS_REFUSED.get()
+        if why is not None:
+            raise Forbidden(f"pulling {name} loads a model, and {why}", param="model")
+        return await _pull(models, name, stream=body.get("stream", True) is not False)
+
+    for path in ("/api/push", "/api/create", "/api/copy", "/api/blobs/{digest}"):
         app.add_api_route(path, _not_here, methods=["POST", "HEAD"])
     app.add_api_route("/api/delete", _not_here, methods=["DELETE"])
     @app.post("/api/embed")
@@ -317,6 +342,47 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
         return out
 
 
+async def _pull(models, name: str, *, stream: bool) -> Response:
+    """Ollama's /api/pull answer: NDJSON progress ({"status": "pulling FILE", "total",
+    "completed"}) then {"status": "success"}, or an {"error"} line; one object without stream."""
+    loop = asyncio.get_running_loop()
+    events: asyncio.Queue[dict | None] = asyncio.Queue()
+
+    def report(file: str, done: int, total: int) -> None:  # on the pull's thread
+        loop.call_soon_threadsafe(events.put_nowait, {"status": f"pulling {file}", "total": total, "completed": done})
+
+    async def run() -> None:
+        try:
+            await models.pull(name, report)
+            events.put_nowait({"status": "success"})
+        except SuperfluidError as e:
+            events.put_nowait({"error": e.message})
+        finally:
+            events.put_nowait(None)
+
+    task = asyncio.create_task(run())
+    _PULLS.add(task)  # held: a pull goes on when its client leaves (the file is worth having)
+    task.add_done_callback(_PULLS.discard)
+    if not stream:
+        await task
+        last: dict = {}
+        while (ev := events.get_nowait()) is not None:
+            last = ev
+        if "error" in last:
+            return error_response(400, last["error"])
+        return Response(orjson.dumps(last), media_type="application/json")
+
+    async def lines() -> AsyncIterator[bytes]:
+        yield orjson.dumps({"status": "pulling manifest"}) + b"\n"
+        while (ev := await events.get()) is not None:
+            yield orjson.dumps(ev) + b"\n"
+
+    return StreamingResponse(lines(), media_type=NDJSON)
+
+
+_PULLS: set[asyncio.Task] = set()
+
+
 async def _not_here():
-    return error_response(501, "superfluid serves local model files: pull, push, create, copy and delete are not "
-                       "supported (use superfluid serve --model PATH)")
+    return error_response(501, "superfluid serves model files and Hugging Face names: push, create, copy and delete "
+                       "are not supported (pull OWNER/REPO[:QUANT], or superfluid serve --model PATH)")

@@ -32,15 +32,15 @@ def apply_offline(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..errors import ModelLoadError
-    from ..runtime import hub
+    from ..runtime import hub, hub_cache
     if args.command == "models":
-        return _list(hub.cached_models())
+        return _list(hub_cache.cached_models())
     name = hub.parse(args.name)
     if name is None:
         print(f"superfluid: {args.name} is not a Hugging Face name (OWNER/REPO[:QUANT|:FILE])", file=sys.stderr)
         return 2
     if args.command == "rm":
-        removed = hub.remove(name)
+        removed = hub_cache.remove(name)
         if not removed:
             print(f"superfluid: {name} is not in the cache", file=sys.stderr)
             return 1

@@ -14,9 +14,9 @@ import hashlib
 import logging
 import os
 import re
-import shutil
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -28,7 +28,7 @@ log = logging.getLogger("superfluid.hub")
 
 _NAME = re.compile(r"^(?:(?:https?://)?(?:hf\.co|huggingface\.co)/)?"
                    r"([A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95})(?::([^:/\s]{1,200}))?$")
-_SPLIT = re.compile(r"^(.+)-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
+SPLIT = re.compile(r"^(.+)-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
 DEFAULT_TAGS = ("Q4_K_M", "Q8_0")
 NOT_MODELS = ("mmproj", "imatrix", "mtp-", "eagle3-", "dflash-", "dspark-")
 # a folder model: its weights (safetensors only: no pickles), config, tokenizer and templates,
@@ -79,7 +79,7 @@ def is_model_gguf(path: str) -> bool:
 
 def split_parts(path: str, files: list[str]) -> list[str]:
     """All parts of the split GGUF `path` is the first of, in order (itself alone when whole)."""
-    m = _SPLIT.match(path)
+    m = SPLIT.match(path)
     if m is None:
         return [path]
     count = int(m.group(3))
@@ -98,7 +98,7 @@ def pick_gguf(files: list[str], *, tag: str = "", file: str = "") -> list[str]:
         hit = [f for f in files if f.lower() == file.lower()]
         return split_parts(hit[0], files) if hit else []
     models = [f for f in sorted(files) if is_model_gguf(f)]
-    firsts = [f for f in models if (m := _SPLIT.match(f)) is None or int(m.group(2)) == 1]
+    firsts = [f for f in models if (m := SPLIT.match(f)) is None or int(m.group(2)) == 1]
     for t in ([tag] if tag else list(DEFAULT_TAGS)):
         pattern = re.compile(re.escape(t) + r"[.-]", re.IGNORECASE)
         for f in firsts:
@@ -126,9 +126,13 @@ class Pulled:
     bytes: int
 
 
-def pull(name: HubName, *, progress: bool | None = None) -> Pulled:
+Report = Callable[[str, int, int], None]  # (file, bytes done, bytes in all): a pull's progress
+
+
+def pull(name: HubName, *, progress: bool | None = None, report: Report | None = None) -> Pulled:
     """The model `name` names, in the cache: downloaded and checked first unless it is there
-    (or HF_HUB_OFFLINE is set, when only what is cached is served)."""
+    (or HF_HUB_OFFLINE is set, when only what is cached is served). `progress`: a bar (None:
+    when stderr is a terminal); `report` is called as each file's bytes arrive."""
     try:
         import huggingface_hub as hf  # noqa: F401
     except ImportError:
@@ -147,7 +151,7 @@ def pull(name: HubName, *, progress: bool | None = None) -> Pulled:
         return pulled
     files = _choose(name, list(listing))
     t0 = time.monotonic()
-    paths = [_fetch(name, f, listing[f], progress) for f in files]
+    paths = [_fetch(name, f, listing[f], progress, report) for f in files]
     total = sum(os.path.getsize(p) for p in paths)
     log.info("%s: %d file%s, %.1f MB, ready in %.1f s", name, len(paths), "s" * (len(paths) > 1), total / 1e6,
              time.monotonic() - t0)
@@ -218,15 +222,17 @@ def _status(e: Exception) -> str:
     return f"HTTP {r.status_code}" if r is not None else str(e)[:200]
 
 
-def _fetch(name: HubName, filename: str, sibling: Any, progress: bool | None) -> str:
+def _fetch(name: HubName, filename: str, sibling: Any, progress: bool | None, report: Report | None) -> str:
     """One file into the cache, through huggingface_hub's downloader, checked before use."""
     import huggingface_hub as hf
     from huggingface_hub.errors import HfHubHTTPError
     cached = hf.try_to_load_from_cache(name.repo, filename)
     if isinstance(cached, str) and _trusted(cached, sibling):
+        if report is not None:
+            report(filename, sibling.size or 0, sibling.size or 0)
         return cached
-    bar = sys.stderr.isatty() if progress is None else progress
-    tqdm_class = None if bar else partial(LogProgress, filename=filename)
+    bar = (sys.stderr.isatty() if progress is None else progress) and report is None
+    tqdm_class = None if bar else partial(LogProgress, filename=filename, report=report)
     try:
         path = hf.hf_hub_download(name.repo, filename, tqdm_class=tqdm_class)  # type: ignore[arg-type]
     except HfHubHTTPError as e:
@@ -318,8 +324,10 @@ class LogProgress:
 
     QUIET_BELOW = 1 << 20  # files smaller than this (configs, tokenizers) are pulled without a line
 
-    def __init__(self, *, filename: str = "", total: int | None = None, initial: int = 0, **_: Any):
-        self.filename, self.total, self.n = filename, total, initial
+    def __init__(self, *, filename: str = "", total: int | None = None, initial: int = 0,
+                 report: Report | None = None, **_: Any):
+        self.filename, self.total, self.n, self.report = filename, total, initial, report
+        self._reported = -1
         self._step = (initial * 10 // total + 1) if total else 1
         self._t0 = time.monotonic()
         self.quiet = total is not None and total < self.QUIET_BELOW
@@ -329,6 +337,11 @@ class LogProgress:
 
     def update(self, n: int = 1) -> None:
         self.n += n
+        if self.report is not None and self.total:
+            pct = self.n * 100 // self.total
+            if pct != self._reported:  # at most a report per percent
+                self._reported = pct
+                self.report(self.filename, self.n, self.total)
         if (self.total and not self.quiet and self.n * 10 // self.total >= self._step and self.n < self.total):
             self._step = self.n * 10 // self.total + 1
             log.info("pulling %s: %d%% of %.1f MB", self.filename, self.n * 100 // self.total, self.total / 1e6)
@@ -342,66 +355,3 @@ class LogProgress:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-@dataclass(frozen=True)
-class CachedModel:
-    name: str
-    bytes: int
-    files: int
-    path: str
-
-
-def cached_models() -> list[CachedModel]:
-    """What the cache holds: a row per GGUF model (REPO:FILE) and per safetensors repo."""
-    import huggingface_hub as hf
-    try:
-        info = hf.scan_cache_dir()
-    except hf.CacheNotFound:
-        return []
-    out = []
-    for repo in sorted(info.repos, key=lambda r: r.repo_id):
-        if repo.repo_type != "model":
-            continue
-        files = {str(f.file_path.relative_to(rev.snapshot_path)): f for rev in repo.revisions for f in rev.files}
-        names = list(files)
-        ggufs = [f for f in names if is_model_gguf(f) and ((m := _SPLIT.match(f)) is None or int(m.group(2)) == 1)]
-        for g in ggufs:
-            try:
-                parts = split_parts(g, names)
-            except ModelLoadError:
-                continue
-            out.append(CachedModel(f"{repo.repo_id}:{g}", sum(files[p].size_on_disk for p in parts), len(parts),
-                                   str(files[g].file_path)))
-        if not ggufs and names:  # (a repo whose only file failed its check holds none)
-            out.append(CachedModel(repo.repo_id, repo.size_on_disk, repo.nb_files, str(repo.repo_path)))
-    return out
-
-
-def remove(name: HubName) -> list[str]:
-    """Delete a pulled model from the cache: the whole repo for REPO, only the picked GGUF
-    (all its parts) for REPO:QUANT or REPO:FILE. The files removed, [] when none were cached."""
-    import huggingface_hub as hf
-    try:
-        info = hf.scan_cache_dir()
-    except hf.CacheNotFound:
-        return []
-    repos = [r for r in info.repos if r.repo_type == "model" and r.repo_id.lower() == name.repo.lower()]
-    if not repos:
-        return []
-    repo = repos[0]
-    if not (name.tag or name.file):
-        removed = [str(f.file_path) for rev in repo.revisions for f in rev.files]
-        shutil.rmtree(repo.repo_path, ignore_errors=True)  # the repo's folder: blobs, snapshots, refs
-        return removed
-    removed = []
-    for rev in repo.revisions:
-        files = {str(f.file_path.relative_to(rev.snapshot_path)): f for f in rev.files}
-        for rel in pick_gguf(list(files), tag=name.tag, file=name.file):
-            f = files[rel]
-            f.file_path.unlink(missing_ok=True)
-            removed.append(str(f.file_path))
-            if not any(o.blob_path == f.blob_path for r2 in repo.revisions for o in r2.files if o is not f
-                       and o.file_path.exists()):
-                f.blob_path.unlink(missing_ok=True)
-    return removed

@@ -53,10 +53,10 @@ def embedded_embedding_model() -> ModelSource:
                        EMBEDDING_ID)
 
 
-def resolve(model: str | None) -> ModelSource:
+def resolve(model: str | None, report: hub.Report | None = None) -> ModelSource:
     """The model a command line or a load request names: the embedded one (None), a GGUF file,
     a Hugging Face folder, or a hub name (REPO[:QUANT|:FILE], pulled into the cache first and
-    served under the name as given)."""
+    served under the name as given; `report` hears of its download's progress)."""
     if model is None:
         return embedded_model()
     path = Path(model).expanduser()
@@ -64,7 +64,7 @@ def resolve(model: str | None) -> ModelSource:
         name = hub.parse(model)
         if name is None:
             raise ModelLoadError(f"model file not found: {model}")
-        return _checked(hub.pull(name).path, str(name))
+        return _checked(hub.pull(name, report=report).path, str(name))
     return _checked(str(path), None, model)
 
 

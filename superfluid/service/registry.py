@@ -118,6 +118,12 @@ class Models:
         """A hub name (REPO[:QUANT|:FILE]) that is not a path on this machine."""
         return hub.parse(model) is not None and not Path(model).expanduser().exists()
 
+    async def pull(self, name: str, report: hub.Report | None = None) -> str:
+        """Pull a model by its hub name (off the event loop) and add it to the served ones,
+        unloaded (Ollama's /api/pull); its id."""
+        src = await asyncio.to_thread(resolve, name, report)
+        return self.add(src)
+
     async def load(self, model: str) -> EngineAPI:
         """Load a served model, or (an admin's POST /v1/models/load) a GGUF by its path or a
         model by its hub name: pulled off the event loop, then served under that name."""

@@ -14,6 +14,7 @@ import threading
 from pathlib import Path
 
 import httpx
+import ollama
 import openai
 import pytest
 
@@ -24,6 +25,7 @@ from .hub_mirror import Mirror, split_gguf
 
 GGUF = Path(embedded_model().path)  # SmolLM2-135M-Instruct.Q4_1.gguf
 WHOLE, SPLIT, FOLDER, BAD = "test/SmolLM2-GGUF", "test/SmolLM2-split-GGUF", "test/MiniLM", "test/Corrupt-GGUF"
+AGAIN = "test/SmolLM2-again-GGUF"  # pulled through Ollama's /api/pull only
 
 
 def sha256(path: str | Path) -> str:
@@ -42,6 +44,7 @@ def mirror():
     m.add(WHOLE, {GGUF.name: GGUF, f"mmproj-{GGUF.stem}.gguf": GGUF})  # a projector is never the model
     m.add(SPLIT, {p.name: p for p in parts})
     m.add(BAD, {GGUF.name: GGUF})
+    m.add(AGAIN, {GGUF.name: GGUF})
     folder = Path(embedded_embedding_model().path)
     m.add(FOLDER, {str(p.relative_to(folder)): p for p in folder.rglob("*") if p.is_file()})
     m.url = m.start()
@@ -113,8 +116,16 @@ def test_serve_by_name_with_a_folder_model_then_load_by_name_then_offline(mirror
     env = env_of(mirror, hf_home)
     d = Daemon(f"{SPLIT}:Q4_1", "--embedding-model", FOLDER, max_context=512, max_batch=2, env=env)
     try:
-        ids = [m["id"] for m in httpx.get(d.url + "/v1/models", timeout=10).json()["data"]]
-        assert ids[0] == f"{SPLIT}:Q4_1" and FOLDER in ids  # the names as given
+        cards = {m["id"]: m for m in httpx.get(d.url + "/v1/models", timeout=10).json()["data"]}
+        assert list(cards)[0] == f"{SPLIT}:Q4_1" and FOLDER in cards  # the names as given
+        # each model's capability record (service/capabilities.py), from the real files
+        gguf, folder = cards[f"{SPLIT}:Q4_1"], cards[FOLDER]
+        assert gguf["capabilities"]["chat"] is True and gguf["capabilities"]["embeddings"] is True
+        assert gguf["quantization"] == "Q4_1" and gguf["context_window"] == 512
+        assert folder["capabilities"]["embeddings"] is True and "does not generate" in folder["capabilities"]["chat"]
+        tags = {m["name"]: m for m in httpx.get(d.url + "/api/tags", timeout=10).json()["models"]}
+        assert tags[f"{SPLIT}:Q4_1"]["details"]["quantization_level"] == "Q4_1"
+        assert tags[f"{SPLIT}:Q4_1"]["details"]["family"] == "llama"
         client = openai.OpenAI(base_url=d.url + "/v1", api_key="x")
         chat = client.chat.completions.create(model=f"{SPLIT}:Q4_1", max_tokens=8, temperature=0,
                                               messages=[{"role": "user", "content": "Say hi."}])
@@ -126,6 +137,17 @@ def test_serve_by_name_with_a_folder_model_then_load_by_name_then_offline(mirror
         assert r.status_code == 200 and r.json()["id"] == f"{WHOLE}:Q4_1", r.text
         r = httpx.post(d.url + "/v1/models/load", json={"model": "test/Not-There-GGUF"}, timeout=60)
         assert r.status_code == 400 and "is not on" in r.json()["error"]["message"], r.text
+        # Ollama's /api/pull, through the official client: progress, then the model is served
+        oc = ollama.Client(host=d.url)
+        events = list(oc.pull(f"{AGAIN}:Q4_1", stream=True))
+        assert events[0].status == "pulling manifest" and events[-1].status == "success"
+        partway = [e for e in events if e.status == f"pulling {GGUF.name}" and 0 < (e.completed or 0) < (e.total or 0)]
+        assert partway and partway[-1].total == GGUF.stat().st_size
+        assert f"{AGAIN}:Q4_1" in [m.model for m in oc.list().models]
+        assert oc.chat(model=f"{AGAIN}:Q4_1", messages=[{"role": "user", "content": "Hi"}],
+                       options={"num_predict": 3}).message.role == "assistant"
+        with pytest.raises(ollama.ResponseError, match="is not on"):
+            list(oc.pull("test/Not-There-GGUF", stream=True))
     finally:
         d.stop()
     # offline, the hub unreachable: what is cached serves, and what is not is one clear line

@@ -5,7 +5,8 @@ import math
 
 import pytest
 
-from superfluid.cli.main import _engine_config, parser
+from superfluid.cli.engine_config import engine_config as _engine_config
+from superfluid.cli.main import parser
 from superfluid.cli.llama_flags import apply_flags
 from superfluid.runtime.registry import ModelSource
 from superfluid.runtime.rope import Rope, check, derive, describe, hf_rope, trained_window
