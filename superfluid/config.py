@@ -94,6 +94,7 @@ class EngineConfig:
     draft_model: str = ""  # --speculative draft: the draft model's GGUF (same vocabulary)
     sampling: tuple[tuple[str, float], ...] = ()  # the operator's sampling defaults (engine/sampling_defaults.py)
     kv_bits: int = 16  # --kv-bits: the KV cache's cells, 16 (f16), 8 (q8_0) or 4 (q4_0); llama.cpp only
+    flash_attn: str = "auto"  # --flash-attn: auto (llama-server's default), on or off
 
     @property
     def slots(self) -> int:

@@ -25,6 +25,10 @@ def engine_config(args: argparse.Namespace, src) -> EngineConfig | int:
         print(f"superfluid: {problem}", file=sys.stderr)
         return 2
     runtime = args.runtime or default_runtime(src.path)
+    if args.kv_bits != 16 and args.flash_attn == "off":
+        print(f"superfluid: --kv-bits {args.kv_bits} needs flash attention (llama.cpp quantizes V only with it): "
+              f"drop --flash-attn off", file=sys.stderr)
+        return 2
     if args.kv_bits != 16 and runtime != "llamacpp":
         print(f"superfluid: --kv-bits {args.kv_bits} quantizes llama.cpp's KV cache; the {runtime} runtime keeps "
               f"its own at 16 bits", file=sys.stderr)
@@ -57,6 +61,7 @@ def engine_config(args: argparse.Namespace, src) -> EngineConfig | int:
                         rope_scaling=args.rope_scaling, rope_scale=args.rope_scale,
                         yarn_orig_ctx=args.yarn_orig_ctx,
                         sampling=sampling_defaults.from_args(args), kv_bits=args.kv_bits,
+                        flash_attn="on" if args.kv_bits != 16 else (args.flash_attn or "auto"),
                         **kv_disk(args))
 
 

@@ -59,7 +59,8 @@ class Engine(EngineBase):
                                    kv_disk_mb=cfg.kv_disk_mb, rpc_nodes=cfg.rpc_nodes, rpc_split=cfg.rpc_split,
                                    rpc_output=cfg.rpc_output, rope_scaling=cfg.rope_scaling,
                                    rope_scale=cfg.rope_scale, yarn_orig_ctx=cfg.yarn_orig_ctx,
-                                   rpc_names=cfg.rpc_names, rpc_listen_fd=cfg.rpc_listen_fd, kv_bits=cfg.kv_bits)
+                                   rpc_names=cfg.rpc_names, rpc_listen_fd=cfg.rpc_listen_fd, kv_bits=cfg.kv_bits,
+                                   flash_attn=cfg.flash_attn)
         self.worker: WorkerProcess | None = None
         self._new_worker = worker_factory  # a process; tests pass an in-process worker with its face
         self.sched = Scheduler(lanes=cfg.max_batch, n_ctx=n_ctx, step_tokens=cfg.step_tokens,

@@ -59,13 +59,24 @@ ROPE_TYPES = {"none": ll.LLAMA_ROPE_SCALING_TYPE_NONE, "linear": ll.LLAMA_ROPE_S
 KV_TYPES = {16: ll.GGML_TYPE_F16, 8: ll.GGML_TYPE_Q8_0, 4: ll.GGML_TYPE_Q4_0}  # --kv-bits: the cache's cells
 
 
+FLASH_ATTN = {"off": ll.LLAMA_FLASH_ATTN_TYPE_DISABLED, "on": ll.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+              "auto": ll.LLAMA_FLASH_ATTN_TYPE_AUTO}
+
+
 def context_params(lanes: int, n_ctx: int, threads: int, batch_tokens: int, rope: Rope | None = None,
-                   kv_bits: int = 16):
+                   kv_bits: int = 16, flash_attn: str = "auto"):
     """A context for `lanes` sequences of n_ctx tokens, each with its own KV stream; with
     `rope`, its positions stretched (runtime/rope.py). Without, llama.cpp's defaults keep
     the model's own rope settings. `kv_bits` 8 or 4: K and V quantized (q8_0, q4_0), with
-    flash attention, which llama.cpp needs for a quantized V."""
+    flash attention, which llama.cpp needs for a quantized V.
+
+    `flash_attn`: llama.cpp's flash attention, auto by default as llama-server has it. Its CPU
+    kernel computes a sequence's rows differently when fewer than 64 of them run together (a
+    prompt's last chunk, a warm prompt's last token), so a prompt's logits depend on how it was
+    cut; off, prefill is about 0.75x as fast and the logits still depended on the cut for
+    some prompts (issue 37, measured: docs/sessions.md)."""
     cp = ll.llama_context_default_params()
+    cp.flash_attn_type = FLASH_ATTN[flash_attn]
     if kv_bits != 16:
         cp.type_k = cp.type_v = KV_TYPES[kv_bits]
         cp.flash_attn_type = ll.LLAMA_FLASH_ATTN_TYPE_ENABLED
@@ -141,7 +152,8 @@ class LlamaCppRuntime(Runtime):
     def __init__(self, path: str, *, lanes: int, n_ctx: int, threads: int, batch_tokens: int,
                  pooling: str | None = None, rpc_nodes: list | None = None, rpc_psk: bytes | None = None,
                  rpc_split: list[float] | None = None, rpc_output: str = "head", rpc_names: list[str] | None = None,
-                 rpc_listen_fd: int = -1, rope: tuple[str, float, int] = ("", 0.0, 0), kv_bits: int = 16):
+                 rpc_listen_fd: int = -1, rope: tuple[str, float, int] = ("", 0.0, 0), kv_bits: int = 16,
+                 flash_attn: str = "auto"):
         super().__init__()
         quiet_llama_logs()
         ll.llama_backend_init()
@@ -165,7 +177,7 @@ class LlamaCppRuntime(Runtime):
         n_ctx_train = ll.llama_model_n_ctx_train(self.model)
         self.rope = derive(*rope, n_ctx=n_ctx, n_ctx_train=n_ctx_train)
         self.ctx = ll.llama_init_from_model(self.model, context_params(lanes, n_ctx, threads, batch_tokens,
-                                                                       self.rope, kv_bits))
+                                                                       self.rope, kv_bits, flash_attn))
         if not self.ctx:
             self.close()
             if kv_bits != 16:
@@ -200,7 +212,9 @@ class LlamaCppRuntime(Runtime):
         # the disk tier's entries fit only this build's state format and this KV layout
         self.kv_format = (f"llamacpp-{ll.__version__}-streams-{ll.llama_model_n_layer(self.model)}"
                           f"x{ll.llama_model_n_embd(self.model)}{rope_key(self.rope)}"
-                          f"{'' if kv_bits == 16 else f'-kv{kv_bits}'}")  # a cell width never loads at another
+                          # a cell width never loads at another, nor another attention kernel's
+                          f"{'' if kv_bits == 16 else f'-kv{kv_bits}'}"
+                          f"{'' if kv_bits != 16 or flash_attn == 'auto' else f'-fa-{flash_attn}'}")
         self.info = ModelInfo(n_vocab=n_vocab, n_ctx=n_ctx_seq, n_lanes=lanes,
                               n_ctx_train=n_ctx_train,
                               description=desc.value.decode(errors="replace"),

@@ -178,7 +178,8 @@ def _runtime(s: Any):
                                threads=s.threads, batch_tokens=s.batch_tokens, pooling=s.pooling or None,
                                rpc_nodes=list(s.rpc_nodes), rpc_psk=s.stage_psk, rpc_split=list(s.rpc_split),
                                rpc_output=s.rpc_output, rope=(s.rope_scaling, s.rope_scale, s.yarn_orig_ctx),
-                               rpc_names=list(s.rpc_names), rpc_listen_fd=s.rpc_listen_fd, kv_bits=s.kv_bits)
+                               rpc_names=list(s.rpc_names), rpc_listen_fd=s.rpc_listen_fd, kv_bits=s.kv_bits,
+                               flash_attn=s.flash_attn)
     if s.runtime in TORCH_RUNTIMES:  # transformers; sentence: embeddings or a cross-encoder
         module, name = TORCH_RUNTIMES[s.runtime]
         try:
