@@ -20,12 +20,14 @@ import pytest
 
 from superfluid.runtime.registry import embedded_embedding_model, embedded_model
 
+from . import hf
 from .daemon import Daemon, free_port
 from .hub_mirror import Mirror, split_gguf
 
 GGUF = Path(embedded_model().path)  # SmolLM2-135M-Instruct.Q4_1.gguf
 WHOLE, SPLIT, FOLDER, BAD = "test/SmolLM2-GGUF", "test/SmolLM2-split-GGUF", "test/MiniLM", "test/Corrupt-GGUF"
 AGAIN = "test/SmolLM2-again-GGUF"  # pulled through Ollama's /api/pull only
+LLM = "test/SmolLM2-HF"  # a safetensors repo
 
 
 def sha256(path: str | Path) -> str:
@@ -184,3 +186,29 @@ def test_models_lists_the_cache_with_sizes_and_rm_deletes(mirror):
     assert "no models pulled" in superfluid("models", env=env).stdout
     r = superfluid("rm", FOLDER, env=env)
     assert r.returncode == 1 and "not in the cache" in r.stderr
+
+
+@pytest.fixture(scope="module")
+def llm_repo(mirror):
+    """The embedded GGUF as a Hugging Face repo: its weights as safetensors (runtime/hf_convert),
+    and the tokenizer.json transformers makes from the GGUF's vocabulary."""
+    from transformers import AutoTokenizer
+    weights = Path(hf.folder())
+    tok_dir = Path(tempfile.mkdtemp(prefix="sf-hf-tok-"))
+    AutoTokenizer.from_pretrained(str(GGUF.parent), gguf_file=GGUF.name).save_pretrained(tok_dir)
+    files = {p.name: p for p in weights.iterdir() if p.is_file() and p.name != "superfluid.json"}
+    files.update({p.name: p for p in tok_dir.iterdir() if p.is_file()})
+    mirror.add(LLM, files)
+    return LLM
+
+
+def test_a_safetensors_repo_is_a_folder_for_the_transformers_runtime(mirror, hf_home, llm_repo):
+    code = ("from superfluid.runtime.registry import resolve, default_runtime; s = resolve('test/SmolLM2-HF'); "
+            "import os; print(s.id, default_runtime(s.path), *sorted(os.listdir(s.path)))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, **env_of(mirror, hf_home)})
+    assert r.returncode == 0, r.stderr
+    name, runtime, *files = r.stdout.split()
+    assert (name, runtime) == (LLM, "transformers")
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(files)
+    assert set(files) <= set(mirror.repos[LLM])
