@@ -63,7 +63,10 @@ def test_preload_and_errors(daemon, oc):
         oc.chat(model=MODEL, messages=[{"role": "user", "content": "x", "images": ["aGk="]}])
     assert e.value.status_code == 400 and "images" in e.value.error
     with pytest.raises(ollama.ResponseError) as e:
-        oc.pull(MODEL)
+        oc.pull(MODEL)  # not a Hugging Face name: nothing to pull (test_hub_pull.py pulls names)
+    assert e.value.status_code == 400 and "Hugging Face name" in e.value.error
+    with pytest.raises(ollama.ResponseError) as e:
+        oc.push(MODEL)
     assert e.value.status_code == 501
     r = httpx.post(daemon.url + "/api/embed", json={"model": MODEL, "input": 5})
     assert r.status_code == 400 and r.json() == {"error": "input must be a string or a list of 1 to 2048 strings"}
