@@ -137,3 +137,4 @@ class ServeConfig:
     max_connections: int = 1024  # open HTTP connections; more get a 503 (net/http.py)
     header_timeout: float = 30.0  # seconds to send a request's headers (slowloris)
     sessions_max_age: float | None = None  # seconds: idle sessions older than this are erased
+    cache_isolation: bool = True  # each API key its own prefix-cache namespace (api/cache_ns.py)

@@ -23,6 +23,7 @@ MAX_METADATA_VALUE_LEN = 512
 MAX_LOGIT_BIAS = 300  # logit_bias entries (OpenAI's limit)
 MAX_BIAS = 100.0  # |bias| for one token: -100 bans it, +100 all but forces it (OpenAI's range)
 MAX_CACHE_KEY_LEN = 1024  # prompt_cache_key characters
+MAX_CACHE_SALT_LEN = 1024  # cache_salt characters (vLLM suggests 43: 256 random bits in base64)
 MAX_REPEAT_LAST_N = 1 << 20  # the penalties' window in tokens (-1: the whole context)
 
 

@@ -49,6 +49,7 @@ class Save:
     seq: int
     key: int
     tokens: tuple[int, ...]
+    ns: str = ""  # the prefix cache's namespace the KV belongs to (request.GenRequest.cache_ns)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,9 +62,10 @@ class Load:
     n: int
 
 
-def kv_key(tokens: Sequence[int]) -> int:
-    """The disk tier's name for the KV of exactly these tokens (from position 0)."""
-    digest = hashlib.blake2b(array("i", tokens).tobytes(), digest_size=8).digest()
+def kv_key(tokens: Sequence[int], ns: str = "") -> int:
+    """The disk tier's name for the KV of exactly these tokens (from position 0), in
+    namespace `ns` (the same tokens in two namespaces are two entries)."""
+    digest = hashlib.blake2b(array("i", tokens).tobytes(), digest_size=8, key=ns.encode()).digest()
     return int.from_bytes(digest, "little") >> 1  # 63 bits: a msgpack int on every link
 
 
@@ -143,7 +145,7 @@ class StepPlan:
                 list(self.closes),
                 [[c.src, c.dst, c.n] for c in self.copies],
                 [[e.key, list(e.tokens), e.pair_at, e.pos, e.last] for e in self.embeds],
-                [[v.seq, v.key, list(v.tokens)] for v in self.saves],
+                [[v.seq, v.key, list(v.tokens), v.ns] for v in self.saves],
                 [[ld.seq, ld.key, ld.n] for ld in self.loads],
                 list(self.drops),
                 [[k, p] for k, p in self.pins],
@@ -164,7 +166,7 @@ class StepPlan:
                    tuple(closes),
                    tuple(Copy(a, b, n) for a, b, n in copies),
                    tuple(EmbedItem(k, tuple(t), a, p, bool(x)) for k, t, a, p, x in embeds),
-                   tuple(Save(q, k, tuple(t)) for q, k, t in saves),
+                   tuple(Save(v[0], v[1], tuple(v[2]), str(v[3]) if len(v) > 3 else "") for v in saves),
                    tuple(Load(q, k, n) for q, k, n in loads),
                    tuple(drops),
                    tuple((k, bool(p)) for k, p in pins))

@@ -110,6 +110,9 @@ class GenRequest:
     # False (a `store: false` response): nothing of it goes to the KV disk tier, which would
     # keep its tokens past a restart
     persist: bool = True
+    # the prefix cache's namespace (a key's own, and/or a client's cache_salt: cache_ns.py):
+    # KV is reused only between generations of one namespace; "" is the shared one
+    cache_ns: str = ""
 
 
 @dataclass(frozen=True, slots=True)

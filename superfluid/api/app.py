@@ -103,7 +103,8 @@ def parse_qos(request: Request, default: Qos = Qos.AGENT) -> Qos:
 def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Qos.AGENT,
                metrics_registry: CollectorRegistry | None = None, policies: list[KeyPolicy] | None = None,
                loopback_bind: bool = True, ip_rpm: int | None = None, ui: bool = True,
-               cors_origins: tuple[str, ...] = (), allow_model_paths: bool = False, retention=None):
+               cors_origins: tuple[str, ...] = (), allow_model_paths: bool = False, retention=None,
+               cache_isolation: bool = True):
     """The ASGI app: routes, wrapped in the body limit and the guard (keys, origins, limits)."""
     app = FastAPI(title="superfluid", version=__version__)
     started = int(time.time())
@@ -292,7 +293,7 @@ def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Q
         created = int(time.time())
         run = await Run.submit(request, models.service, eng, reqs, cp.bodies, api="chat.completions", params={
             "response_id": rid, "created": created, "logprobs": bool(body.logprobs), "include_usage": include_usage,
-            "timings": body.timings_per_token})
+            "timings": body.timings_per_token}, salt=body.cache_salt)
         if body.stream:
             return run.stream(chat_events(rid, eng.model_id, run.streams, body.logprobs, include_usage, reqs,
                                           created=created, with_timings=body.timings_per_token))
@@ -314,7 +315,8 @@ def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Q
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         created = int(time.time())
         run = await Run.submit(request, models.service, eng, reqs, api="completions", params={
-            "response_id": rid, "created": created, "logprobs": top >= 0, "include_usage": include_usage})
+            "response_id": rid, "created": created, "logprobs": top >= 0, "include_usage": include_usage},
+            salt=body.cache_salt)
         if body.stream:
             return run.stream(completion_events(rid, eng.model_id, run.streams, top >= 0, include_usage, reqs,
                                                 created=created))
@@ -324,7 +326,7 @@ def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Q
 
     llama.add_unprefixed(app)  # /chat/completions, /completions, /models, as llama-server serves them
     guarded = Guard(BodyLimit(app, max_body), policies=policies or [], loopback_bind=loopback_bind, ip_rpm=ip_rpm,
-                    cors_origins=cors_origins)
+                    cors_origins=cors_origins, cache_isolation=cache_isolation)
     if ui:  # the web app at / and /monitor (--no-ui: none)
         return web_ui.install(app, models, guarded, loopback_bind=loopback_bind)
     return guarded

@@ -20,6 +20,7 @@ import orjson
 from ..net.loopback import is_loopback_host
 from ..request import Qos
 from ..service.registry import LOADS_REFUSED
+from . import cache_ns
 from .policy import KeyPolicy, find_key
 
 OPEN_PATHS = {"/health", "/"}  # a status, and Ollama's "Ollama is running" (the page is ui.py's)
@@ -74,9 +75,11 @@ class Slots:
 
 class Guard:
     def __init__(self, app, *, policies: list[KeyPolicy], loopback_bind: bool,
-                 ip_rpm: int | None = None, clock=time.monotonic, cors_origins: tuple[str, ...] = ()):
+                 ip_rpm: int | None = None, clock=time.monotonic, cors_origins: tuple[str, ...] = (),
+                 cache_isolation: bool = True):
         self.app = app
         self.policies = policies
+        self.cache_isolation = cache_isolation  # each key its own prefix-cache namespace (api/cache_ns.py)
         self.loopback_bind = loopback_bind
         self.ip_rpm = ip_rpm
         # `localhost` is llama-server's word for loopback pages, which are always let in here
@@ -162,6 +165,8 @@ class Guard:
                 return await _deny_in(scope, send, 429, f"key '{policy.name}' already has {policy.max_concurrent} "
                                    "requests running", "concurrency_limit_exceeded", 1.0)
             scope.setdefault("state", {})["key"] = policy
+            if self.cache_isolation and not policy.admin:
+                scope["state"][cache_ns.STATE] = cache_ns.of_key(policy.name)
             if policy.admin and scope.get("method") not in ("GET", "HEAD"):
                 LOADS_REFUSED.set(None)
             if policy.max_concurrent:

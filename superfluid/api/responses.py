@@ -21,6 +21,7 @@ from ..limits import check_metadata
 from ..request import FinishReason, GenRequest, SamplingParams
 from ..engine import for_api
 from . import resume
+from .cache_ns import salt_of
 from .prompt import chat_prompt, prompt_cache_hint, response_format_grammar, template_options
 from .response_background import Background, starting_after
 from .response_store import ResponseStore
@@ -272,6 +273,7 @@ def add_routes(app: FastAPI, models, qos_for, body_of, store: ResponseStore) -> 
                                "top_p": number_in(body, "top_p", 0.001, 1, d["top_p"], allow_null=True)},
                             seed=eng.new_seed() if seed is None else seed % (1 << 63),
                             grammar=cp.grammar)
+        salt = salt_of(body.get("cache_salt"))
         rid = "resp_" + new_id("r").split("-", 1)[1]
         req = GenRequest(rid, cp.prompt, sp, mt or room, (), qos_for(request), channels=cp.channels,
                          cache=prompt_cache_hint(body.get("prompt_cache_key"), body.get("prompt_cache_retention"),
@@ -284,7 +286,7 @@ def add_routes(app: FastAPI, models, qos_for, body_of, store: ResponseStore) -> 
                 "text": {"format": text_opts.get("format") or {"type": "text"}}, "metadata": metadata}
         run = await Run.submit(request, models.service, eng, [req], cp.bodies, api="responses",
                                params={"response_id": rid, "base": base, "input_items": new_items,
-                                       "store": base["store"]})
+                                       "store": base["store"]}, salt=salt)
 
         async def finished(text: str, reasoning: str, calls: list, c) -> dict:
             return await finish(store, base, record, req.session, text, reasoning, calls, c)

@@ -12,6 +12,7 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from ..request import Chunk, GenRequest
+from . import cache_ns
 from . import openai as oa
 from .policy import owner_of
 from .streams import COMMENT, access_record, collect, raise_first_error, sse
@@ -26,9 +27,13 @@ class Run:
 
     @classmethod
     async def submit(cls, request: Request, service, engine, reqs: list[GenRequest], bodies=None, *, api: str,
-                     params: dict | None = None) -> Run:
+                     params: dict | None = None, salt: str | None = None) -> Run:
         """Check and start `reqs` (sessions recorded as `api` with `params`, owned by the
-        request's key); a refused request raises its typed error before anything starts."""
+        request's key, in its prefix-cache namespace salted with `salt`: api/cache_ns.py); a
+        refused request raises its typed error before anything starts."""
+        ns = cache_ns.namespace(request, salt)
+        for r in reqs:
+            r.cache_ns = ns
         streams = await service.submit(engine, reqs, bodies, api=api, params=params, owner=owner_of(request),
                                        access=access_record(request))
         return cls(request, service, engine, reqs, streams)
@@ -36,7 +41,8 @@ class Run:
     @classmethod
     async def generate(cls, request: Request, service, engine, sid: str, **kw) -> Run:
         """The next turn of a native session (Service.generate)."""
-        req, stream = await service.generate(engine, sid, access=access_record(request), **kw)
+        req, stream = await service.generate(engine, sid, access=access_record(request),
+                                             cache_ns=cache_ns.namespace(request), **kw)
         return cls(request, service, engine, [req], [stream])
 
     def stream(self, frames: AsyncIterator[bytes], media_type: str = "text/event-stream",

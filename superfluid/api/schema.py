@@ -9,7 +9,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import BadRequest
-from ..limits import MAX_INFILL_FILES, MAX_REPEAT_LAST_N
+from ..limits import MAX_CACHE_SALT_LEN, MAX_INFILL_FILES, MAX_REPEAT_LAST_N
 
 
 class _Body(BaseModel):
@@ -73,6 +73,8 @@ class Sampling(_Body):
     logit_bias: dict[str, float] | None = None  # token id → bias (api/bias.py checks it)
     grammar: str | None = None  # llama-server's GBNF grammar, honoured on the OpenAI routes as there
     json_schema: dict | None = None  # llama-server's bare JSON schema for the output
+    # vLLM's: a namespace of its own in the prefix cache for requests that share it (api/cache_ns.py)
+    cache_salt: str | None = Field(None, min_length=1, max_length=MAX_CACHE_SALT_LEN)
 
 
 class ChatCompletionRequest(Sampling):

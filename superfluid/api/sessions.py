@@ -13,6 +13,7 @@ from ..errors import BadRequest, SessionNotFound
 from ..request import SamplingParams
 from ..service.registry import LOADS_REFUSED
 from ..service.verbs import sampling_dict
+from .cache_ns import namespace
 from .policy import listed_owner, may_see, owner_of
 from .resume import media_type, rest_of_generation, subscription
 from .schema import (SessionCreate, SessionFork, SessionGenerate, SessionMessage, SessionMetaBody, SessionToolResult,
@@ -204,7 +205,8 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
             left = min(left, eng.n_ctx - len(st.tokens))  # a caller's ?budget= never asks past the window
             if left < 1:
                 return None
-            req, _ = await models.service.generate(eng, sid, max_tokens=left, overrides={}, stop=None, qos=qos)
+            req, _ = await models.service.generate(eng, sid, max_tokens=left, overrides={}, stop=None, qos=qos,
+                                                   cache_ns=namespace(request))
             eng.keep_running(req.id)  # nobody reads its chunks: the resumed stream reads the log
             return sessions.watch(sid)
 
@@ -213,12 +215,12 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
                                  media_type=media_type(api), headers=SSE_HEADERS)
 
     @owned.post("/v1/sessions/{sid}/pin")
-    async def pin(sid: str):
+    async def pin(sid: str, request: Request):
         st = await sessions.state(sid)
         eng = await engine_of(sid)
         if not hasattr(eng, "pin"):
             raise BadRequest("session pins need a local engine (this model runs on a fleet)", code="pins_unsupported")
-        warm = eng.pin(sid, list(st.tokens))  # TooManyPins (409) beyond the share
+        warm = eng.pin(sid, list(st.tokens), namespace(request))  # TooManyPins (409) beyond the share
         return _json({"id": sid, "object": "session.pin", "pinned": True, "warm_tokens": warm})
 
     @owned.post("/v1/sessions/{sid}/unpin")

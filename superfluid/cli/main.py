@@ -41,6 +41,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--key-policy", metavar="FILE", help="JSON file of named keys with QoS class, best class allowed, requests per minute, max concurrent requests, admin flag")
     s.add_argument("--rate-limit", type=_positive, metavar="RPM", help="requests per minute per client address")
     s.add_argument("--allow-model-paths", action="store_true", help="let an admin key load any model file by its path (POST /v1/models/load); without it only --model and --model-dir models load")
+    s.add_argument("--cache-isolation", choices=("key", "none"), default="key",
+                   help="key (default): with API keys, each key reuses only its own cached prompt prefixes, so "
+                        "no key learns another's prompts from cached_tokens or timing; none: one cache for all")
     s.add_argument("--cors-origins", metavar="LIST", default="", help="browser origins (comma-separated, e.g. https://app.example) allowed besides pages on this machine, which always are")
     s.add_argument("--no-tui", action="store_true", help="plain logs even on a terminal (the live monitor is shown only when stdout is a terminal)")
     s.add_argument("--no-ui", action="store_true", help="do not serve the web app (the chat at / and the engine view at /monitor)")
@@ -180,7 +183,8 @@ def _serve(args: argparse.Namespace) -> int:
         cors_origins=tuple(o.strip() for o in args.cors_origins.split(",") if o.strip()),
         allow_model_paths=args.allow_model_paths, aliases=tuple(args.aliases), strict_models=args.strict_models,
         max_connections=args.max_connections, header_timeout=float(args.header_timeout),
-        sessions_max_age=args.sessions_max_age * 86400 if args.sessions_max_age else None)
+        sessions_max_age=args.sessions_max_age * 86400 if args.sessions_max_age else None,
+        cache_isolation=args.cache_isolation == "key")
     if args.fleet_local and not (args.fleet or args.fleet_listen):
         print("superfluid: --fleet-local needs --fleet or --fleet-listen (a head with other nodes)", file=sys.stderr)
         return 2

@@ -134,7 +134,8 @@ class Engine(EngineBase):
         st = _Stream(req, out)
         self._streams[req.id] = st
         self.sched.add(Job(req.id, list(req.prompt), req.sampling, req.max_tokens, req.qos, prior=tuple(req.history),
-                           session=req.session, cache=req.cache, speculate=req.speculate, persist=req.persist))
+                           session=req.session, cache=req.cache, speculate=req.speculate, persist=req.persist,
+                           cache_ns=req.cache_ns))
         if self._gave_up:  # a new request is the cue to try the worker again
             self._gave_up, self._failures = False, 0
         self._wake.set()
@@ -168,10 +169,13 @@ class Engine(EngineBase):
         self._wake.set()
         return True
 
-    def pin(self, session: str, tokens: list[int] | None) -> int:
-        """Keep a session's context warm (sched/pins.py), or unpin it (None): tokens a slot holds."""
+    def pin(self, session: str, tokens: list[int] | None, cache_ns: str = "") -> int:
+        """Keep a session's context (in prefix-cache namespace `cache_ns`) warm (sched/pins.py),
+        or unpin it (None): tokens a slot holds."""
         self._wake.set()  # the disk pin goes with the next plan
-        return self.sched.pin_session(session, tokens) if tokens is not None else int(self.sched.unpin_session(session))
+        if tokens is None:
+            return int(self.sched.unpin_session(session))
+        return self.sched.pin_session(session, tokens, cache_ns)
 
     def pinned(self, session: str) -> bool:
         return self.sched.pinned(session)

@@ -196,7 +196,7 @@ class FleetEngine(EngineBase):
         load = {id(n): sum(e.placed_on(n) for e in self.pool.engines)
                 for n in self.nodes}  # every model's generations share a node's lanes
         # the prompt as the node will hold it (a failover's includes what was delivered)
-        want = wanted(list(p.req.prompt) + p.delivered) if self.policy == "load-aware" else []
+        want = wanted(list(p.req.prompt) + p.delivered, p.req.cache_ns) if self.policy == "load-aware" else []
         node = pick([n for n in self.nodes if n.up], self.model_id, need, self.policy, load, next(self._rr), want)
         if node is None:
             fits = [n.window(self.model_id) for n in self.nodes if n.up and n.serves(self.model_id)]
@@ -215,7 +215,8 @@ class FleetEngine(EngineBase):
         self.pool.send(node, m.GenerateReq(
             self.pool.cmds.next(), r.id, r.session or r.id, epoch, tuple(r.prompt) + tuple(p.delivered),
             r.sampling.to_wire(), r.max_tokens - len(p.delivered), tuple(r.stop), int(r.qos),
-            spec_to_wire(r.channels), tuple(r.history) + tuple(p.delivered), self._speculate(r), r.persist))
+            spec_to_wire(r.channels), tuple(r.history) + tuple(p.delivered), self._speculate(r), r.persist,
+            r.cache_ns))
 
     def _speculate(self, r: GenRequest) -> int:
         """The drafts per step the node may verify for this generation: the request's own, else

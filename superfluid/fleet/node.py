@@ -272,7 +272,7 @@ class NodeServer:
         req = GenRequest(f"{gen}@{epoch}", list(b.prompt), SamplingParams.from_wire(list(b.sampling)),
                          b.max_tokens, b.stop, Qos(b.qos), channels=spec_from_wire(b.channels), history=b.history,
                          speculate=None if b.speculate is None else max(0, min(b.speculate, SPEC_MAX)),
-                         persist=b.persist)
+                         persist=b.persist, cache_ns=b.cache_ns[:64])
         try:
             self.engine.check(req)
             stream = self.engine.submit(req)

@@ -24,14 +24,16 @@ GRAIN = BLOCK * EVERY
 LIMIT = 4096  # hashes per NODE_PREFIXES (32 KiB)
 
 
-def wanted(tokens: Sequence[int]) -> list[int]:
-    """The sampled hashes of a prompt, in order: hash i covers its first (i + 1) * GRAIN tokens."""
-    return block_hashes(tokens)[EVERY - 1::EVERY]
+def wanted(tokens: Sequence[int], ns: str = "") -> list[int]:
+    """The sampled hashes of a prompt in prefix-cache namespace `ns`, in order: hash i covers
+    its first (i + 1) * GRAIN tokens."""
+    return block_hashes(tokens, ns)[EVERY - 1::EVERY]
 
 
-def summarize(memory: Iterable[Sequence[int]], disk: Sequence[int] = (), limit: int = LIMIT) -> list[int]:
-    """Sampled hashes of the memory slots' token lists (most recent first), then the disk
-    tier's summary, deduplicated, at most `limit`."""
+def summarize(memory: Iterable[tuple[Sequence[int], str]], disk: Sequence[int] = (),
+              limit: int = LIMIT) -> list[int]:
+    """Sampled hashes of the memory slots' (token list, namespace) pairs (most recent
+    first), then the disk tier's summary, deduplicated, at most `limit`."""
     out: list[int] = []
     seen: set[int] = set()
 
@@ -44,8 +46,8 @@ def summarize(memory: Iterable[Sequence[int]], disk: Sequence[int] = (), limit: 
                     return False
         return True
 
-    for tokens in memory:
-        if len(tokens) >= GRAIN and not add(wanted(tokens)):
+    for tokens, ns in memory:
+        if len(tokens) >= GRAIN and not add(wanted(tokens, ns)):
             return out
     add(disk)
     return out
@@ -88,7 +90,7 @@ class NodeSummary:
                disk.tokens if disk is not None else 0)
         if key != self._key:
             slots = sorted(sched.slots.slots, key=lambda s: (s.job is None, -s.last_used))
-            memory = [s.job.kv_tokens() if s.job is not None else s.kv for s in slots]
+            memory = [(s.job.kv_tokens() if s.job is not None else s.kv, s.namespace()) for s in slots]
             hashes = summarize(memory, disk.summary(EVERY, LIMIT) if disk is not None else ())
             self._key, self._wire = key, {"prefix": to_wire(hashes), "prefix_tokens": GRAIN}
         return dict(self._wire)

@@ -129,6 +129,7 @@ class GenerateReq(Record):
     history: tuple[int, ...] = ()
     speculate: int | None = None  # drafts per step the node may verify (the head's setting); None: the node's
     persist: bool = True  # False (store: false): the node keeps none of it on its KV disk tier
+    cache_ns: str = ""  # its prefix-cache namespace (request.GenRequest.cache_ns)
 
 
 @dataclass(frozen=True, slots=True)

@@ -228,7 +228,7 @@ class Runtime(ABC):
         data = None
         if sv.seq not in self._broken and (held is None or held >= n):
             data = self.save_state(sv.seq, n)
-        if data is None or not store.put(sv.key, sv.tokens, data):
+        if data is None or not store.put(sv.key, sv.tokens, data, ns=sv.ns):
             if data is None:
                 store.reject(sv.key)
             return 0

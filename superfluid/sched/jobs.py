@@ -43,6 +43,7 @@ class Job:
     cache: tuple[int, float] | None = None  # a cache hint: (prompt tokens, seconds) to keep warm
     speculate: int | None = None  # most drafts per step (None: the scheduler's SpecPolicy default)
     persist: bool = True  # False (store: false): its KV is never saved to the disk tier
+    cache_ns: str = ""  # its prefix-cache namespace: it reuses only KV of the same one
     # shortest remaining work first (sched/srpt.py)
     warm: int = 0  # prompt tokens a slot held when it was queued: what admission will likely seed
     mark: int = -1  # progress when a short job last took its lane: not again before it moves past

@@ -26,14 +26,17 @@ MIN_ENTRY = BLOCK  # shorter contexts are cheaper to prefill than to keep
 MAX_CANDIDATES = 16  # entries compared token by token in one lookup
 
 
-def block_hashes(tokens: Sequence[int]) -> list[int]:
-    """The chain: one 63-bit hash per full block, each over every token up to its end."""
+def block_hashes(tokens: Sequence[int], ns: str = "") -> list[int]:
+    """The chain: one 63-bit hash per full block, each over every token up to its end, keyed
+    by the prefix cache's namespace (request.GenRequest.cache_ns): the same tokens in two
+    namespaces share no hash."""
     raw = array("i", tokens).tobytes()
     out: list[int] = []
     h = b""
+    key = ns.encode()
     step = BLOCK * 4
     for i in range(0, len(raw) - step + 1, step):
-        h = hashlib.blake2b(h + raw[i:i + step], digest_size=8).digest()
+        h = hashlib.blake2b(h + raw[i:i + step], digest_size=8, key=key).digest()
         out.append(int.from_bytes(h, "little") >> 1)
     return out
 
@@ -45,6 +48,7 @@ class DiskEntry:
     blocks: list[int]
     used: int = 0  # the step it was last saved or restored
     pinned: bool = False
+    ns: str = ""  # the prefix cache's namespace
 
 
 class DiskIndex:
@@ -63,12 +67,13 @@ class DiskIndex:
     def tokens(self) -> int:
         return sum(len(e.tokens) for e in self.entries.values())
 
-    def add(self, key: int, tokens: Sequence[int], step: int = 0) -> list[int]:
-        """Index an entry; returns the keys of entries it supersedes (removed here)."""
+    def add(self, key: int, tokens: Sequence[int], step: int = 0, ns: str = "") -> list[int]:
+        """Index an entry (of namespace `ns`); returns the keys of entries it supersedes
+        (removed here): only its own namespace's, as the hash chain finds only those."""
         if key in self.entries:
             self.entries[key].used = step
             return []
-        blocks = block_hashes(tokens)
+        blocks = block_hashes(tokens, ns)
         if not blocks:
             raise ValueError(f"an entry needs at least {BLOCK} tokens")
         older = [k for b in blocks for k in self._by_last.get(b, ())
@@ -77,7 +82,7 @@ class DiskIndex:
         pinned = any(self.entries[k].pinned for k in older)
         for k in older:
             self.remove(k)
-        self.entries[key] = DiskEntry(key, array("i", tokens), blocks, step, pinned)
+        self.entries[key] = DiskEntry(key, array("i", tokens), blocks, step, pinned, ns)
         for b in blocks:
             self._by_block.setdefault(b, set()).add(key)
         self._by_last.setdefault(blocks[-1], set()).add(key)
@@ -95,14 +100,17 @@ class DiskIndex:
                     if not keys:
                         del index[b]
 
-    def match(self, tokens: Sequence[int]) -> tuple[int | None, int]:
-        """(key, n): the entry that holds the longest prefix of tokens, and its length."""
-        blocks = block_hashes(tokens)
+    def match(self, tokens: Sequence[int], ns: str = "") -> tuple[int | None, int]:
+        """(key, n): the entry of namespace `ns` that holds the longest prefix of tokens, and
+        its length."""
+        blocks = block_hashes(tokens, ns)
         depth = 0
         while depth < len(blocks) and blocks[depth] in self._by_block:
             depth += 1
         best, n = None, 0
         for k in self._candidates(blocks, depth):
+            if self.entries[k].ns != ns:
+                continue  # a 63-bit collision across namespaces: never a match
             m = common_prefix(tokens, self.entries[k].tokens)
             if m > n:
                 best, n = k, m

@@ -5,7 +5,9 @@ Choosing a slot for a new job: the slot whose KV shares the longest prefix with 
 context (used in place if it is free, copied from if it is running), else a free slot by
 eviction order: empty first, then entries never reused, then reused ones, least recently
 used first, and slots that hold a pinned prefix (sched/pins.py) last. Running slots are
-never evicted.
+never evicted. A job matches only the KV of its own prefix-cache namespace (its key's, or
+its cache_salt's: api/cache_ns.py), so no key learns from timing or `cached_tokens` what
+another key's prompts hold.
 
 Within each of those classes, a slot next to a running one comes before least recently
 used. Slots are llama.cpp sequences, each with its own KV stream, and llama.cpp computes
@@ -32,6 +34,11 @@ class Slot:
     hits: int = 0  # times this entry seeded a job
     last_used: int = 0
     persist: bool = True  # False: the KV is a store:false job's, never saved to the disk tier
+    ns: str = ""  # the prefix-cache namespace of the job that left the KV
+
+    def namespace(self) -> str:
+        """The namespace of the KV it holds: its running job's, else its last job's."""
+        return self.job.cache_ns if self.job is not None else self.ns
 
 
 class KvSlots:
@@ -51,12 +58,12 @@ class KvSlots:
         return [s for s in self.slots if s.job is None]
 
     def best_match(self, tokens: Sequence[int], held: Callable[[Any], Sequence[int]],
-                   exclude: int | None = None) -> tuple[Slot | None, int]:
-        """(slot, n): the slot whose KV holds the longest prefix of tokens; `held(job)` gives
-        the KV tokens of a running slot's job."""
+                   exclude: int | None = None, ns: str = "") -> tuple[Slot | None, int]:
+        """(slot, n): the slot of namespace `ns` whose KV holds the longest prefix of tokens;
+        `held(job)` gives the KV tokens of a running slot's job."""
         best, n = None, 0
         for s in self.slots:
-            if s.seq == exclude:
+            if s.seq == exclude or s.namespace() != ns:
                 continue
             kv = held(s.job) if s.job is not None else s.kv
             m = common_prefix(tokens, kv)

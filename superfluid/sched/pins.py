@@ -26,6 +26,7 @@ class Pin:
     until: float = math.inf  # the engine clock's deadline (inf: until unpinned)
     session: bool = False  # a session's pin (else a client's cache hint)
     disk: int | None = None  # the pinned disk entry (a session's, moved as it grows)
+    ns: str = ""  # the prefix-cache namespace of the KV it keeps (sched/lanes.py)
 
 
 def _starts(kv: Sequence[int], prefix: list[int]) -> bool:
@@ -46,11 +47,12 @@ class Pins:
     def get(self, name: str) -> Pin | None:
         return self.by_name.get(name)
 
-    def session(self, name: str) -> Pin:
+    def session(self, name: str, ns: str = "") -> Pin:
         """A session's pin (created with no tokens yet). When every share is taken it takes a
         hint's (the one that expires first); TooManyPins when sessions hold them all."""
         pin = self.by_name.get(name)
         if pin is not None:
+            pin.ns = ns
             return pin
         if len(self.by_name) >= self.limit:
             hints = [p for p in self.by_name.values() if not p.session]
@@ -58,24 +60,24 @@ class Pins:
                 raise TooManyPins(f"at most {self.limit} sessions can be pinned on this model (--kv-slots minus "
                                   f"--max-batch: every lane must find a slot); unpin one first", param="session")
             del self.by_name[min(hints, key=lambda p: p.until).name]
-        pin = self.by_name[name] = Pin(name, [], session=True)
+        pin = self.by_name[name] = Pin(name, [], session=True, ns=ns)
         return pin
 
     def unpin(self, name: str) -> Pin | None:
         return self.by_name.pop(name, None)
 
-    def hint(self, tokens: list[int], until: float) -> Pin | None:
+    def hint(self, tokens: list[int], until: float, ns: str = "") -> Pin | None:
         """Keep `tokens` warm until `until`, if a share is free or this hint extends one
         that holds a share (the same conversation's earlier prefix, whose share it takes
         over). None: no share is free (the disk entry is still pinned)."""
-        older = [p for p in self.by_name.values() if not p.session and _starts(tokens, p.tokens)]
+        older = [p for p in self.by_name.values() if not p.session and p.ns == ns and _starts(tokens, p.tokens)]
         for p in older:
             del self.by_name[p.name]
             until = max(until, p.until)
         if not older and len(self.by_name) >= self.limit:
             return None
-        name = f"hint:{len(tokens)}:{hash(tuple(tokens))}"
-        pin = self.by_name[name] = Pin(name, list(tokens), until)
+        name = f"hint:{ns}:{len(tokens)}:{hash(tuple(tokens))}"
+        pin = self.by_name[name] = Pin(name, list(tokens), until, ns=ns)
         return pin
 
     def expire(self, now: float) -> None:
@@ -93,7 +95,7 @@ class Pins:
             if n == 0:
                 continue
             for s in free:
-                if _starts(s.kv, p.tokens):
+                if s.ns == p.ns and _starts(s.kv, p.tokens):
                     out[s.seq] = max(out.get(s.seq, 0), n)
                     break
         return out

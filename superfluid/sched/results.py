@@ -31,7 +31,7 @@ class Results:
     n_ctx: int
     _inflight: dict[int, dict[int, tuple[Job, int, int]]]
     _loads: dict[int, dict[int, int]]
-    _to_save: dict[int, list[int]]
+    _to_save: dict[int, tuple[list[int], str]]
 
     if TYPE_CHECKING:  # Scheduler's and KvTiers' own
         def _disk_result(self, result: StepResult, loads: dict[int, int]) -> None: ...
@@ -59,7 +59,8 @@ class Results:
             job.output.append(s.token)
             if len(job.output) == 1 and self.disk is not None and job.persist \
                     and len(job.prompt) - (job.cached or 0) >= SAVE_PROMPT:
-                self._to_save[s.seq] = job.prompt  # its first token: a long prompt's KV outlives a crash
+                # its first token: a long prompt's KV outlives a crash
+                self._to_save[s.seq] = (job.prompt, job.cache_ns)
             reason = self._finish_reason(job, s.token)
             if reason is not None:
                 job.finish = reason

@@ -74,7 +74,8 @@ class Scheduler(KvTiers, Results):
         self._to_close: list[int] = []
         self._inflight: dict[int, dict[int, tuple[Job, int, int]]] = {}  # step -> {seq: (job, incarnation, drafts)}
         self.disk: DiskIndex | None = None  # the disk tier's index (None: the worker has no disk tier)
-        self._to_save: dict[int, list[int]] = {}  # seq -> KV tokens to save: a turn ended, a long prompt prefilled
+        # seq -> (KV tokens, namespace) to save: a turn ended, a long prompt prefilled
+        self._to_save: dict[int, tuple[list[int], str]] = {}
         self._loads: dict[int, dict[int, int]] = {}  # step -> {seq: disk key} restores in flight
         self._step = 0
         self._admitted = 0
@@ -92,7 +93,7 @@ class Scheduler(KvTiers, Results):
         if job.context_len >= self.n_ctx:
             raise ValueError("prompt does not fit the context window")
         self.jobs[job.id] = job
-        job.warm = self.slots.best_match(job.known(), Job.kv_tokens)[1] if self.srpt else 0
+        job.warm = self.slots.best_match(job.known(), Job.kv_tokens, ns=job.cache_ns)[1] if self.srpt else 0
         self.waiting.push(job, self._step)
 
     def add_embed(self, job: EmbedJob) -> None:
@@ -168,8 +169,8 @@ class Scheduler(KvTiers, Results):
         saves: list[Save] = []
         drops: list[int] = []
         loads: list[Load] = []
-        for seq, tokens in self._to_save.items():  # turns that ended, long prompts prefilled: to disk
-            self._save(seq, tokens, step, saves, drops)
+        for seq, (tokens, ns) in self._to_save.items():  # turns that ended, long prompts prefilled: to disk
+            self._save(seq, tokens, ns, step, saves, drops)
         self._to_save.clear()
         grammars: set[str] = set()  # the grammars this plan's opens carry (each sent once)
         carried = 0  # what the opens carry: grammar characters, and bytes of tokens (penalty context, history)
@@ -218,13 +219,13 @@ class Scheduler(KvTiers, Results):
         """Should the job wait for a running job that is prefilling a long prefix it shares?"""
         tokens = job.known()
         for other in self.running.values():
-            if other.status != JobStatus.PREFILLING:
+            if other.status != JobStatus.PREFILLING or other.cache_ns != job.cache_ns:
                 continue
             shared = min(common_prefix(tokens, other.known()), len(tokens) - 1)
             if shared <= other.scheduled or shared < COALESCE_MIN:
                 continue
             # what waiting saves: the shared part, less what some other slot already holds
-            have = self.slots.best_match(tokens, Job.kv_tokens, exclude=other.seq)[1]
+            have = self.slots.best_match(tokens, Job.kv_tokens, exclude=other.seq, ns=job.cache_ns)[1]
             if shared - have >= COALESCE_MIN:
                 return True
         return False
@@ -252,7 +253,7 @@ class Scheduler(KvTiers, Results):
     def _admit(self, job: Job, step: int, opens: list[LaneOpen], copies: list[Copy], pinned: set[int],
                restore: tuple[int, int] | None, loads: list[Load], saves: list[Save], drops: list[int]) -> None:
         tokens = job.known()
-        src, n = self.slots.best_match(tokens, Job.kv_tokens)
+        src, n = self.slots.best_match(tokens, Job.kv_tokens, ns=job.cache_ns)
         n = min(n, len(tokens) - 1)  # the last token is fed again: its logits are needed
         guard = self.pins.guarded(self.slots) if self.pins else {}  # {seq: pinned length}
         if src is not None and n < MIN_COPY and (src.job is not None or 2 * n < len(src.kv)):
@@ -286,7 +287,7 @@ class Scheduler(KvTiers, Results):
         if slot.kv and slot is not src:
             self.counters.evictions += 1
             if slot.persist:
-                self._save(slot.seq, slot.kv, step, saves, drops)  # before the open wipes it
+                self._save(slot.seq, slot.kv, slot.ns, step, saves, drops)  # before the open wipes it
         if slot is src:
             slot.hits += 1
         slot.job, slot.kv, slot.last_used = job, [], step
@@ -379,9 +380,10 @@ class Scheduler(KvTiers, Results):
         assert job.seq is not None
         slot: Slot = self.slots[job.seq]
         slot.kv, slot.job, slot.last_used, slot.persist = job.kv_tokens(), None, self._step, job.persist
+        slot.ns = job.cache_ns
         self.running.pop(job.seq, None)
         self._to_close.append(job.seq)
         if save and self.disk is not None and job.persist:
-            self._to_save[job.seq] = slot.kv
+            self._to_save[job.seq] = (slot.kv, slot.ns)
         if save:
             self._keep_pinned(job, slot.kv)

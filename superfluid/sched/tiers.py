@@ -31,7 +31,7 @@ class KvTiers:
     _to_close: list[int]
     _step: int
     _now: float  # the engine's clock, as last passed to expire_pins
-    _pin_wanted: list[tuple[Pin | None, list[int]]]  # prefixes whose disk entry the next plan pins
+    _pin_wanted: list[tuple[Pin | None, list[int], str]]  # (pin, prefix, namespace) the next plan pins on disk
     _pin_ops: list[tuple[int, bool]]  # disk pin changes for the next plan
 
     # -- the disk tier ---------------------------------------------------------------------
@@ -41,38 +41,40 @@ class KvTiers:
         if not self.disk:
             return None
         tokens = job.known()
-        key, n = self.disk.match(tokens)
+        key, n = self.disk.match(tokens, job.cache_ns)
         n = min(n, len(tokens) - 1)  # the last token is fed again: its logits are needed
-        if key is None or n < self.slots.best_match(tokens, Job.kv_tokens)[1] + MIN_RESTORE:
+        if key is None or n < self.slots.best_match(tokens, Job.kv_tokens, ns=job.cache_ns)[1] + MIN_RESTORE:
             return None
         return key, n
 
     def _chat_prefilling(self) -> bool:
         return any(j.qos == Qos.INTERACTIVE and j.status == JobStatus.PREFILLING for j in self.running.values())
 
-    def _save(self, seq: int, tokens: list[int], step: int, saves: list[Save], drops: list[int]) -> None:
-        """Write a slot's KV to disk unless the disk tier already holds all but a block of it."""
-        if self.disk is None or len(tokens) < MIN_ENTRY or self.disk.match(tokens)[1] > len(tokens) - BLOCK:
+    def _save(self, seq: int, tokens: list[int], ns: str, step: int, saves: list[Save], drops: list[int]) -> None:
+        """Write a slot's KV (of namespace `ns`) to disk unless the disk tier already holds
+        all but a block of it."""
+        if self.disk is None or len(tokens) < MIN_ENTRY or self.disk.match(tokens, ns)[1] > len(tokens) - BLOCK:
             return
-        key = kv_key(tokens)
-        saves.append(Save(seq, key, tuple(tokens)))
-        drops.extend(self.disk.add(key, tokens, step))
+        key = kv_key(tokens, ns)
+        saves.append(Save(seq, key, tuple(tokens), ns))
+        drops.extend(self.disk.add(key, tokens, step, ns))
         self.counters.kv_saves += 1
 
-    def seed_disk(self, entries: list[tuple[int, tuple[int, ...]]] | None) -> None:
-        """A (new) worker's disk tier: index what it holds (None: it has none). Its store
-        knows no pins: the pinned prefixes are pinned again with the next plan."""
+    def seed_disk(self, entries: list[tuple[int, tuple[int, ...], str]] | None) -> None:
+        """A (new) worker's disk tier: index what it holds, (key, tokens, namespace) per entry
+        (None: it has none). Its store knows no pins: the pinned prefixes are pinned again
+        with the next plan."""
         if entries is None:
             self.disk = None
             return
         self.disk = DiskIndex()
-        for i, (key, tokens) in enumerate(entries):  # least recently used first
+        for i, (key, tokens, ns) in enumerate(entries):  # least recently used first
             if len(tokens) >= MIN_ENTRY:
-                self.disk.add(key, tokens, -len(entries) + i)
+                self.disk.add(key, tokens, -len(entries) + i, ns)
         for pin in self.pins.by_name.values():
             pin.disk = None
             if pin.tokens:
-                self._pin_wanted.append((pin, pin.tokens))
+                self._pin_wanted.append((pin, pin.tokens, pin.ns))
 
     def _disk_result(self, result: StepResult, loads: dict[int, int]) -> None:
         c = self.counters
@@ -101,15 +103,15 @@ class KvTiers:
             self.waiting.push_front(job, self._step)
 
     # -- pins ------------------------------------------------------------------------------
-    def pin_session(self, session: str, tokens: Sequence[int]) -> int:
-        """Keep a session's latest context (`tokens`: what it holds now) warm until it is
-        unpinned; TooManyPins beyond the share. Returns how much of it a slot holds now
-        (a running turn's slot counts once the turn ends)."""
-        pin = self.pins.session(f"session:{session}")
-        src, n = self.slots.best_match(tokens, Job.kv_tokens)
+    def pin_session(self, session: str, tokens: Sequence[int], ns: str = "") -> int:
+        """Keep a session's latest context (`tokens`: what it holds now, in prefix-cache
+        namespace `ns`) warm until it is unpinned; TooManyPins beyond the share. Returns how
+        much of it a slot holds now (a running turn's slot counts once the turn ends)."""
+        pin = self.pins.session(f"session:{session}", ns)
+        src, n = self.slots.best_match(tokens, Job.kv_tokens, ns=ns)
         if src is not None and src.job is None and n >= MIN_PIN:
             pin.tokens = list(src.kv[:n])
-        self._pin_wanted.append((pin, list(tokens)))
+        self._pin_wanted.append((pin, list(tokens), ns))
         return n
 
     def unpin_session(self, session: str) -> bool:
@@ -117,7 +119,7 @@ class KvTiers:
         if pin is None:
             return False
         if self.disk is not None:
-            for key in {pin.disk, self.disk.match(pin.tokens)[0] if pin.tokens else None}:
+            for key in {pin.disk, self.disk.match(pin.tokens, pin.ns)[0] if pin.tokens else None}:
                 self._unpin_disk(key)
         return True
 
@@ -135,12 +137,12 @@ class KvTiers:
         hint pins the prefix it marked (in a slot while a share is free) for its TTL."""
         pin = self.pins.get(f"session:{job.session}") if job.session is not None else None
         if pin is not None:
-            pin.tokens = list(kv)
-            self._pin_wanted.append((pin, pin.tokens))
+            pin.tokens, pin.ns = list(kv), job.cache_ns
+            self._pin_wanted.append((pin, pin.tokens, pin.ns))
         if job.cache is not None and MIN_PIN <= job.cache[0] <= len(kv):
             prefix = kv[:job.cache[0]]
-            self.pins.hint(prefix, self._now + job.cache[1])
-            self._pin_wanted.append((None, prefix))
+            self.pins.hint(prefix, self._now + job.cache[1], job.cache_ns)
+            self._pin_wanted.append((None, prefix, job.cache_ns))
 
     def _unpin_disk(self, key: int | None) -> None:
         if key is not None and self.disk is not None and key in self.disk:
@@ -156,10 +158,10 @@ class KvTiers:
         self._pin_ops = []
         if self.disk is None:
             return tuple(out.items())
-        for pin, tokens in wanted:
+        for pin, tokens, ns in wanted:
             if pin is not None and self.pins.get(pin.name) is not pin:
                 continue  # unpinned since
-            key, n = self.disk.match(tokens)
+            key, n = self.disk.match(tokens, ns)
             if key is None or n < MIN_ENTRY:
                 continue
             if pin is not None:

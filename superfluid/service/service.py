@@ -52,13 +52,15 @@ class Service:
         return recorded(access, engine, reqs[0].qos, streams)
 
     async def generate(self, engine, sid: str, *, max_tokens: int | None, overrides: dict,
-                       stop: tuple[str, ...] | None, qos: Qos,
-                       access: dict | None = None) -> tuple[GenRequest, AsyncIterator[Chunk]]:
-        """Generate on a session: its open turn goes on, or a new assistant turn opens."""
+                       stop: tuple[str, ...] | None, qos: Qos, access: dict | None = None,
+                       cache_ns: str = "") -> tuple[GenRequest, AsyncIterator[Chunk]]:
+        """Generate on a session: its open turn goes on, or a new assistant turn opens (in
+        prefix-cache namespace `cache_ns`)."""
         sessions = self._log()
         async with sessions.turn(sid):
             req, bodies = await sessions.next_turn(engine, sid, max_tokens=max_tokens, overrides=overrides,
                                                    stop=stop, qos=qos)
+            req.cache_ns = cache_ns
             check_generation(req.stop, 1, req.sampling.top_logprobs, req.sampling.grammar)
             _room(engine, 1)
             _fit(engine, req)

@@ -39,7 +39,7 @@ class WorkerProcess:
         self.spec = spec
         self.proc: subprocess.Popen | None = None
         self.info: ModelInfo | None = None
-        self.kv_entries: list[tuple[int, tuple[int, ...]]] | None = None  # the disk tier's index (None: no tier)
+        self.kv_entries: list[tuple[int, tuple[int, ...], str]] | None = None  # the disk tier's index (None: no tier)
         self._link: Link | None = None
 
     @property
@@ -66,7 +66,9 @@ class WorkerProcess:
             await self.stop()
             raise self._crashed(e) from None
         self.info = ModelInfo(**ack.info)
-        self.kv_entries = None if ack.kv is None else [(k, tuple(array("i", t))) for k, t in ack.kv]
+        ns = ack.kv_ns if ack.kv is not None and ack.kv_ns is not None and len(ack.kv_ns) == len(ack.kv) else None
+        self.kv_entries = None if ack.kv is None else [
+            (k, tuple(array("i", t)), ns[i] if ns else "") for i, (k, t) in enumerate(ack.kv)]
         return self.info
 
     def _crashed(self, e: Exception) -> WorkerCrashed:

@@ -68,3 +68,18 @@ def test_the_next_turn_goes_to_the_warm_node(fleet):
         usage = chat(head, turn).usage
         # the first node would hold only the chat template's opening (the story's prompt)
         assert usage.prompt_tokens_details.cached_tokens >= 256, usage
+
+
+def test_a_salted_prompt_is_warm_for_its_salt_only(fleet):
+    """A request's prefix-cache namespace (its cache_salt here; its key's with keys) travels
+    to the node: another salt's identical prompt reuses nothing there, wherever it is
+    placed, and the same salt's next request goes to the node that holds it."""
+    convo = [CONVO[0], {"role": "user", "content": f"Read these notes. {FACTS} Now say yes."}]
+
+    def cached(salt: str) -> int:
+        r = openai.OpenAI(base_url=fleet.url + "/v1", api_key="x", max_retries=0, timeout=60).chat.completions.create(
+            model=MODEL, messages=convo, max_tokens=2, temperature=0, extra_body={"cache_salt": salt})
+        return r.usage.prompt_tokens_details.cached_tokens
+    assert cached("team-one") == 0
+    assert cached("team-two") == 0
+    assert cached("team-one") > 300

@@ -29,8 +29,9 @@ def chat(d: Daemon, messages: list[dict]) -> tuple[str, int, int]:
             (b["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
 
 
-def metric(d: Daemon, name: str) -> float:
-    for line in httpx.get(d.url + "/metrics", timeout=10).text.splitlines():
+def metric(d: Daemon, name: str, key: str | None = None) -> float:
+    headers = {"authorization": f"Bearer {key}"} if key else {}
+    for line in httpx.get(d.url + "/metrics", timeout=10, headers=headers).text.splitlines():
         if line.startswith(name + "{") or line.startswith(name + " "):
             return float(line.rsplit(" ", 1)[1])
     return 0.0
@@ -126,5 +127,33 @@ def test_a_generation_cut_by_a_crash_continues_from_the_saved_prompt(tmp_path):
             assert out["text"]
         assert metric(d, "superfluid_restores_total") == 1
         assert metric(d, "superfluid_restored_tokens_total") >= 512
+    finally:
+        d.stop()
+
+
+def test_a_keys_entry_is_restored_after_a_restart_for_that_key_only(tmp_path):
+    """Each API key has its own prefix-cache namespace (issue 33), on disk too: the entry key A's
+    turn left is restored for A after a restart (its namespace read back from the file by
+    the new worker), and B's identical prompt is prefilled cold."""
+    policy = tmp_path / "keys.json"
+    policy.write_text('{"keys": [{"name": "a", "key": "sk-key-a-000"}, {"name": "b", "key": "sk-key-b-000"}]}')
+    home = str(tmp_path / "home")
+
+    def ask(d: Daemon, key: str) -> int:
+        r = httpx.post(d.url + "/v1/chat/completions", timeout=300, headers={"authorization": f"Bearer {key}"},
+                       json={"messages": Q, "max_tokens": 2, "temperature": 0})
+        assert r.status_code == 200, r.text
+        return r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+    d = Daemon("--key-policy", str(policy), max_context=2048, home=home)
+    try:
+        assert ask(d, "sk-key-a-000") == 0
+    finally:
+        d.stop()
+    assert len(list(Path(home).glob("kv/*/*.kv"))) == 1
+    d = Daemon("--key-policy", str(policy), max_context=2048, home=home)
+    try:
+        assert ask(d, "sk-key-b-000") == 0
+        assert ask(d, "sk-key-a-000") > 300  # restored from A's own entry
+        assert metric(d, "superfluid_restores_total", "sk-key-a-000") == 1
     finally:
         d.stop()

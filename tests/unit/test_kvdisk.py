@@ -38,6 +38,21 @@ def test_match_finds_the_longest_prefix_down_to_the_token():
     fork = conv[:150] + [7, 7, 7] + conv[153:]
     assert idx.match(fork) == (kv_key(conv), 150)
     assert idx.match(toks(5, 400)) == (None, 0)
+
+
+def test_an_entry_is_found_only_in_its_own_namespace():
+    """The disk tier is no oracle across keys either: the same tokens saved in namespace "a"
+    are not found from "b" or the shared one, and do not supersede their entries."""
+    idx = DiskIndex()
+    conv = toks(2, 300)
+    idx.add(kv_key(conv, "a"), conv, step=1, ns="a")
+    assert kv_key(conv, "a") != kv_key(conv) and block_hashes(conv, "a") != block_hashes(conv)
+    assert idx.match(conv + [5]) == (None, 0)
+    assert idx.match(conv + [5], "b") == (None, 0)
+    assert idx.match(conv + [5], "a") == (kv_key(conv, "a"), 300)
+    longer = conv + toks(6, 100)
+    assert idx.add(kv_key(longer), longer, step=2) == []  # the shared namespace's: "a"'s entry stays
+    assert idx.add(kv_key(longer, "a"), longer, step=3, ns="a") == [kv_key(conv, "a")]
     assert idx.match(conv[:BLOCK - 1]) == (None, 0)  # not one full block: no lookup
 
 
@@ -102,7 +117,7 @@ def test_a_finished_turn_is_saved_and_its_next_turn_restored_when_ram_lost_it():
     assert kv_key(kv) in s.disk
     # the worker is replaced (RAM slots are empty); the disk index is what it reports
     s.reset()
-    s.seed_disk([(kv_key(kv), tuple(kv))])
+    s.seed_disk([(kv_key(kv), tuple(kv), "")])
     nxt = kv + [7] + toks(11, 40)  # the next turn carries the whole conversation
     s.add(Job("b", list(nxt), SamplingParams(), 2))
     plan = s.schedule()
@@ -115,6 +130,21 @@ def test_a_finished_turn_is_saved_and_its_next_turn_restored_when_ram_lost_it():
     before = s.counters.kv_restored_bytes
     s.update(plan, result(plan))
     assert s.counters.kv_restored_bytes == before + 20
+
+
+def test_a_namespaced_turn_is_saved_in_its_namespace_and_restored_only_in_it():
+    s = sched()
+    prompt = toks(10, 200)
+    s.add(Job("a", list(prompt), SamplingParams(), 3, cache_ns="key-a"))
+    (save,) = [sv for p in run_to_end(s) for sv in p.saves]
+    kv = prompt + [7, 7]
+    assert (save.key, save.ns) == (kv_key(kv, "key-a"), "key-a")
+    s.reset()
+    s.seed_disk([(save.key, save.tokens, "key-a")])  # what the worker's store reports after a restart
+    s.add(Job("b", kv + [7] + toks(11, 40), SamplingParams(), 2, cache_ns="key-b"))
+    assert s.schedule().loads == () and s.jobs["b"].cached == 0
+    s.add(Job("c", kv + [7] + toks(12, 40), SamplingParams(), 2, cache_ns="key-a"))
+    assert [ld.key for ld in s.schedule().loads] == [save.key] and s.jobs["c"].cached == len(kv)
 
 
 def test_ram_wins_when_it_holds_as_much_as_disk():
@@ -148,7 +178,7 @@ def test_an_evicted_slot_is_saved_before_its_new_job_opens_it():
 def test_a_failed_restore_requeues_the_job_to_prefill_from_scratch():
     s = sched()
     kv = toks(15, 300)
-    s.seed_disk([(kv_key(kv), tuple(kv))])
+    s.seed_disk([(kv_key(kv), tuple(kv), "")])
     s.add(Job("a", kv + [5, 6], SamplingParams(), 2))
     plan = s.schedule()
     seq = plan.loads[0].seq
@@ -164,7 +194,7 @@ def test_a_failed_restore_requeues_the_job_to_prefill_from_scratch():
 def test_a_background_restore_waits_while_a_chat_prefills():
     s = sched(lanes=3, slots=3, n_ctx=2048)
     kv = toks(16, 300)
-    s.seed_disk([(kv_key(kv), tuple(kv))])
+    s.seed_disk([(kv_key(kv), tuple(kv), "")])
     s.add(Job("chat", toks(17, 1100), SamplingParams(), 2, Qos.INTERACTIVE))  # over 2 steps of 512
     s.add(Job("bg", kv + [5], SamplingParams(), 2, Qos.BACKGROUND))
     plan = s.schedule()
@@ -185,7 +215,7 @@ def test_a_background_restore_waits_while_a_chat_prefills():
 def test_dropped_entries_leave_the_index_and_no_tier_means_no_saves():
     s = sched()
     kv = toks(18, 100)
-    s.seed_disk([(kv_key(kv), tuple(kv))])
+    s.seed_disk([(kv_key(kv), tuple(kv), "")])
     s.add(Job("a", toks(19, 70), SamplingParams(), 2))
     plan = s.schedule()
     s.update(plan, result(plan, dropped=(kv_key(kv),)))

@@ -23,6 +23,24 @@ def store(tmp_path):
     s.close()
 
 
+def test_a_namespaced_entry_keeps_its_namespace_across_a_restart(tmp_path, store):
+    tokens = tuple(range(10, 110))
+    key = kv_key(tokens, "0123abcd")
+    assert store.put(key, tokens, b"kv" * 100, ns="0123abcd")
+    store.flush()
+    again = KvStore(tmp_path, "fp-a", 1 << 20)
+    try:
+        assert again.scan() == [(key, tokens, "0123abcd")]
+    finally:
+        again.close()
+    os.rename(tmp_path / "fp-a" / f"{key:016x}.kv", tmp_path / "fp-a" / f"{kv_key(tokens):016x}.kv")
+    moved = KvStore(tmp_path, "fp-a", 1 << 20)  # renamed into the shared namespace: not loaded
+    try:
+        assert moved.scan() == []
+    finally:
+        moved.close()
+
+
 def test_put_get_and_a_restart_finds_the_entries(tmp_path, store):
     key, tokens, data = entry(1)
     assert store.put(key, tokens, data)
@@ -31,7 +49,7 @@ def test_put_get_and_a_restart_finds_the_entries(tmp_path, store):
     assert store.get(key) == data
     again = KvStore(tmp_path, "fp-a", 1 << 20)
     try:
-        assert again.scan() == [(key, tokens)]
+        assert again.scan() == [(key, tokens, "")]
         assert again.get(key) == data
     finally:
         again.close()
@@ -147,7 +165,7 @@ def test_a_malformed_entry_is_deleted_at_start_and_the_rest_load(tmp_path, body)
     bad.write_bytes(body)
     s = KvStore(tmp_path, "fp-a", 1 << 20)
     try:
-        assert [k for k, _ in s.scan()] == [key]
+        assert [k for k, _, _ in s.scan()] == [key]
         assert not bad.exists()
     finally:
         s.close()

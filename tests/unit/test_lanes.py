@@ -7,8 +7,8 @@ from superfluid.sched.prefix import common_prefix
 
 
 class J:
-    def __init__(self, kv):
-        self.kv = kv
+    def __init__(self, kv, cache_ns=""):
+        self.kv, self.cache_ns = kv, cache_ns
 
 
 def held(job):
@@ -49,6 +49,18 @@ def test_tie_goes_to_a_free_slot():
 def test_no_match():
     s = KvSlots(2)
     assert s.best_match([1], held) == (None, 0)
+
+
+def test_a_job_matches_only_its_own_namespace():
+    """Key B must not reuse (and so learn of, through cached_tokens or timing) key A's KV."""
+    s = KvSlots(3)
+    s[0].kv, s[0].ns = [1, 2, 3, 4], "a"
+    s[1].job = J([1, 2, 3], "a")
+    s[2].kv = [1, 2]
+    assert s.best_match([1, 2, 3, 4, 5], held, ns="b") == (None, 0)
+    assert s.best_match([1, 2, 3, 4, 5], held) == (s[2], 2)  # the shared namespace's own entry
+    assert s.best_match([1, 2, 3, 4, 5], held, ns="a") == (s[0], 4)
+    assert s.best_match([1, 2, 3, 9], held, ns="a", exclude=0) == (s[1], 3)
 
 
 def test_eviction_order_empty_then_unreused_then_lru():

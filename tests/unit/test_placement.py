@@ -113,11 +113,12 @@ def test_cache_affinity_breaks_ties_and_yields_to_overload_and_full_kv():
 def test_prefix_summaries_round_trip_bounded_and_optional():
     from superfluid.fleet.prefixes import GRAIN, LIMIT, from_wire, summarize, to_wire, wanted
     one, two = list(range(700)), list(range(1, 2000))
-    hashes = summarize([one, two, list(range(100))], disk=[11, 12])
+    hashes = summarize([(one, ""), (two, ""), (list(range(100)), "")], disk=[11, 12])
     assert hashes[:2] == wanted(one) and hashes[2:2 + len(wanted(two))] == wanted(two) and hashes[-2:] == [11, 12]
     assert from_wire({"prefix": to_wire(hashes), "prefix_tokens": GRAIN}) == frozenset(hashes)
-    assert len(summarize([list(range(i, i + 300)) for i in range(LIMIT + 10)])) == LIMIT
-    assert summarize([one, one]) == wanted(one)  # deduplicated
+    assert len(summarize([(list(range(i, i + 300)), "") for i in range(LIMIT + 10)])) == LIMIT
+    assert summarize([(one, ""), (one, "")]) == wanted(one)  # deduplicated
+    assert not set(summarize([(one, "ns-a")])) & set(wanted(one))  # another namespace's prefix is not this one
     for bad in ({}, {"prefix": b"x" * 7, "prefix_tokens": GRAIN}, {"prefix": to_wire([1]), "prefix_tokens": 64},
                 {"prefix": "text", "prefix_tokens": GRAIN}):
         assert from_wire(bad) == frozenset()
@@ -128,11 +129,12 @@ def test_a_node_summarises_its_slots_and_disk_and_recomputes_only_when_they_chan
 
     from superfluid.fleet.prefixes import NodeSummary, from_wire, wanted
     from superfluid.sched.kvdisk import DiskIndex
-    running = NS(kv_tokens=lambda: list(range(300)))
+    from superfluid.sched.lanes import Slot
+    running = NS(kv_tokens=lambda: list(range(300)), cache_ns="")
     disk = DiskIndex()
     disk.add(1, list(range(50, 1100)))
-    slots = [NS(job=None, kv=list(range(9, 600)), last_used=3), NS(job=running, kv=[], last_used=1),
-             NS(job=None, kv=[], last_used=0)]
+    slots = [Slot(0, None, list(range(9, 600)), last_used=3), Slot(1, running, [], last_used=1),
+             Slot(2, None, [], last_used=0)]
     eng = NS(steps=5, sched=NS(slots=NS(slots=slots), disk=disk))
     s = NodeSummary()
     held = from_wire(s.fields(eng))
