@@ -2,10 +2,13 @@
 head that splits a GGUF by layers across machines (`serve --rpc-nodes`), on llama.cpp's own
 RPC engine, so the weights stay quantized and every llama.cpp kernel runs.
 
-ggml's RPC server runs on a thread of this process, bound to 127.0.0.1 on a port the OS
-picks: its protocol has no authentication, so it is reachable only through Link F. A head
-(its worker: runtime/rpc_link.py) sends RPC_OPEN for each connection its llama.cpp makes; the
-stream's bytes (transport.Tunnels) go to a loopback connection to the server. Tensors of
+ggml's RPC protocol has no authentication, so its server is reachable only through Link F:
+it runs in a child process in a network namespace of its own (runtime/rpc_jail.py), whose
+loopback no other process shares, and this process gets each connection to it from the child
+as a file descriptor. Where the system refuses the namespaces, it runs on a thread of this
+process, bound to the host's 127.0.0.1 (which other local users can reach: a warning says
+so). A head (its worker: runtime/rpc_link.py) sends RPC_OPEN for each connection its
+llama.cpp makes; the stream's bytes (transport.Tunnels) go to a connection to the server. Tensors of
 over 10 MiB are kept under `<home>/rpc-cache` by hash, so a restarted node is not sent them
 again. HELLO_ACK and NODE_STATUS carry `rpc`: free and total memory, threads, bytes received
 and open streams."""
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 import threading
 import time
@@ -21,6 +25,7 @@ from typing import Any
 
 from ..link import messages as m
 from ..runtime import rpc
+from ..runtime.rpc_jail import JailUnavailable, RpcJail
 from ..net.loopback import listener_is_ours
 from ..net.transport import Tunnels
 from .node import NodeServer, _Head
@@ -44,15 +49,41 @@ class RpcNodeServer(NodeServer):
         super().__init__(None, psk, node_id=node_id, lease_s=lease_s)
         rpc.library()  # RpcUnavailable (with the rebuild command) before anything listens
         self.threads, self.cache_dir = threads, cache_dir
-        self.rpc_port = free_port()
         self._tunnels: dict[_Head, Tunnels] = {}
         self._bytes_in = 0  # from heads that have gone
+        self.jail: RpcJail | None = None
+        self._closing = False
+        self.rpc_port = 0
+        try:
+            self.jail = RpcJail(cache_dir, threads)
+            threading.Thread(target=self._watch_jail, name="rpc-jail", daemon=True).start()
+            return
+        except JailUnavailable as e:
+            log.warning("ggml's RPC server runs on this host's 127.0.0.1, where other local users can reach it: "
+                        "it could not be given a network namespace of its own (%s)", e)
+        self.rpc_port = free_port()
         threading.Thread(target=rpc.serve, args=(self.rpc_port, cache_dir, threads), name="ggml-rpc",
                          daemon=True).start()
         self._wait_listening()
         if listener_is_ours(self.rpc_port) is False:  # Link F would carry a head's tensors to it
             raise rpc.RpcUnavailable(f"another process took 127.0.0.1:{self.rpc_port} before ggml's RPC server could "
                                      "bind it; start the node again")
+
+    def _watch_jail(self) -> None:
+        """ggml aborts its process when it cannot go on: as the server on a thread of this
+        process would take the node down with it, so does the jailed one."""
+        assert self.jail is not None
+        code = self.jail.proc.wait()
+        if not self._closing:
+            log.error("ggml's RPC server ended (exit %s): the node stops", code)
+            logging.shutdown()
+            os._exit(70)
+
+    def close(self) -> None:
+        self._closing = True
+        super().close()
+        if self.jail is not None:
+            self.jail.close()
 
     def _wait_listening(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT
@@ -93,7 +124,10 @@ class RpcNodeServer(NodeServer):
 
     async def _open(self, tunnels: Tunnels, sid: int) -> None:
         try:
-            reader, writer = await asyncio.open_connection("127.0.0.1", self.rpc_port)
+            if self.jail is not None:
+                reader, writer = await asyncio.open_connection(sock=await asyncio.to_thread(self.jail.connect))
+            else:
+                reader, writer = await asyncio.open_connection("127.0.0.1", self.rpc_port)
         except OSError as e:
             tunnels.link.send(m.RpcClose(sid, f"the RPC server is not answering ({e.strerror or e})"))
             return

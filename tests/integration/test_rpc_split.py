@@ -1,11 +1,12 @@
 """A GGUF split by layers over the head's CPU and two llama.cpp RPC nodes (`node serve --rpc`,
 `serve --rpc-nodes`), with the fleet token, on loopback, driven with the openai client:
 the split serves the greedy text of one machine; each node holds a share of the quantized
-weights; the bytes between head and node are Noise ciphertext; the nodes' RPC ports are
-bound to loopback only; a wrong token gets nothing; a node killed mid-stream is a typed
-error and the model comes back on the devices that remain; a restarted node takes the
-tensors it cached instead of receiving them again; nodes that join (`node join --rpc`) are
-taken in by name or `auto`, and one that joins late by a reload."""
+weights; the bytes between head and node are Noise ciphertext; the nodes' RPC servers
+listen in network namespaces of their own, on no port of the host; a wrong token gets
+nothing; a node killed mid-stream is a typed error and the model comes back on the devices
+that remain; a restarted node takes the tensors it cached instead of receiving them again;
+nodes that join (`node join --rpc`) are taken in by name or `auto`, and one that joins late
+by a reload."""
 
 from __future__ import annotations
 
@@ -93,6 +94,12 @@ def status(node: Node, psk: bytes | None) -> dict:
     return asyncio.run(hello())
 
 
+def rss(node: Node) -> int:
+    """The node's resident memory, its jailed RPC server's included (runtime/rpc_jail.py)."""
+    p = psutil.Process(node.proc.pid)
+    return sum(q.memory_info().rss for q in [p, *p.children(recursive=True)])
+
+
 def psk_of(token: str) -> bytes:
     from superfluid.cli.fleet import read_token
     return read_token(token)
@@ -130,14 +137,18 @@ def test_the_bytes_between_head_and_node_are_ciphertext(split):
     assert b".weight" not in seen and b"attn_norm" not in seen
 
 
-def test_the_rpc_ports_are_loopback_only(split):
+def test_no_rpc_port_is_open_on_the_host(split):
+    """ggml's RPC protocol has no authentication: its server listens only inside a network
+    namespace of its own (runtime/rpc_jail.py), so a node's one port on the host is Link F's."""
     _, a, b, _ = split
+    host_ns = os.readlink("/proc/self/ns/net")
     for node, link_f in ((a, "127.0.0.1"), (b, "0.0.0.0")):
-        listening = {(c.laddr.ip, c.laddr.port) for c in psutil.Process(node.proc.pid).net_connections("tcp")
-                     if c.status == psutil.CONN_LISTEN}
-        assert (link_f, node.port) in listening
-        rpc_ports = listening - {(link_f, node.port)}
-        assert rpc_ports and all(ip == "127.0.0.1" for ip, _ in rpc_ports), listening
+        proc = psutil.Process(node.proc.pid)
+        listening = {(c.laddr.ip, c.laddr.port) for c in proc.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+        assert listening == {(link_f, node.port)}
+        (jail,) = [c for c in proc.children() if "superfluid.runtime.rpc_jail" in c.cmdline()]
+        assert os.readlink(f"/proc/{jail.pid}/ns/net") != host_ns
+        assert not [c for c in jail.net_connections("tcp") if c.status == psutil.CONN_LISTEN]
 
 
 def test_a_wrong_token_gets_nothing(split, token, tmp_path):
@@ -239,12 +250,12 @@ def test_nodes_that_join_are_split_over_by_name_and_auto_and_a_late_one_after_a_
         j2 = Node("--rpc", "--name", "j2", auth_file=token, join=f"127.0.0.1:{port}")
         time.sleep(1.5)  # it joins at once; the loaded split goes on without it
         assert greedy(head, n=4)
-        idle = psutil.Process(j2.proc.pid).memory_info().rss
+        idle = rss(j2)
         r = httpx.post(f"{head.url}/v1/models/load", json={"model": MODEL, "reload": True}, timeout=180)
         assert r.status_code == 200, r.text
         assert greedy(head) == greedy(alone)
         # now a device of the split: it holds its share of the layers (about 20 MiB)
-        assert psutil.Process(j2.proc.pid).memory_info().rss - idle > 12 << 20
+        assert rss(j2) - idle > 12 << 20
         assert cached(j2) == 0
     finally:
         for p in (head, j2, j1):
