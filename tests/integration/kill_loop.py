@@ -1,11 +1,12 @@
 """Durability under fire (issue 33): streams and a log writer run while the daemon is killed
 with SIGKILL at random moments and restarted on the same home, again and again.
 
-- `streams` greedy chat completions run at once (streamed, a different prompt each). A
-  stream cut by a kill reconnects to `/v1/sessions/{id}/resume` with the Last-Event-ID it
-  last saw, on the restarted daemon, as often as it takes; once it ends, what it received
-  must be the uncut text (from a reference run), every token exactly once. Then it starts
-  the next.
+- `streams` greedy generations run at once, streamed, a different prompt each, over three
+  APIs in turn: OpenAI chat completions, Anthropic Messages and Responses. A stream cut by
+  a kill reconnects to `/v1/sessions/{id}/resume` with the Last-Event-ID it last saw, on the
+  restarted daemon, as often as it takes, and reads on in its own API's events; once it
+  ends, what it received must be the uncut text (from a reference run before any kill),
+  every token exactly once. Then it starts the next.
 - A writer appends native session messages; each acknowledged one must be in the log
   exactly once after all the kills.
 - Each restart's time (the process started to /health answering) is kept: it must not
@@ -39,9 +40,35 @@ PROMPTS = ["Write a long story about a lighthouse keeper and a storm.",
            "Write the diary of a mountain guide during one long summer."]
 
 
+APIS = ("/v1/chat/completions", "/v1/messages", "/v1/responses")
+
+
 def body(i: int, budget: int) -> dict:
-    return {"model": MODEL, "max_tokens": budget, "temperature": 0,
-            "messages": [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}]}
+    """Stream i's request: prompt i, on API i % 3, streamed."""
+    prompt, path = PROMPTS[i % len(PROMPTS)], APIS[i % len(APIS)]
+    if path == "/v1/responses":
+        return {"model": MODEL, "max_output_tokens": budget, "temperature": 0, "input": prompt, "stream": True}
+    return {"model": MODEL, "max_tokens": budget, "temperature": 0, "stream": True,
+            "messages": [{"role": "user", "content": prompt}]}
+
+
+def piece(data) -> tuple[str | None, bool]:
+    """(text, ended) of one SSE event's data in any of the three APIs' formats; a failure
+    raises."""
+    if data == "[DONE]":
+        return None, True
+    if not isinstance(data, dict) or "error" in data or data.get("type") in ("error", "response.failed"):
+        raise RuntimeError(f"stream error: {data}")
+    kind = data.get("type")
+    if kind == "content_block_delta":
+        return data["delta"].get("text"), False
+    if kind == "response.output_text.delta":
+        return data["delta"], False
+    if kind in ("message_stop", "response.completed", "response.incomplete"):
+        return None, True
+    if "choices" in data and data["choices"]:
+        return data["choices"][0]["delta"].get("content"), False
+    return None, False
 
 
 class Loop:
@@ -52,6 +79,7 @@ class Loop:
         self.lock = threading.Lock()
         self.checked = 0  # tokens (content pieces) received and checked against the uncut text
         self.finished = 0  # generations checked whole
+        self.by_api: dict[str, int] = {}  # of those, per API
         self.resumed = 0  # reconnections that resumed a cut stream
         self.mismatches: list[dict] = []
         self.acked: list[str] = []  # writer messages the daemon acknowledged
@@ -81,21 +109,22 @@ class Loop:
     # -- the clients ---------------------------------------------------------------------
     def references(self) -> None:
         """The uncut texts, from this daemon before any kill (the same settings, other sessions)."""
-        for i in range(min(self.streams, len(PROMPTS))):
-            r = httpx.post(self.url() + "/v1/chat/completions", json=body(i, self.budget), timeout=300)
-            r.raise_for_status()
-            self.refs.append(r.json()["choices"][0]["message"]["content"])
+        for i in range(self.streams):
+            text = self._one(i)
+            assert text, f"stream {i}'s reference run gave nothing"
+            self.refs.append(text)
 
     def stream(self, i: int) -> None:
-        k = i % len(PROMPTS)
         while not self.done:
-            text = self._one(k)
+            text = self._one(i)
             if text is None:
                 continue
             with self.lock:
                 self.finished += 1
-                if text != self.refs[k]:
-                    self.mismatches.append({"prompt": k, "got": text, "want": self.refs[k]})
+                self.by_api[APIS[i % len(APIS)]] = self.by_api.get(APIS[i % len(APIS)], 0) + 1
+                if text != self.refs[i]:
+                    self.mismatches.append({"stream": i, "api": APIS[i % len(APIS)], "got": text,
+                                            "want": self.refs[i]})
 
     def _one(self, k: int) -> str | None:
         """One generation to its end across kills; None when it was cut before its session
@@ -106,8 +135,7 @@ class Loop:
             url = self.url()
             try:
                 if sid is None:
-                    cm = httpx.stream("POST", url + "/v1/chat/completions", json={**body(k, self.budget),
-                                                                                  "stream": True}, timeout=300)
+                    cm = httpx.stream("POST", url + APIS[k % len(APIS)], json=body(k, self.budget), timeout=300)
                 else:
                     cm = httpx.stream("GET", f"{url}/v1/sessions/{sid}/resume", headers={"Last-Event-ID": last},
                                       timeout=300)
@@ -117,15 +145,13 @@ class Loop:
                         raise RuntimeError(f"{r.status_code}: {r.text[:300]}")
                     sid = sid or r.headers["x-superfluid-session"]
                     for eid, data in iter_sse(r.iter_lines()):
-                        if data == "[DONE]":
+                        text, ended = piece(data)
+                        if ended:
                             with self.lock:
                                 self.checked += len(seen)
                             return "".join(seen)
-                        if not isinstance(data, dict) or "error" in data:
-                            raise RuntimeError(f"stream error: {data}")
-                        piece = data["choices"][0]["delta"].get("content") if data["choices"] else None
-                        if piece:
-                            seen.append(piece)
+                        if text:
+                            seen.append(text)
                         if eid is not None:
                             last = eid
             except (httpx.HTTPError, KeyError):  # the daemon died under it: wait, then resume
@@ -206,6 +232,7 @@ def run(home: str, *, kills: int, streams: int = 4, budget: int = 48, seed: int 
             loop.d.stop()
     kv = os.path.join(home, "kv")
     tmp = [f for _, _, fs in os.walk(kv) for f in fs if f.endswith(".tmp")] if os.path.isdir(kv) else []
-    return {"kills": kills, "streams": streams, "finished": loop.finished, "tokens_checked": loop.checked,
+    return {"kills": kills, "streams": streams, "finished": loop.finished, "finished_by_api": loop.by_api,
+            "tokens_checked": loop.checked,
             "resumed": loop.resumed, "mismatches": loop.mismatches, "acked_appends": len(loop.acked),
             "log_errors": bad_log, "restart_s": [round(x, 2) for x in loop.restarts], "tmp_files": tmp}

@@ -1,8 +1,9 @@
-"""The kill loop's short version (tests/integration/kill_loop.py, 20 kills; bench/kill_loop.py runs 100):
-four greedy streams and a writer of native appends while the daemon is SIGKILLed at random
-moments and restarted on the same home. Every stream, resumed across the kills, ends with
-the uncut text; every acknowledged append is in the log exactly once; restarts do not slow
-down; no KV temp file is left."""
+"""The kill loop's short version (tests/integration/kill_loop.py, 20 kills; bench/kill_loop.py
+runs 100): four greedy streams (over chat completions, Anthropic Messages and Responses) and a
+writer of native appends while the daemon is SIGKILLed at random moments and restarted on the
+same home. Every stream, resumed across the kills, ends with the uncut text; every
+acknowledged append is in the log exactly once; restarts do not slow down; no KV temp file
+is left."""
 
 import pytest
 
@@ -17,6 +18,7 @@ def test_kill_loop(tmp_path):
     assert out["mismatches"] == [], out["mismatches"][:2]
     assert out["log_errors"] == []
     assert out["finished"] >= 4 and out["resumed"] >= 1 and out["acked_appends"] > 0
+    assert set(out["finished_by_api"]) == {"/v1/chat/completions", "/v1/messages", "/v1/responses"}, out
     assert out["tmp_files"] == []
     first, rest = out["restart_s"][1], out["restart_s"][2:]  # [0] is the first start
     assert max(rest) < 3 * first + 5, out["restart_s"]  # not growing with the kills (a generous bound)
