@@ -64,6 +64,9 @@ class SamplingParams:
     # the penalties (presence, frequency, repeat) count the last n tokens of the lane's context,
     # prompt included (llama.cpp's penalty_last_n); -1: the whole context; 0: penalties off
     repeat_last_n: int = -1
+    # logprobs of the distribution the token was drawn from (after temperature, top-k/p, min-p,
+    # typical-p and the grammar: llama-server's post_sampling_probs), not of the raw logits
+    post_sampling: bool = False
 
     def __post_init__(self) -> None:
         # from the wire or a session log's JSON the pairs arrive as lists
@@ -75,7 +78,7 @@ class SamplingParams:
         return [self.temperature, self.top_p, self.top_k, self.min_p, self.seed,
                 self.presence_penalty, self.frequency_penalty, self.repeat_penalty,
                 self.top_logprobs, self.ignore_eos, self.grammar, [list(p) for p in self.logit_bias],
-                self.typical_p, self.repeat_last_n]
+                self.typical_p, self.repeat_last_n, self.post_sampling]
 
     @classmethod
     def from_wire(cls, w: list) -> SamplingParams:

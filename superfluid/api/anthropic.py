@@ -78,10 +78,26 @@ def chat_prompt(eng, body: dict):
     effort = oc.get("effort") if isinstance(oc, dict) else None
     fmt = oc.get("format") if isinstance(oc, dict) else None
     grammar = response_format_grammar(fmt, "output_config.format") if fmt is not None else ""
-    return build_chat_prompt(eng, conversation(body), tools=tools, tool_choice=choice, grammar=grammar,
+    conv = conversation(body)
+    return build_chat_prompt(eng, conv, tools=tools, tool_choice=choice, grammar=grammar,
                              parallel_tool_calls=not _no_parallel(body.get("tool_choice")),
                              template_kwargs=template_options(enable_thinking=THINKING.get(kind or ""),
-                                                              reasoning_effort=effort))
+                                                              reasoning_effort=effort),
+                             continue_final=prefilled(body, conv))
+
+
+def prefilled(body: dict, conv: list[dict]) -> bool:
+    """A final assistant message is the start of the reply, which continues from its text
+    (Anthropic's prefill); as there, that text may not end with whitespace."""
+    msgs = body["messages"]
+    last = conv[-1]
+    if msgs[-1].get("role") != "assistant" or last.get("role") != "assistant" or last.get("tool_calls"):
+        return False
+    text = last.get("content") or ""
+    if text != text.rstrip():
+        raise BadRequest("messages: final assistant content cannot end with trailing whitespace",
+                         param=f"messages.{len(msgs) - 1}.content")
+    return True
 
 
 def _no_parallel(choice: object) -> bool:

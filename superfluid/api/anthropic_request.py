@@ -143,8 +143,9 @@ def cache_hint(body: dict, cp) -> tuple[int, float] | None:
     if not marks:
         return None
     last = max(i for i, _ in marks)
-    # the bodies are the rendered messages, then the opener; tools may have added a system message
-    last = 0 if last < 0 else last + len(cp.bodies) - 1 - len(conversation(body))
+    # the bodies are the rendered messages, then the opener (which a continued final message
+    # joined); tools may have added a system message
+    last = 0 if last < 0 else last + len(cp.bodies) - 1 - len(conversation(body)) + cp.continued
     return sum(len(b.span) for b in cp.bodies[:last + 1]), max(t for _, t in marks)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import time
 from collections.abc import AsyncIterator
 
@@ -103,10 +104,16 @@ def piece(b: bytes) -> str | list[int]:
         return list(b)
 
 
-def probs(lps: list[TokenLogprob]) -> list[dict]:
+def probs(lps: list[TokenLogprob], post_sampling: bool = False) -> list[dict]:
+    """completion_probabilities: logprobs of the model's distribution, or with
+    post_sampling_probs the probabilities of the one the token was drawn from (`prob`,
+    `top_probs`), as llama-server names them."""
+    key, top = ("prob", "top_probs") if post_sampling else ("logprob", "top_logprobs")
+
     def one(tok: int, text: bytes, lp: float) -> dict:
-        return {"id": tok, "token": text.decode("utf-8", "replace"), "bytes": list(text), "logprob": lp}
-    return [{**one(p.token, p.text, p.logprob), "top_logprobs": [one(*t) for t in p.top]} for p in lps]
+        return {"id": tok, "token": text.decode("utf-8", "replace"), "bytes": list(text),
+                key: math.exp(lp) if post_sampling else lp}
+    return [{**one(p.token, p.text, p.logprob), top: [one(*t) for t in p.top]} for p in lps]
 
 
 def _fields(out: dict, fields: tuple[str, ...]) -> dict:
@@ -137,11 +144,12 @@ def final_body(c: Chunk, text: str, tokens: list[int], lps: list[TokenLogprob], 
            "stopped_limit": stop_type(c) == "limit", "tokens_cached": c.cached_tokens,
            "timings": timings(c, wall_s)}
     if opts.n_probs:
-        out["completion_probabilities"] = probs(lps)
+        out["completion_probabilities"] = probs(lps, opts.sampling.post_sampling)
     return _fields(out, opts.response_fields)
 
 
-async def completion_events(chunks: AsyncIterator[Chunk], session: str | None, final) -> AsyncIterator[bytes]:
+async def completion_events(chunks: AsyncIterator[Chunk], session: str | None, final,
+                            post_sampling: bool = False) -> AsyncIterator[bytes]:
     """/completion's SSE: `data: {content, tokens, stop: false}` per piece, then the final
     body (`final(last chunk)`, content empty) or an error; no [DONE], as llama-server."""
     n = 0
@@ -152,7 +160,7 @@ async def completion_events(chunks: AsyncIterator[Chunk], session: str | None, f
             piece: dict = {"index": 0, "content": c.text, "tokens": c.tokens, "stop": False, "id_slot": -1,
                            "tokens_predicted": n, "tokens_evaluated": c.prompt_tokens}
             if c.logprobs:
-                piece["completion_probabilities"] = probs(c.logprobs)
+                piece["completion_probabilities"] = probs(c.logprobs, post_sampling)
             out.append(event(piece))
         if c.finish is not None:
             out.append(event(error_body(c.error) if c.error is not None else final(c)))
@@ -168,7 +176,7 @@ def _replay(sid: str, p: dict, chunks: AsyncIterator[Chunk]) -> AsyncIterator[by
         return {"index": 0, "content": "", "tokens": [], "stop": True, "model": str(p.get("model") or ""),
                 "tokens_predicted": c.completion_tokens, "tokens_evaluated": c.prompt_tokens,
                 "stop_type": stop_type(c), "stopping_word": c.stop_sequence or ""}
-    return completion_events(chunks, sid, final)
+    return completion_events(chunks, sid, final, bool(p.get("post_sampling")))
 
 
 resume.register("llama.completion", _replay)
@@ -182,14 +190,14 @@ async def answer(models, eng, request: Request, prompt: list[int], opts: Options
     text = context_text(eng.tokenizer, prompt)
     t0 = time.monotonic()
     run = await Run.submit(request, models.service, eng, [req], api="llama.completion", params={
-        "response_id": rid, "model": eng.model_id})
+        "response_id": rid, "model": eng.model_id, "post_sampling": opts.sampling.post_sampling})
 
     def final(c: Chunk, content: str = "", tokens: list[int] | None = None, lps=()) -> dict:
         return final_body(c, content, tokens or [], list(lps), opts=opts, model=eng.model_id, n_ctx=eng.n_ctx,
                           seed=seed, prompt=text, wall_s=time.monotonic() - t0)
 
     if opts.stream:
-        return run.stream(completion_events(run.streams[0], req.session, final))
+        return run.stream(completion_events(run.streams[0], req.session, final, opts.sampling.post_sampling))
     toks: list[int] = []
 
     async def tap(it: AsyncIterator[Chunk]) -> AsyncIterator[Chunk]:

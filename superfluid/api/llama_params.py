@@ -115,7 +115,7 @@ def options(body: dict, tokenizer=None, defaults: dict | None = None) -> Options
         repeat_penalty=repeat, top_logprobs=n_probs if n_probs > 0 else -1,
         ignore_eos=flag(body, "ignore_eos"), logit_bias=bias,
         grammar=request_grammar(body.get("grammar"), body.get("json_schema"), body.get("response_format")),
-        typical_p=typical or 1.0, repeat_last_n=last_n)
+        typical_p=typical or 1.0, repeat_last_n=last_n, post_sampling=flag(body, "post_sampling_probs"))
     return Options(n_predict=n_predict, stream=flag(body, "stream"), stop=_strings(body, "stop", MAX_STOPS),
                    sampling=sp, seed=None if seed in RANDOM_SEEDS else seed % (1 << 63), samplers=samplers,
                    n_probs=n_probs, return_tokens=flag(body, "return_tokens"),

@@ -55,7 +55,21 @@ def chat_prompt(engine, body: ChatCompletionRequest) -> ChatPrompt:
     return build_chat_prompt(engine, render_messages(body.messages), tools=body.tools, tool_choice=body.tool_choice,
                              grammar=request_grammar(body.grammar, body.json_schema, body.response_format),
                              template_kwargs=template_options(body.chat_template_kwargs, body.reasoning_effort),
-                             parallel_tool_calls=body.parallel_tool_calls)
+                             parallel_tool_calls=body.parallel_tool_calls, continue_final=continues(body))
+
+
+def continues(body: ChatCompletionRequest) -> bool:
+    """Does the reply continue the final message? vLLM's continue_final_message says so (not
+    with add_generation_prompt, which opens a new turn); unsaid, a final assistant message
+    with text is the reply's start, as llama-server prefills it."""
+    if body.continue_final_message and body.add_generation_prompt:
+        raise BadRequest("continue_final_message and add_generation_prompt cannot both be true",
+                         param="continue_final_message")
+    if body.continue_final_message is not None:
+        return body.continue_final_message
+    last = body.messages[-1]
+    return last.role == "assistant" and not last.tool_calls and body.add_generation_prompt is not True \
+        and bool(last.content)
 
 
 def completion_prompt(engine, body: CompletionRequest) -> list[int]:

@@ -21,6 +21,7 @@ class ChatPrompt:
     prompt: list[int]
     channels: ChannelSpec
     grammar: str  # "" when unconstrained
+    continued: bool = False  # the last message was the assistant's, continued (its text ends the opener)
 
 
 def parse_tool_choice(choice: object, tools: list[dict]) -> tuple[str, str | None]:
@@ -40,10 +41,16 @@ def parse_tool_choice(choice: object, tools: list[dict]) -> tuple[str, str | Non
 
 def chat_prompt(engine, messages: list[dict], *, tools: list | None = None, tool_choice: object = None,
                 grammar: str = "", template_kwargs: dict | None = None,
-                parallel_tool_calls: bool = True) -> ChatPrompt:
+                parallel_tool_calls: bool = True, continue_final: bool = False) -> ChatPrompt:
     """`parallel_tool_calls`: one reply may carry several calls (OpenAI's default, Anthropic's
-    unless disable_parallel_tool_use); false: at most one."""
+    unless disable_parallel_tool_use); false: at most one. `continue_final`: the last message
+    is the assistant's start of its reply (Anthropic's prefill, vLLM's continue_final_message,
+    llama-server's assistant prefill): the reply goes on from its text, which joins the
+    assistant-turn opener (one session event); the output is what follows it."""
     check_chat(messages, tools)
+    prefill: list[int] = []
+    if continue_final:
+        messages, prefill = _prefill(engine, messages)
     tools = tool_list(tools) if tools else []
     mode, name = parse_tool_choice(tool_choice, tools)
     if mode == "required" and not tools:
@@ -54,6 +61,9 @@ def chat_prompt(engine, messages: list[dict], *, tools: list | None = None, tool
     kwargs = {**(template_kwargs or {}), **extra}
     bodies, prompt = prelude(engine, msgs, **kwargs)
     bodies = fold_examples(msgs, bodies)
+    if prefill:
+        bodies[-1] = replace(bodies[-1], span=tuple(bodies[-1].span) + tuple(prefill))
+        prompt = list(prompt) + prefill
     opener = context_text(engine.tokenizer, list(bodies[-1].span)) if bodies else ""
     # a structured dialect (Harmony, Functionary, Granite) reads every reply, tools or not
     channels = spec_for(fmt if use_tools or fmt.structured else None, engine.reasoning, opener)
@@ -64,7 +74,21 @@ def chat_prompt(engine, messages: list[dict], *, tools: list | None = None, tool
         grammar = fmt.calls_grammar(use_tools, name, parallel=parallel_tool_calls, lazy=False, lits=lits)
     elif mode == "auto" and use_tools and not grammar:  # text, or calls once the model opens one
         grammar = fmt.calls_grammar(use_tools, None, parallel=parallel_tool_calls, lazy=True, lits=lits)
-    return ChatPrompt(bodies, prompt, channels, grammar)
+    return ChatPrompt(bodies, prompt, channels, grammar, continue_final)
+
+
+def _prefill(engine, messages: list[dict]) -> tuple[list[dict], list[int]]:
+    """(the messages before the last, the tokens of the last's text): the assistant message a
+    reply continues. Its text is text: markers in it never become control tokens."""
+    last = messages[-1] if messages else {}
+    if last.get("role") != "assistant":
+        raise BadRequest("continuing the final message needs the last message to be the assistant's",
+                         param="messages")
+    if last.get("tool_calls"):
+        raise BadRequest("a final assistant message with tool calls cannot be continued", param="messages")
+    content = last.get("content")
+    text = content if isinstance(content, str) else ""
+    return messages[:-1], engine.tokenizer.encode(text) if text else []
 
 
 def fold_examples(msgs: list[dict], bodies: list) -> list:

@@ -91,6 +91,9 @@ class ChatCompletionRequest(Sampling):
     prompt_cache_key: object = None  # checked by prompt_cache_hint
     prompt_cache_retention: object = None
     timings_per_token: bool = False  # llama-server's: streamed chunks that end a choice carry `timings`
+    # vLLM's: the reply continues the final (assistant) message; not with add_generation_prompt
+    continue_final_message: bool | None = None
+    add_generation_prompt: bool | None = None
 
 
 class CompletionRequest(Sampling):

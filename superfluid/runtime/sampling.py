@@ -85,16 +85,20 @@ class LaneSampler:
         x = self._processed(logits)
         if self.matcher is not None:
             x = self._masked(x)
+        dist = None
         if p.temperature <= 0.0:
             token = int(np.argmax(x))
         else:
-            token = self._draw(x, uniform(p.seed, position))
+            dist = self._distribution(x)
+            token = self._draw(dist, uniform(p.seed, position))
         if p.penalized:
             self._seen(token)
         if self.matcher is not None:
             self.matcher.consume_token(token)
         if p.top_logprobs < 0:
             return Sampled(seq, token)
+        if p.post_sampling:
+            return _post_sampling(seq, token, dist, p.top_logprobs)
         lp = log_softmax(logits)
         top: tuple[tuple[int, float], ...] = ()
         if p.top_logprobs > 0:
@@ -130,7 +134,16 @@ class LaneSampler:
             x[self.bias_ids[ok]] += self.bias[ok]
         return x
 
-    def _draw(self, x: np.ndarray, u: float) -> int:
+    def _draw(self, dist: tuple[np.ndarray, np.ndarray], u: float) -> int:
+        """The token at `u` (a uniform draw) of the distribution."""
+        cand, probs = dist
+        cdf = np.cumsum(probs)
+        i = int(np.searchsorted(cdf, u * cdf[-1], side="right"))
+        return int(cand[min(i, cand.shape[0] - 1)])
+
+    def _distribution(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(tokens, probabilities) that the draw chooses from, most probable first (ties by
+        id): temperature, then top-k, typical-p or top-p, and min-p, as llama.cpp applies them."""
         p = self.p
         n = x.shape[0]
         if 0 < p.top_k < n:
@@ -154,10 +167,22 @@ class LaneSampler:
             keep = min(keep, int(np.searchsorted(np.cumsum(probs), p.top_p)) + 1)
         if p.min_p > 0.0:
             keep = min(keep, max(1, int((probs >= p.min_p * probs[0]).sum())))
-        probs = probs[:keep]
-        cdf = np.cumsum(probs)
-        i = int(np.searchsorted(cdf, u * cdf[-1], side="right"))
-        return int(cand[min(i, keep - 1)])
+        return cand[:keep], probs[:keep]
+
+
+def _post_sampling(seq: int, token: int, dist: tuple[np.ndarray, np.ndarray] | None, k: int) -> Sampled:
+    """The chosen token's and the k likeliest tokens' logprobs in the distribution it was drawn
+    from (renormalised, tokens of probability 0 left out); greedy (None): the token alone, sure."""
+    if dist is None:
+        return Sampled(seq, token, 0.0, ((token, 0.0),) if k > 0 else ())
+    cand, probs = dist
+    probs = probs / probs.sum()
+    nz = probs > 0
+    cand, probs = cand[nz], probs[nz]
+    where = np.nonzero(cand == token)[0]
+    lp = float(np.log(probs[where[0]])) if where.size else float("-inf")
+    top = tuple((int(t), float(np.log(q))) for t, q in zip(cand[:k], probs[:k], strict=True)) if k > 0 else ()
+    return Sampled(seq, token, lp, top)
 
 
 def _typical(cand: np.ndarray, probs: np.ndarray, mass: float) -> tuple[np.ndarray, np.ndarray]:

@@ -69,3 +69,19 @@ def test_timings_per_token_puts_timings_on_the_last_chunks_of_a_chat_stream():
     assert {"prompt_per_second", "predicted_per_second", "prompt_n", "cache_n"} <= set(usage[0]["timings"])
     assert "timings" in [e for e in events if e["choices"] and e["choices"][0]["finish_reason"]][0]
     assert not any("timings" in e for e in r[False])
+
+
+def test_post_sampling_probs_gives_the_probabilities_the_token_was_drawn_from():
+    async def body(h):
+        out = {}
+        for post in (True, False):
+            r = await h.client.post("/completion", json={"model": MODEL, "prompt": "hi", "n_predict": 2, "n_probs": 3,
+                                                         "temperature": 1.0, "post_sampling_probs": post})
+            out[post] = r.json()["completion_probabilities"]
+        return out
+    out = run(body)
+    for tok in out[True]:
+        assert 0.0 < tok["prob"] <= 1.0 and "logprob" not in tok, tok
+        assert tok["top_probs"] and all(0.0 < p["prob"] <= 1.0 for p in tok["top_probs"]), tok
+        assert sum(p["prob"] for p in tok["top_probs"]) <= 1.0 + 1e-6
+    assert all("logprob" in t and "top_logprobs" in t for t in out[False])

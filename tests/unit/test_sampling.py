@@ -311,3 +311,20 @@ def test_typical_p_does_not_touch_greedy():
 def test_new_fields_survive_the_wire():
     sp = SamplingParams(typical_p=0.5, repeat_last_n=64, grammar="g")
     assert SamplingParams.from_wire(sp.to_wire()) == sp and sp.to_wire()[10] == "g"
+
+
+def test_post_sampling_logprobs_are_of_the_distribution_the_token_was_drawn_from():
+    """llama-server's post_sampling_probs: top-k 3 at temperature 0.5 leaves three tokens; their
+    probabilities (renormalised) sum to 1 and the drawn token is among them, with its own."""
+    x = random_logits(3)
+    for pos in range(20):
+        s = sampler(temperature=0.5, top_k=3, top_logprobs=10, post_sampling=True, seed=9).sample(0, x, pos)
+        assert len(s.top) == 3 and [t for t, _ in s.top] == list(np.argsort(-x)[:3])
+        assert sum(np.exp(lp) for _, lp in s.top) == pytest.approx(1.0)
+        assert (s.token, s.logprob) in s.top
+        z = np.exp((x[np.argsort(-x)[:3]] - x.max()) / 0.5)
+        assert np.exp(s.top[0][1]) == pytest.approx(z[0] / z.sum(), rel=1e-5)
+    greedy = sampler(temperature=0.0, top_logprobs=5, post_sampling=True).sample(0, x, 0)
+    assert (greedy.logprob, greedy.top) == (0.0, ((int(np.argmax(x)), 0.0),))
+    raw = sampler(temperature=0.5, top_k=3, top_logprobs=10, seed=9).sample(0, x, 0)
+    assert len(raw.top) == 10  # without it: the model's own distribution, every token
