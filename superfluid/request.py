@@ -116,6 +116,8 @@ class GenRequest:
     # the prefix cache's namespace (a key's own, and/or a client's cache_salt: cache_ns.py):
     # KV is reused only between generations of one namespace; "" is the shared one
     cache_ns: str = ""
+    # prompt-processing progress chunks while its prompt prefills (llama-server's return_progress)
+    progress: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,3 +200,6 @@ class Chunk:
     event_id: int | None = None  # the session-log event that committed these tokens
     reasoning: str = ""  # reasoning-channel text (content is in `text`)
     calls: list[CallDelta] = field(default_factory=list)  # tool-call pieces, in order
+    # a progress chunk (GenRequest.progress), nothing else in it: (prompt tokens, of them taken
+    # from the KV cache, of them processed so far, milliseconds since the request came)
+    progress: tuple[int, int, int, float] | None = None

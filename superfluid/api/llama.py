@@ -156,6 +156,9 @@ async def completion_events(chunks: AsyncIterator[Chunk], session: str | None, f
     async for c in chunks:
         out: list[bytes] = []
         n += len(c.tokens)
+        if c.progress is not None:
+            out.append(event({"index": 0, "content": "", "tokens": [], "stop": False, "id_slot": -1,
+                              "prompt_progress": oa.prompt_progress(c.progress)}))
         if c.text or c.tokens:
             piece: dict = {"index": 0, "content": c.text, "tokens": c.tokens, "stop": False, "id_slot": -1,
                            "tokens_predicted": n, "tokens_evaluated": c.prompt_tokens}
@@ -186,7 +189,8 @@ async def answer(models, eng, request: Request, prompt: list[int], opts: Options
                  qos: Qos, rid: str) -> Response:
     """One generation in /completion's shape (/completion and /infill): its SSE stream or its
     whole answer. It is recorded as a /completion, so a resumed stream goes on in that shape."""
-    req = GenRequest(f"{rid}-0", prompt, dataclasses.replace(opts.sampling, seed=seed), n_predict, opts.stop, qos)
+    req = GenRequest(f"{rid}-0", prompt, dataclasses.replace(opts.sampling, seed=seed), n_predict, opts.stop, qos,
+                     progress=opts.return_progress and opts.stream)
     text = context_text(eng.tokenizer, prompt)
     t0 = time.monotonic()
     run = await Run.submit(request, models.service, eng, [req], api="llama.completion", params={

@@ -37,6 +37,7 @@ class Options:
     n_probs: int
     return_tokens: bool
     response_fields: tuple[str, ...]
+    return_progress: bool = False  # stream prompt_progress pieces while the prompt prefills
 
 
 def flag(body: dict, key: str, default: bool = False) -> bool:
@@ -119,7 +120,8 @@ def options(body: dict, tokenizer=None, defaults: dict | None = None) -> Options
     return Options(n_predict=n_predict, stream=flag(body, "stream"), stop=_strings(body, "stop", MAX_STOPS),
                    sampling=sp, seed=None if seed in RANDOM_SEEDS else seed % (1 << 63), samplers=samplers,
                    n_probs=n_probs, return_tokens=flag(body, "return_tokens"),
-                   response_fields=_strings(body, "response_fields", MAX_RESPONSE_FIELDS))
+                   response_fields=_strings(body, "response_fields", MAX_RESPONSE_FIELDS),
+                   return_progress=flag(body, "return_progress"))
 
 
 def prompt_tokens(eng, prompt: object) -> list[int]:

@@ -114,8 +114,16 @@ def gen_requests(body: Sampling, prompt: list[int], *, base_id: str, n_ctx: int,
             repeat_penalty=body.repetition_penalty or get("repeat_penalty"), top_logprobs=top_logprobs,
             ignore_eos=body.ignore_eos, grammar=grammar, logit_bias=bias, typical_p=get("typical_p"),
             repeat_last_n=int(get("repeat_last_n")))
-        reqs.append(GenRequest(f"{base_id}-{i}", prompt, sp, mt, stops, qos, channels=channels, cache=cache))
+        reqs.append(GenRequest(f"{base_id}-{i}", prompt, sp, mt, stops, qos, channels=channels, cache=cache,
+                               progress=body.return_progress and body.stream))
     return reqs
+
+
+def prompt_progress(p: tuple[int, int, int, float]) -> dict:
+    """llama-server's `prompt_progress` (return_progress): the prompt's tokens, how many came
+    from the cache, how many are processed (the cached ones included), milliseconds so far."""
+    total, cache, processed, ms = p
+    return {"total": total, "cache": cache, "processed": processed, "time_ms": ms}
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:

@@ -4,12 +4,15 @@ message and function_call items, each opened as output arrives, every event with
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
-
+from dataclasses import replace
 
 from ..request import Calls, ToolCall
+from . import openai as oa
 from .blocks import Blocks
 from .sse import cursor, frame, tagged
+from .streams import timings
 
 
 SEP = "__"  # a namespace's function is offered to the model as NAMESPACE__NAME
@@ -65,6 +68,7 @@ class _Events:
         self.seq = 0
         self.parts: list[str] = []  # the open item's text or arguments so far
         self.call: dict = {}  # the open function_call item
+        self.extra: dict = {}  # more fields for the deltas (llama-server's timings_per_token)
 
     def ev(self, kind: str, **data) -> bytes:
         self.seq += 1
@@ -89,7 +93,7 @@ class _Events:
         self.parts.append(piece)
         if kind == "text":
             return [self.ev("response.output_text.delta", item_id="msg_" + self.rid[5:], output_index=index,
-                            content_index=0, delta=piece)]
+                            content_index=0, delta=piece, **self.extra)]
         if kind == "call":
             return [self.ev("response.function_call_arguments.delta", item_id=self.call["id"],
                             output_index=index, delta=piece)]
@@ -115,9 +119,14 @@ class _Events:
                 self.ev("response.output_item.done", output_index=index, item=reasoning_item(rid, full))]
 
 
-async def events(base: dict, stream, finished, session: str | None = None) -> AsyncIterator[bytes]:
-    """A Responses stream from typed output chunks, live or replayed from the log."""
+async def events(base: dict, stream, finished, session: str | None = None,
+                 with_timings: bool = False) -> AsyncIterator[bytes]:
+    """A Responses stream from typed output chunks, live or replayed from the log. llama-server's
+    telemetry: a progress chunk (return_progress) is a `response.in_progress` event with its
+    `prompt_progress`; `with_timings` (timings_per_token) puts `timings` on the text deltas and
+    the last event."""
     api = _Events(base["id"], namespaces(base.get("tools")))
+    t0, first = time.monotonic(), None
     pending = {**base, "status": "in_progress", "output": [], "usage": None, "error": None,
                "incomplete_details": None}
     yield api.ev("response.created", response=pending)
@@ -127,6 +136,13 @@ async def events(base: dict, stream, finished, session: str | None = None) -> As
     reasoning: list[str] = []
     calls = Calls()
     async for c in stream:
+        if c.progress is not None:
+            yield api.ev("response.in_progress", response=pending, prompt_progress=oa.prompt_progress(c.progress))
+            continue
+        if first is None:
+            first = time.monotonic() - t0
+        if with_timings:
+            api.extra = {"timings": timings(replace(c, ttft_s=c.ttft_s or first), time.monotonic() - t0)}
         text.append(c.text)
         reasoning.append(c.reasoning)
         calls.add(c.calls)
@@ -142,7 +158,7 @@ async def events(base: dict, stream, finished, session: str | None = None) -> As
                 out += blocks.close()
                 resp = await finished("".join(text), "".join(reasoning), calls.done, c)
                 out.append(api.ev("response.completed" if resp["status"] == "completed" else "response.incomplete",
-                                  response=resp))
+                                  response=resp, **api.extra))
         for o in tagged(out, cursor(session, c.event_id)):
             yield o
         if c.finish is not None:

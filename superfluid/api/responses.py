@@ -277,7 +277,8 @@ def add_routes(app: FastAPI, models, qos_for, body_of, store: ResponseStore) -> 
         rid = "resp_" + new_id("r").split("-", 1)[1]
         req = GenRequest(rid, cp.prompt, sp, mt or room, (), qos_for(request), channels=cp.channels,
                          cache=prompt_cache_hint(body.get("prompt_cache_key"), body.get("prompt_cache_retention"),
-                                                 len(cp.prompt)), persist=stored)
+                                                 len(cp.prompt)), persist=stored,
+                         progress=body.get("return_progress") is True and body.get("stream") is True and not background)
         base = {"id": rid, "object": "response", "created_at": int(time.time()), "model": eng.model_id,
                 "instructions": body.get("instructions"), "previous_response_id": body.get("previous_response_id"),
                 "max_output_tokens": mt, "temperature": sp.temperature, "top_p": sp.top_p,
@@ -301,7 +302,8 @@ def add_routes(app: FastAPI, models, qos_for, body_of, store: ResponseStore) -> 
                 return _with(sse(await bg.stream(rid, -1), lambda: None, [req]), headers)
             return queued
         if body.get("stream"):
-            return _with(run.stream(events(base, run.streams[0], finished, req.session)), headers)
+            return _with(run.stream(events(base, run.streams[0], finished, req.session,
+                                           with_timings=body.get("timings_per_token") is True)), headers)
         ch = (await run.collect())[0]
         return await finished("".join(ch.text), "".join(ch.reasoning), ch.tool_calls, ch.last)
 

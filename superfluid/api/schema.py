@@ -73,6 +73,7 @@ class Sampling(_Body):
     logit_bias: dict[str, float] | None = None  # token id → bias (api/bias.py checks it)
     grammar: str | None = None  # llama-server's GBNF grammar, honoured on the OpenAI routes as there
     json_schema: dict | None = None  # llama-server's bare JSON schema for the output
+    return_progress: bool = False  # llama-server's: streamed prompt_progress chunks while the prompt prefills
     # vLLM's: a namespace of its own in the prefix cache for requests that share it (api/cache_ns.py)
     cache_salt: str | None = Field(None, min_length=1, max_length=MAX_CACHE_SALT_LEN)
 

@@ -188,6 +188,10 @@ async def _events(kind: str, rid: str, model: str, streams, want_logprobs: bool,
     async for k, c in merge(streams):
         i = idx[k]
         out: list[bytes] = []
+        if c.progress is not None:
+            out.append(frame({"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
+                              "created": created, "model": model, "choices": [],
+                              "prompt_progress": oa.prompt_progress(c.progress)}))
         if chat and c.reasoning:
             out.append(frame(oa.chat_chunk(rid, model, created, i, {"reasoning_content": c.reasoning})))
         if c.text or (want_logprobs and c.logprobs):

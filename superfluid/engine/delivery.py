@@ -82,7 +82,7 @@ class Deliveries:
             return
         log = self._log
         items = [(st.req, logged(c, st.req.sampling.top_logprobs >= 0))
-                 for st, c in outs if st.req.session is not None]
+                 for st, c in outs if _logs(st, c)]
         fut = log.commit(items) if items and log is not None else None
         if fut is None and not self._pending:
             for st, c in outs:
@@ -120,7 +120,7 @@ class Deliveries:
             self._pending.popleft()
             it = iter(results)
             for st, c in outs:
-                if fut is not None and st.req.session is not None:
+                if fut is not None and _logs(st, c):
                     r = next(it, None)
                     if isinstance(r, Exception):
                         if not st.failed:
@@ -131,3 +131,8 @@ class Deliveries:
                     c.event_id = r.id if r is not None else None
                 if not st.failed:
                     st.queue.put_nowait(c)
+
+
+def _logs(st: Stream, c: Chunk) -> bool:
+    """Does the session log record this chunk? Its tokens do; a progress report does not."""
+    return st.req.session is not None and c.progress is None

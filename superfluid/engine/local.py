@@ -30,7 +30,7 @@ from ..errors import SuperfluidError, WorkerCrashed, WorkerUnavailable
 from ..plan import StepPlan
 from ..request import Chunk, FinishReason, GenRequest, Qos, TokenLogprob
 from ..sched.embeds import EmbedEvent
-from ..sched.jobs import TokenEvent
+from ..sched.jobs import ProgressEvent, TokenEvent
 from ..sched.scheduler import Job, Scheduler
 from .delivery import SessionLog
 from .delivery import Stream as _Stream
@@ -135,7 +135,7 @@ class Engine(EngineBase):
         self._streams[req.id] = st
         self.sched.add(Job(req.id, list(req.prompt), req.sampling, req.max_tokens, req.qos, prior=tuple(req.history),
                            session=req.session, cache=req.cache, speculate=req.speculate, persist=req.persist,
-                           cache_ns=req.cache_ns))
+                           cache_ns=req.cache_ns, progress=req.progress))
         if self._gave_up:  # a new request is the cue to try the worker again
             self._gave_up, self._failures = False, 0
         self._wake.set()
@@ -358,12 +358,15 @@ class Engine(EngineBase):
         self._wake.set()
         st.queue.put_nowait(st.final(FinishReason.ERROR, err))
 
-    def _prepare(self, ev: TokenEvent | EmbedEvent) -> tuple[_Stream, Chunk] | None:
+    def _prepare(self, ev: TokenEvent | EmbedEvent | ProgressEvent) -> tuple[_Stream, Chunk] | None:
         if isinstance(ev, EmbedEvent):
             return None
         st = self._streams.get(ev.job_id)
         if st is None:
             return None
+        if isinstance(ev, ProgressEvent):  # never logged: nothing of the conversation in it
+            ms = (time.monotonic() - st.t_submit) * 1000
+            return st, Chunk(st.req.id, progress=(ev.total, ev.cached, ev.processed, round(ms, 3)))
         if ev.error is not None:  # its lane failed on its own: it ends with the error, no other does
             st.done = True
             self._streams.pop(st.req.id, None)

@@ -44,6 +44,7 @@ class Job:
     speculate: int | None = None  # most drafts per step (None: the scheduler's SpecPolicy default)
     persist: bool = True  # False (store: false): its KV is never saved to the disk tier
     cache_ns: str = ""  # its prefix-cache namespace: it reuses only KV of the same one
+    progress: bool = False  # report its prompt's prefill progress (ProgressEvent)
     # shortest remaining work first (sched/srpt.py)
     warm: int = 0  # prompt tokens a slot held when it was queued: what admission will likely seed
     mark: int = -1  # progress when a short job last took its lane: not again before it moves past
@@ -84,6 +85,15 @@ class Job:
         lp, lo = len(self.prompt), len(self.output)
         return tuple(self.prompt[i] if i < lp else self.output[i - lp] if i - lp < lo else PLACEHOLDER
                      for i in range(start, start + n))
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressEvent:
+    """How far a job's prompt has prefilled (for a job that asked: Job.progress)."""
+    job_id: str
+    total: int
+    cached: int
+    processed: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from ..plan import StepPlan, StepResult
 from ..request import FinishReason
 from .embeds import EmbedEvent, EmbedQueue
-from .jobs import Counters, Job, JobStatus, TokenEvent
+from .jobs import Counters, Job, JobStatus, ProgressEvent, TokenEvent
 from .kvdisk import DiskIndex
 from .lanes import KvSlots
 from .spec import SpecPolicy
@@ -38,13 +38,14 @@ class Results:
 
         def _release(self, job: Job, save: bool = False) -> None: ...
 
-    def update(self, plan: StepPlan, result: StepResult) -> list[TokenEvent | EmbedEvent]:
+    def update(self, plan: StepPlan, result: StepResult) -> list[TokenEvent | EmbedEvent | ProgressEvent]:
         if result.step != plan.step:
             raise ValueError(f"result of step {result.step} for plan {plan.step}")
         owners = self._inflight.pop(plan.step, {})
         loads = self._loads.pop(plan.step, {})
         self._disk_result(result, loads)
-        events: list[TokenEvent | EmbedEvent] = list(self.embeds.update(plan.step, result.vectors))
+        events: list[TokenEvent | EmbedEvent | ProgressEvent] = list(self.embeds.update(plan.step, result.vectors))
+        events += _progress(plan, owners)
         seen: set[int] = set()
         for s in result.sampled:
             job, inc, _ = owners.get(s.seq, (None, 0, 0))
@@ -99,3 +100,19 @@ class Results:
         if len(job.output) >= job.max_tokens or job.context_len >= self.n_ctx:
             return FinishReason.LENGTH
         return None
+
+
+def _progress(plan: StepPlan, owners: dict[int, tuple[Job, int, int]]) -> list[ProgressEvent]:
+    """The prompt runs this step computed, for the jobs that report progress: the first run of
+    an admission reports where it started (the cached part) before how far it got."""
+    out: list[ProgressEvent] = []
+    for r in plan.runs:
+        job, inc, _ = owners.get(r.seq, (None, 0, 0))
+        total = len(job.prompt) if job is not None else 0
+        if job is None or not job.progress or job.incarnation != inc or r.pos >= total:
+            continue
+        cached = job.cached or 0
+        if r.pos <= cached:
+            out.append(ProgressEvent(job.id, total, cached, cached))
+        out.append(ProgressEvent(job.id, total, cached, min(r.pos + len(r.tokens), total)))
+    return out

@@ -203,7 +203,7 @@ class Scheduler(KvTiers, Results):
             return None
         self._step = step
         self._inflight[step] = {r.seq: (self.running[r.seq], self.running[r.seq].incarnation, r.draft)
-                                for r in runs if r.sample}
+                                for r in runs}  # prefill chunks too: their progress is reported
         if loads:
             self._loads[step] = {ld.seq: ld.key for ld in loads}
         return StepPlan(step, tuple(opens), tuple(runs), closes, tuple(copies), tuple(embeds),

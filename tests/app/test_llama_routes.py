@@ -2,6 +2,8 @@
 is its native completion (`content`, `stop`, `timings` ...), as in llama-server, while
 `/v1/completions` and `/chat/completions` stay OpenAI's."""
 
+import json
+
 from ..harness import MODEL, run
 
 
@@ -85,3 +87,59 @@ def test_post_sampling_probs_gives_the_probabilities_the_token_was_drawn_from():
         assert tok["top_probs"] and all(0.0 < p["prob"] <= 1.0 for p in tok["top_probs"]), tok
         assert sum(p["prob"] for p in tok["top_probs"]) <= 1.0 + 1e-6
     assert all("logprob" in t and "top_logprobs" in t for t in out[False])
+
+
+def test_return_progress_streams_prompt_progress_before_the_first_token():
+    """llama-server's return_progress, on chat completions and /completion: reports while the
+    prompt prefills, the first where it starts (its cached part), the last with all of it."""
+    long = "This is a test. " * 20
+
+    async def reports(h, path: str, body: dict) -> tuple[list[dict], int]:
+        seen, first_text = [], -1
+        async with h.client.stream("POST", path, json={"model": MODEL, "stream": True, "return_progress": True,
+                                                       **body}) as r:
+            async for line in r.aiter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                d = json.loads(line[6:])
+                if "prompt_progress" in d:
+                    seen.append(d["prompt_progress"])
+                elif first_text < 0 and ((d.get("choices") or [{}])[0].get("delta", {}).get("content")
+                                         or d.get("content")):
+                    first_text = len(seen)
+        return seen, first_text
+
+    async def body(h):
+        chat = {"messages": [{"role": "user", "content": long}], "max_tokens": 3}
+        return (await reports(h, "/v1/chat/completions", chat), await reports(h, "/v1/chat/completions", chat),
+                await reports(h, "/completion", {"prompt": long, "n_predict": 2}))
+    for (seen, first_text), warm in zip(run(body), (False, True, False), strict=True):
+        assert len(seen) >= 2 and first_text == len(seen), seen  # all of them before the answer
+        assert seen[0]["processed"] == seen[0]["cache"] and (seen[0]["cache"] > 0) == warm, seen
+        assert seen[-1]["processed"] == seen[-1]["total"] > 100, seen
+        pairs = zip(seen, seen[1:], strict=False)
+        assert all(a["processed"] <= b["processed"] and a["total"] == b["total"] for a, b in pairs)
+        assert all(p["time_ms"] >= 0 for p in seen)
+
+
+def test_responses_telemetry_progress_and_timings():
+    """llama-server's Responses extras: return_progress gives response.in_progress events with
+    prompt_progress, timings_per_token puts timings on the text deltas and the last event."""
+    async def body(h):
+        events = []
+        async with h.client.stream("POST", "/v1/responses", json={
+                "model": MODEL, "input": "This is a test. " * 20, "max_output_tokens": 3, "stream": True,
+                "return_progress": True, "timings_per_token": True}) as r:
+            async for line in r.aiter_lines():
+                if line.startswith("data: {"):
+                    events.append(json.loads(line[6:]))
+        return events
+    events = run(body)
+    progress = [e for e in events if "prompt_progress" in e]
+    assert progress and all(e["type"] == "response.in_progress" for e in progress)
+    assert progress[-1]["prompt_progress"]["processed"] == progress[-1]["prompt_progress"]["total"]
+    deltas = [e for e in events if e["type"] == "response.output_text.delta"]
+    assert deltas and all("prompt_per_second" in e["timings"] and "predicted_per_second" in e["timings"]
+                          for e in deltas)
+    (done,) = [e for e in events if e["type"] in ("response.completed", "response.incomplete")]
+    assert "timings" in done and "usage" in done["response"]
