@@ -95,6 +95,9 @@ class EngineConfig:
     sampling: tuple[tuple[str, float], ...] = ()  # the operator's sampling defaults (engine/sampling_defaults.py)
     kv_bits: int = 16  # --kv-bits: the KV cache's cells, 16 (f16), 8 (q8_0) or 4 (q4_0); llama.cpp only
     flash_attn: str = "auto"  # --flash-attn: auto (llama-server's default), on or off
+    # --deterministic: no prefill run of one row (with flash attention off, every other run
+    # computes a row the same way: sched/scheduler.py `tail_rows`)
+    deterministic: bool = False
 
     @property
     def slots(self) -> int:

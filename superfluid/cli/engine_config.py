@@ -33,6 +33,11 @@ def engine_config(args: argparse.Namespace, src) -> EngineConfig | int:
         print(f"superfluid: --kv-bits {args.kv_bits} quantizes llama.cpp's KV cache; the {runtime} runtime keeps "
               f"its own at 16 bits", file=sys.stderr)
         return 2
+    if args.deterministic and (runtime != "llamacpp" or args.flash_attn == "on" or args.kv_bits != 16
+                               or args.speculative != "off"):
+        print("superfluid: --deterministic needs the llama.cpp runtime with flash attention off, 16-bit KV and no "
+              "--speculative (their kernels compute a row differently by how many rows run with it)", file=sys.stderr)
+        return 2
     step_tokens = max(args.step_tokens, args.max_batch)
     if args.kv_slots is not None and args.kv_slots < args.max_batch:
         print("superfluid: --kv-slots must be at least --max-batch", file=sys.stderr)
@@ -61,8 +66,9 @@ def engine_config(args: argparse.Namespace, src) -> EngineConfig | int:
                         rope_scaling=args.rope_scaling, rope_scale=args.rope_scale,
                         yarn_orig_ctx=args.yarn_orig_ctx,
                         sampling=sampling_defaults.from_args(args), kv_bits=args.kv_bits,
-                        flash_attn="on" if args.kv_bits != 16 else (args.flash_attn or "auto"),
-                        **kv_disk(args))
+                        flash_attn="on" if args.kv_bits != 16 else "off" if args.deterministic else (
+                            args.flash_attn or "auto"),
+                        **kv_disk(args), deterministic=args.deterministic)
 
 
 def draft_model(args: argparse.Namespace, runtime: str) -> str | int:

@@ -69,7 +69,8 @@ class Engine(EngineBase):
                                aging_steps=cfg.aging_steps,
                                # shortest remaining work first within a class; SUPERFLUID_SRPT=0 (a
                                # benchmarking switch) serves a class first come, first served
-                               srpt=os.environ.get("SUPERFLUID_SRPT", "1") != "0")
+                               srpt=os.environ.get("SUPERFLUID_SRPT", "1") != "0",
+                               tail_rows=2 if cfg.deterministic else 1)
         self.respawns = 0
         self.meter = RateMeter()  # prefill and decode tokens/s for stats()
         self._token_cost = 0.0  # seconds per token in prefill-heavy steps (EMA)

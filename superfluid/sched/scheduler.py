@@ -47,7 +47,8 @@ COALESCE_MIN = 64  # wait for another job's prefill only when it saves at least 
 class Scheduler(KvTiers, Results):
     def __init__(self, *, lanes: int, n_ctx: int, step_tokens: int, eog: frozenset[int],
                  slots: int | None = None, class_lanes: dict[Qos, int] | None = None,
-                 aging_steps: int = 256, embed_window: int = 0, embed_batch: int = 64, srpt: bool = True):
+                 aging_steps: int = 256, embed_window: int = 0, embed_batch: int = 64, srpt: bool = True,
+                 tail_rows: int = 1):
         if step_tokens < lanes:
             raise ValueError("step_tokens must cover one token per lane")
         self.max_lanes = lanes
@@ -66,6 +67,7 @@ class Scheduler(KvTiers, Results):
         self.class_lanes = dict(class_lanes or {})
         self.spec = SpecPolicy()  # drafts per decode run (the engine sets max_tokens when the runtime verifies them)
         self.srpt = srpt  # shortest remaining work first within a class (off: first come, first served)
+        self.tail_rows = tail_rows  # the fewest rows of a new turn's prefill runs (KvTiers._tail)
         self.waiting = WaitQueue(aging_steps)
         self.embeds = EmbedQueue(embed_window, embed_batch)
         self.running: dict[int, Job] = {}  # seq -> job, in admission order
@@ -254,7 +256,7 @@ class Scheduler(KvTiers, Results):
                restore: tuple[int, int] | None, loads: list[Load], saves: list[Save], drops: list[int]) -> None:
         tokens = job.known()
         src, n = self.slots.best_match(tokens, Job.kv_tokens, ns=job.cache_ns)
-        n = min(n, len(tokens) - 1)  # the last token is fed again: its logits are needed
+        n = max(0, min(n, len(tokens) - self._tail(job)))  # the last token is fed again: its logits are needed
         guard = self.pins.guarded(self.slots) if self.pins else {}  # {seq: pinned length}
         if src is not None and n < MIN_COPY and (src.job is not None or 2 * n < len(src.kv)):
             # a few shared tokens (a chat template's header) are worth neither a copy nor
@@ -310,8 +312,9 @@ class Scheduler(KvTiers, Results):
     def _runs(self, step: int, embeds: list[EmbedItem], restore_cost: int) -> list[Run]:
         runs: list[Run] = []
         chat = self._chat_prefilling()
+        solo = self._solo(step)
         for job in self.running.values():
-            if job.status == JobStatus.DECODING and self._wants_token(job):
+            if not solo and job.status == JobStatus.DECODING and self._wants_token(job):
                 draft = self.spec.grant(job, step, self._drafts_in_flight(job), self.n_ctx, chat)
                 runs.append(self._run(job, 1, draft))
                 self.counters.decode_tokens += 1
@@ -342,12 +345,19 @@ class Scheduler(KvTiers, Results):
                 if used == 0:
                     break  # its next input waits for a step of its own; nothing jumps ahead
                 continue
-            if budget - spent <= 0:
+            if budget - spent <= 0 or solo is False:  # (a decode step of --deterministic: no prefill)
                 break
-            n = min(w.planned_len - w.scheduled, budget - spent)
+            left = w.planned_len - w.scheduled
+            n = min(left, budget - spent)
+            if self._tail(w) > 1 and n < left:  # never a run of fewer rows, nor a remainder of one
+                n = n - 1 if left - n == 1 else n
+                if n < self.tail_rows:
+                    continue
             runs.append(self._run(w, n))
             self.counters.prefill_tokens += n
             spent += n
+            if solo:
+                break
         if self.srpt:
             srpt.count_passed(prefilling, {r.seq for r in runs})
         return runs

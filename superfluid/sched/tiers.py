@@ -33,6 +33,25 @@ class KvTiers:
     _now: float  # the engine's clock, as last passed to expire_pins
     _pin_wanted: list[tuple[Pin | None, list[int], str]]  # (pin, prefix, namespace) the next plan pins on disk
     _pin_ops: list[tuple[int, bool]]  # disk pin changes for the next plan
+    tail_rows: int
+
+    def _tail(self, job: Job) -> int:
+        """The fewest rows of the prefill run that samples the job's next token: a new turn's
+        prompt runs in runs of at least `tail_rows` rows (where it has as many), the one that
+        samples included, however much of it a slot or the disk held: 2 with --deterministic
+        (llama.cpp computes a row of a one-row run differently). A continued turn's next token
+        comes from a run of one row, as a decode's does."""
+        return 1 if job.output or job.prior else self.tail_rows
+
+    def _solo(self, step: int) -> bool | None:
+        """With --deterministic (tail_rows 2), a prefill run has its step to itself (True; its
+        decodes every other step, False): llama.cpp splits a batch of several sequences so that
+        each has as many rows in a micro-batch, which would cut the prefill's rows differently
+        by what runs beside it. None: no such rule (or nothing to prefill)."""
+        if self.tail_rows < 2 or not any(j.status == JobStatus.PREFILLING for j in self.running.values()):
+            return None
+        decoding = any(j.status == JobStatus.DECODING for j in self.running.values())
+        return step % 2 == 0 or not decoding
 
     # -- the disk tier ---------------------------------------------------------------------
     def _restore_for(self, job: Job) -> tuple[int, int] | None:
@@ -42,7 +61,7 @@ class KvTiers:
             return None
         tokens = job.known()
         key, n = self.disk.match(tokens, job.cache_ns)
-        n = min(n, len(tokens) - 1)  # the last token is fed again: its logits are needed
+        n = min(n, len(tokens) - self._tail(job))  # the last token is fed again: its logits are needed
         if key is None or n < self.slots.best_match(tokens, Job.kv_tokens, ns=job.cache_ns)[1] + MIN_RESTORE:
             return None
         return key, n
