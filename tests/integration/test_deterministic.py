@@ -16,7 +16,10 @@ import httpx
 
 from .daemon import Daemon
 
-DOC = (Path(__file__).resolve().parents[2] / "docs" / "sessions.md").read_text()[:6500]
+WORDS = "harbor ledger copper orchard beacon tundra saffron falcon glacier meadow".split()
+DOC = "\n".join(f"Risk {i}: the {WORDS[i % 10]} team reported that the {WORDS[(3 * i) % 10]} budget and the "
+                f"{WORDS[(7 * i) % 10]} schedule may slip by {i * 3} days unless the {WORDS[(i + 5) % 10]} review ends."
+                for i in range(48))
 MESSAGES = [{"role": "user", "content": DOC + "\n\nWhat are the three main risks described above? Answer in detail."}]
 ARGS = ("--kv-slots", "8", "--step-tokens", "512", "--deterministic")
 
@@ -68,7 +71,7 @@ def test_greedy_and_seeded_output_do_not_depend_on_the_cache():
         assert cached == 0 and len(cold[0]) > 20 and len(cold[1]) == 48
         seeded_cold, _ = ask(d, temperature=0.9, seed=11)  # its prompt is cached by now: warm
         warm, cached = ask(d)
-        assert cached > 1500, cached
+        assert cached > 1400, cached
         assert warm == cold
         # beside 7 other lanes decoding
         stop = threading.Event()
@@ -98,7 +101,7 @@ def test_greedy_and_seeded_output_do_not_depend_on_the_cache():
     d = Daemon(*ARGS, max_context=3072, max_batch=8, home=home)
     try:
         restored, cached = ask(d)
-        assert cached > 1500, cached  # from the disk tier
+        assert cached > 1400, cached  # from the disk tier
         assert restored == cold
     finally:
         d.stop()
