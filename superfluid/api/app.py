@@ -301,6 +301,14 @@ def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Q
         resp.headers.update(session_header(reqs))
         return resp
 
+    @app.post("/v1/chat/completions/input_tokens")
+    async def chat_input_tokens(request: Request):
+        """A chat request's prompt tokens, nothing generated (llama-server's count)."""
+        body = parse(ChatCompletionRequest, await request.body())
+        eng = await engine_for(body.model)
+        cp = await asyncio.to_thread(oa.chat_prompt, eng, body)
+        return _json({"object": "response.input_tokens", "input_tokens": len(cp.prompt)})
+
     @app.post("/v1/completions")
     async def completions(request: Request):
         body = parse(CompletionRequest, await request.body())

@@ -34,7 +34,7 @@ from .streams import session_header, timings
 NATIVE = frozenset({"/completion", "/completions", "/infill", "/tokenize", "/detokenize", "/apply-template", "/props",
                     "/slots"})
 # llama-server's /completions (no /v1) is its native /completion, as there; /embeddings: embeddings.py
-UNPREFIXED = ("/v1/chat/completions", "/v1/models")
+UNPREFIXED = ("/v1/chat/completions", "/v1/chat/completions/input_tokens", "/v1/models", "/v1/responses")
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 501: "not_supported_error", 503: "unavailable_error"}
 

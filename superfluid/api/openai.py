@@ -68,8 +68,11 @@ def continues(body: ChatCompletionRequest) -> bool:
     if body.continue_final_message is not None:
         return body.continue_final_message
     last = body.messages[-1]
-    return last.role == "assistant" and not last.tool_calls and body.add_generation_prompt is not True \
+    prefill = last.role == "assistant" and not last.tool_calls and body.add_generation_prompt is not True \
         and bool(last.content)
+    if prefill and len(body.messages) > 1 and body.messages[-2].role == "assistant":
+        raise BadRequest("Cannot have 2 or more assistant messages at the end of the list", param="messages")
+    return prefill
 
 
 def completion_prompt(engine, body: CompletionRequest) -> list[int]:

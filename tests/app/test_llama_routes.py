@@ -143,3 +143,23 @@ def test_responses_telemetry_progress_and_timings():
                           for e in deltas)
     (done,) = [e for e in events if e["type"] in ("response.completed", "response.incomplete")]
     assert "timings" in done and "usage" in done["response"]
+
+
+def test_input_tokens_responses_without_v1_and_two_final_assistant_messages():
+    msgs = [{"role": "system", "content": "Book"}, {"role": "user", "content": "What is the best book"}]
+
+    async def body(h):
+        c = h.client
+        counted = [await c.post(p, json={"model": MODEL, "messages": msgs})
+                   for p in ("/chat/completions/input_tokens", "/v1/chat/completions/input_tokens")]
+        used = await c.post("/v1/chat/completions", json={"model": MODEL, "messages": msgs, "max_tokens": 1})
+        resp = await c.post("/responses", json={"model": MODEL, "input": "hi", "max_output_tokens": 2})
+        two = await c.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 1, "messages": [
+            {"role": "user", "content": "test"}, {"role": "assistant", "content": "a"},
+            {"role": "assistant", "content": "b"}]})
+        return counted, used, resp, two
+    counted, used, resp, two = run(body)
+    want = used.json()["usage"]["prompt_tokens"]
+    assert [r.json() for r in counted] == [{"object": "response.input_tokens", "input_tokens": want}] * 2
+    assert resp.status_code == 200 and resp.json()["object"] == "response"
+    assert two.status_code == 400 and two.json()["error"]["param"] == "messages"
