@@ -1,5 +1,6 @@
 """The HTTP front door, as ASGI middleware: browser-borne requests (CORS for loopback pages
-and `--cors-origins`, everything else and `Origin: null` refused; a rebound Host; simple
+and `--cors-origins`, or for any page when API keys guard the server and no --cors-origins
+narrows it; `Origin: null` and the rest refused; a rebound Host; simple
 content types on a browser's state-changing request), repeated control headers, API keys
 and their policies, per-key and per-IP rate limits, concurrency. `/health` and `/` are always
 open: /health's details need a key when there are keys, and `/` is Ollama's liveness probe
@@ -84,6 +85,10 @@ class Guard:
         self.ip_rpm = ip_rpm
         # `localhost` is llama-server's word for loopback pages, which are always let in here
         self.cors_origins = {o.rstrip("/").lower() for o in cors_origins} - {"localhost"}
+        # with keys, a foreign page can do nothing without one the user gave it (the key is a
+        # header, never ambient: no cookies, no Basic auth), so any page may ask, as
+        # llama-server's default; --cors-origins (even `localhost`) narrows it again
+        self.any_origin = bool(policies) and not cors_origins
         self.clock = clock
         self._key_windows: dict[str, _Window] = {}
         self._ip_windows: dict[str, _Window] = {}
@@ -185,12 +190,15 @@ class Guard:
         return None
 
     def _allowed(self, origin: str, host: str) -> bool:
-        """This server's own pages (same origin), a page on this machine (any loopback origin)
-        or one --cors-origins names; never `null` (a sandboxed frame, a file, a redirect)."""
+        """This server's own pages (same origin), a page on this machine (any loopback origin),
+        one --cors-origins names, or with keys and no --cors-origins any page; never `null` (a
+        sandboxed frame, a file, a redirect)."""
         if origin.rstrip("/").lower() in self.cors_origins:
             return True
         if origin == "null":
             return False
+        if self.any_origin:
+            return True
         parts = urlsplit(origin)
         if parts.scheme not in ("http", "https"):
             return False

@@ -1,5 +1,8 @@
 """The web app: the chat page at `/`, the engine view at `/monitor`, their static files
-under `/ui/`, and `GET /v1/monitor`, the engine readings the monitor page polls.
+under `/ui/`, the app's manifest and service worker at the root (`/manifest.webmanifest`,
+`/sw.js`: a worker's scope is its folder), `/_app/version.json` (the version, where
+llama-server's web app looks), and `GET /v1/monitor`, the engine readings the monitor page
+polls.
 
 The pages are files inside the package (superfluid/web), served as they are. They hold no
 data, so they are served without an API key (a browser cannot send a header when it
@@ -19,6 +22,7 @@ import orjson
 from fastapi import FastAPI
 from fastapi.responses import Response
 
+from .. import __version__
 from ..engine import monitor_record
 from .guard import Guard
 
@@ -31,8 +35,10 @@ HEADERS = [(b"content-security-policy", CSP.encode()), (b"x-content-type-options
 TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8", ".mjs":
          "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8", ".svg": "image/svg+xml",
          ".png": "image/png", ".json": "application/json", ".txt": "text/plain; charset=utf-8",
-         ".md": "text/plain; charset=utf-8", ".LICENSE": "text/plain; charset=utf-8"}
-PAGES = {"/": "index.html", "/monitor": "monitor.html"}
+         ".md": "text/plain; charset=utf-8", ".LICENSE": "text/plain; charset=utf-8",
+         ".webmanifest": "application/manifest+json"}
+PAGES = {"/": "index.html", "/monitor": "monitor.html", "/sw.js": "sw.js",
+         "/manifest.webmanifest": "manifest.webmanifest"}
 LOG_LINES = 50
 
 
@@ -60,6 +66,8 @@ def load_files() -> dict[str, tuple[bytes, str, str]]:
     walk(root, "")
     for path, name in PAGES.items():
         out[path] = out[f"/ui/{name}"]
+    version = orjson.dumps({"version": __version__})
+    out["/_app/version.json"] = (version, TYPES[".json"], f'"{hashlib.sha256(version).hexdigest()[:16]}"')
     return out
 
 

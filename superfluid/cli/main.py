@@ -44,7 +44,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--cache-isolation", choices=("key", "none"), default="key",
                    help="key (default): with API keys, each key reuses only its own cached prompt prefixes, so "
                         "no key learns another's prompts from cached_tokens or timing; none: one cache for all")
-    s.add_argument("--cors-origins", metavar="LIST", default="", help="browser origins (comma-separated, e.g. https://app.example) allowed besides pages on this machine, which always are")
+    s.add_argument("--cors-origins", metavar="LIST", default="", help="browser origins (comma-separated, e.g. https://app.example) allowed besides pages on this machine, which always are; without it, a server with API keys lets any page ask")
     s.add_argument("--no-tui", action="store_true", help="plain logs even on a terminal (the live monitor is shown only when stdout is a terminal)")
     s.add_argument("--no-ui", action="store_true", help="do not serve the web app (the chat at / and the engine view at /monitor)")
     s.add_argument("--log-format", choices=("text", "json"), default="text", help="log lines as text (default) or one JSON object per line")

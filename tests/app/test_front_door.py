@@ -1,9 +1,11 @@
 """The whole app's front door in one process (the real app, httpx's ASGI transport, a fake
 model): with an API key the web page and its files are served without one, as llama-server
 serves its own, while every route with data still needs it; pages on this machine's other
-ports get CORS answers and can chat; a foreign page gets no grant and changes nothing; a
-rebound Host is refused."""
+ports get CORS answers and can chat; with keys and no --cors-origins, any page may ask (it
+needs the key the user gives it, as llama-server's default); named origins narrow that, and
+then a foreign page gets no grant and changes nothing; a rebound Host is refused."""
 
+from superfluid import __version__
 from superfluid.api.policy import KeyPolicy
 
 from ..fakes import FakeModel
@@ -35,6 +37,8 @@ def test_the_page_and_its_files_need_no_key_and_the_data_does():
         out = {p: await c.get(p, headers=html) for p in ("/", "/monitor", "/ui/app.css", "/ui/js/api.js")}
         out["probe"] = await c.get("/")  # Ollama's clients (and llama-server's tests) ask without text/html
         out["head"] = await c.head("/")
+        for p in ("/sw.js", "/manifest.webmanifest", "/_app/version.json"):  # as llama-server's, keyless
+            out[p] = await c.get(p)
         for p in ("/v1/models", "/models", "/v1/monitor", "/v1/sessions", "/metrics", "/api/tags"):
             out[p] = await c.get(p)
             out[p + " keyed"] = await c.get(p, headers=AUTH)
@@ -47,6 +51,11 @@ def test_the_page_and_its_files_need_no_key_and_the_data_does():
     assert "401" in r["/ui/js/api.js"].text  # the page asks for a key when the API answers 401
     assert r["probe"].status_code == 200 and r["probe"].text == "Ollama is running"
     assert r["head"].status_code == 200
+    assert r["/sw.js"].status_code == 200 and r["/sw.js"].headers["content-type"].startswith("text/javascript")
+    assert "respondWith" in r["/sw.js"].text
+    assert r["/manifest.webmanifest"].json()["start_url"] == "/"
+    assert r["/manifest.webmanifest"].headers["content-type"] == "application/manifest+json"
+    assert r["/_app/version.json"].json() == {"version": __version__}
     for p in ("/v1/models", "/models", "/v1/monitor", "/v1/sessions", "/metrics", "/api/tags"):
         assert r[p].status_code == 401 and r[p].json()["error"]["code"] == "invalid_api_key", p
         assert r[p + " keyed"].status_code not in (401, 403), p  # (no session store here: 404)
@@ -94,6 +103,28 @@ def test_a_foreign_page_gets_no_grant_and_changes_nothing():
         assert "access-control-allow-origin" not in r[name].headers, name
     assert r["named"].status_code == 200 and r["named"].headers["access-control-allow-origin"] == "https://app.example"
     assert generations == 1  # the named origin's; none of the foreign page's
+
+
+def test_with_keys_and_no_cors_origins_any_page_may_ask_but_needs_the_key():
+    async def body(c):
+        page = {"origin": "https://chat.example"}
+        return {"preflight": await c.options("/v1/chat/completions", headers={**page, **PREFLIGHT}),
+                "no key": await c.post("/v1/chat/completions", json=CHAT, headers=page),
+                "chat": await c.post("/v1/chat/completions", json=CHAT, headers={**page, **AUTH}),
+                "simple": await c.post("/v1/chat/completions", content=b'{"model": "fake"}',
+                                       headers={**page, **AUTH, "content-type": "text/plain"}),
+                "null": await c.post("/v1/chat/completions", json=CHAT, headers={"origin": "null", **AUTH}),
+                "page": await c.get("/", headers={**page, "accept": "text/html"})}
+    r, generations = serve(body)
+    h = r["preflight"].headers
+    assert r["preflight"].status_code == 200 and h["access-control-allow-origin"] == "https://chat.example"
+    assert h["access-control-allow-credentials"] == "true"  # harmless: no credential here is ambient
+    assert r["no key"].status_code == 401 and r["no key"].headers["access-control-allow-origin"] == \
+        "https://chat.example"  # the page can read why, and ask for the key
+    assert r["chat"].status_code == 200 and r["chat"].headers["access-control-allow-origin"] == "https://chat.example"
+    assert r["simple"].status_code == 415  # a state change from a page is still JSON only
+    assert r["null"].status_code == 403 and r["page"].status_code == 403  # our own page is ours alone
+    assert generations == 1
 
 
 def test_a_rebound_host_is_refused_on_the_page_and_the_api():

@@ -389,6 +389,8 @@ async function main() {
   const m = location.hash.match(/^#s=([\w-]+)$/);
   if (m) await openSession(m[1]);
   document.body.dataset.ready = "1";
+  // installable, and opens when the daemon is down (sw.js); not where a browser refuses workers
+  navigator.serviceWorker?.register("/sw.js").catch(() => {});
 }
 
 main();
