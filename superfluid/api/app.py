@@ -290,14 +290,19 @@ def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Q
                                cache=prompt_cache_hint(body.prompt_cache_key, body.prompt_cache_retention,
                                                        len(cp.prompt)))
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        created = int(time.time())
+        created, t0 = int(time.time()), time.monotonic()
         run = await Run.submit(request, models.service, eng, reqs, cp.bodies, api="chat.completions", params={
             "response_id": rid, "created": created, "logprobs": bool(body.logprobs), "include_usage": include_usage,
             "timings": body.timings_per_token}, salt=body.cache_salt)
         if body.stream:
             return run.stream(chat_events(rid, eng.model_id, run.streams, body.logprobs, include_usage, reqs,
                                           created=created, with_timings=body.timings_per_token))
-        resp = _json(oa.chat_response(rid, eng.model_id, await run.collect(), body.logprobs))
+        choices = await run.collect()
+        out = oa.chat_response(rid, eng.model_id, choices, body.logprobs)
+        if body.verbose:
+            out["__verbose"] = await asyncio.to_thread(llama.debug_block, choices[0], cp.prompt, eng.tokenizer,
+                                                       eng.model_id, time.monotonic() - t0)
+        resp = _json(out)
         resp.headers.update(session_header(reqs))
         return resp
 

@@ -148,6 +148,16 @@ def final_body(c: Chunk, text: str, tokens: list[int], lps: list[TokenLogprob], 
     return _fields(out, opts.response_fields)
 
 
+def debug_block(ch, prompt: list[int], tokenizer, model: str, wall_s: float) -> dict:
+    """llama-server's `__verbose` on a chat answer (`verbose: true`): the prompt as the
+    template rendered it, and the generation's counts and timings in /completion's words."""
+    c = ch.last
+    return {"content": "".join(ch.text), "prompt": context_text(tokenizer, prompt), "model": model,
+            "tokens_predicted": c.completion_tokens, "tokens_evaluated": c.prompt_tokens,
+            "tokens_cached": c.cached_tokens, "stop_type": stop_type(c), "stopping_word": c.stop_sequence or "",
+            "timings": timings(c, wall_s)}
+
+
 async def completion_events(chunks: AsyncIterator[Chunk], session: str | None, final,
                             post_sampling: bool = False) -> AsyncIterator[bytes]:
     """/completion's SSE: `data: {content, tokens, stop: false}` per piece, then the final

@@ -95,6 +95,7 @@ class ChatCompletionRequest(Sampling):
     # vLLM's: the reply continues the final (assistant) message; not with add_generation_prompt
     continue_final_message: bool | None = None
     add_generation_prompt: bool | None = None
+    verbose: bool = False  # llama-server's: the answer carries `__verbose`, the prompt as rendered and its stats
 
 
 class CompletionRequest(Sampling):

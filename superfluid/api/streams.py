@@ -181,7 +181,9 @@ async def _events(kind: str, rid: str, model: str, streams, want_logprobs: bool,
     idx = indices or list(range(len(streams)))
     if chat:
         for i in idx:
-            yield event(oa.chat_chunk(rid, model, created, i, {"role": "assistant", "content": ""}))
+            # content null, as llama-server sends it (OpenAI sends ""): a content delta is never
+            # empty, so a client may take any content it sees for text
+            yield event(oa.chat_chunk(rid, model, created, i, {"role": "assistant", "content": None}))
     offsets = [0] * len(streams)
     finals: list[Chunk] = []
     calls = [False] * len(streams)  # a tool call was started, per choice

@@ -66,6 +66,10 @@ def test_timings_per_token_puts_timings_on_the_last_chunks_of_a_chat_stream():
     r = run(body)
     events = r[True]
     assert "timings" not in events[0] and events[0]["choices"][0]["delta"]["role"] == "assistant"
+    # the role chunk's content is null, as llama-server's: no content delta is ever empty
+    assert events[0]["choices"][0]["delta"]["content"] is None
+    deltas = [e["choices"][0]["delta"] for e in events[1:] if e["choices"]]
+    assert all(d.get("content") is None or d["content"] for d in deltas) and any(d.get("content") for d in deltas)
     usage = [e for e in events if not e["choices"]]
     assert len(usage) == 1 and usage[0]["timings"]["predicted_n"] == 3
     assert {"prompt_per_second", "predicted_per_second", "prompt_n", "cache_n"} <= set(usage[0]["timings"])
@@ -163,3 +167,19 @@ def test_input_tokens_responses_without_v1_and_two_final_assistant_messages():
     assert [r.json() for r in counted] == [{"object": "response.input_tokens", "input_tokens": want}] * 2
     assert resp.status_code == 200 and resp.json()["object"] == "response"
     assert two.status_code == 400 and two.json()["error"]["param"] == "messages"
+
+
+def test_verbose_adds_the_rendered_prompt_and_its_stats_only_when_asked():
+    """llama-server's `verbose` on a chat completion (its test_verbose_debug): `__verbose`
+    holds the prompt as the template rendered it, with the generation's counts."""
+    async def body(h):
+        return [(await h.client.post("/v1/chat/completions", json={
+            "model": MODEL, "max_tokens": 2, "verbose": flag,
+            "messages": [{"role": "system", "content": "Book"}, {"role": "user", "content": "What is the best book"}]
+        })).json() for flag in (True, False)]
+    on, off = run(body)
+    v = on["__verbose"]
+    assert "Book" in v["prompt"] and "What is the best book" in v["prompt"]
+    assert v["tokens_predicted"] == 2 and v["tokens_evaluated"] == on["usage"]["prompt_tokens"]
+    assert v["content"] == on["choices"][0]["message"]["content"] and "predicted_per_second" in v["timings"]
+    assert "__verbose" not in off
