@@ -199,7 +199,7 @@ async def _events(kind: str, rid: str, model: str, streams, want_logprobs: bool,
         if c.text or (want_logprobs and c.logprobs):
             if chat:
                 lp = oa.chat_logprobs(c.logprobs) if want_logprobs else None
-                out.append(frame(oa.chat_chunk(rid, model, created, i, {"content": c.text}, logprobs=lp)))
+                out.append(frame(oa.chat_chunk(rid, model, created, i, {"content": c.text or None}, logprobs=lp)))
             else:
                 lp = oa.completion_logprobs(c.logprobs, offsets[k]) if want_logprobs else None
                 out.append(frame(oa.completion_chunk(rid, model, created, i, c.text, logprobs=lp)))
