@@ -75,10 +75,14 @@ def test_concurrency_limit_counts_a_running_stream(d):
     assert post(d, h).status_code == 200
 
 
-def test_foreign_origin_and_rebound_host_are_refused(d):
+def test_a_page_needs_the_key_and_a_rebound_host_or_null_origin_is_refused(d):
+    # With keys and no --cors-origins any page may ask, as llama-server's default: the key is
+    # never ambient, so a foreign page without it gets a 401, not the model.
     h = {"authorization": "Bearer sk-admin-key"}
-    assert post(d, {**h, "origin": "https://evil.example"}).status_code == 403
+    assert post(d, {"origin": "https://evil.example"}).status_code == 401
+    assert post(d, {**h, "origin": "https://evil.example"}).status_code == 200
     assert post(d, {**h, "origin": "http://localhost:5173"}).status_code == 200
+    assert post(d, {**h, "origin": "null"}).status_code == 403
     assert post(d, {**h, "host": "attacker.example"}).status_code == 403
 
 
