@@ -61,7 +61,7 @@ class EngineConfig:
     max_batch: int = 8
     max_context: int | None = None  # None: the model's trained window, capped to fit memory
     threads: int = 1
-    step_tokens: int = 256  # most tokens in one step (decodes first, then prefill chunks)
+    step_tokens: int = 512  # most tokens in one step (decodes first, then prefill chunks): llama.cpp's micro-batch
     max_respawns: int = 3
     max_queue: int = 512  # generations waiting for a lane; more get 503 queue_full (Ollama's default)
     max_output: int | None = None  # most tokens one generation produces, whatever it asks (None: the window's room)

@@ -25,6 +25,7 @@ from ..config import EngineConfig
 from .embedding import Embedder
 from .contract import NO_HOOKS, EngineStats, Hooks
 from .base import EngineBase
+from .budget import StepBudget
 from .stats import RateMeter, local_stats
 from ..errors import SuperfluidError, WorkerCrashed, WorkerUnavailable
 from ..plan import StepPlan
@@ -40,11 +41,6 @@ from ..worker.supervisor import WorkerProcess
 log = logging.getLogger("superfluid.engine")
 
 PIPELINE_DEPTH = 2  # plans in flight to the worker
-EMBED_STEP_MAX = 16384  # most embedding tokens in one step, however fast the model
-# rows of a step's batch below which llama.cpp's CPU matmul leaves its batched path: a prompt
-# prefilled in chunks of 32-63 tokens took 1.7-3x as long as in chunks of 64 or more
-# (docs/performance.md), so a step never shrinks below it, however slow the measured tokens
-PREFILL_FLOOR = 64
 
 
 class Engine(EngineBase):
@@ -73,7 +69,7 @@ class Engine(EngineBase):
                                tail_rows=2 if cfg.deterministic else 1)
         self.respawns = 0
         self.meter = RateMeter()  # prefill and decode tokens/s for stats()
-        self._token_cost = 0.0  # seconds per token in prefill-heavy steps (EMA)
+        self.budget = StepBudget(step_target_s=cfg.step_target_s, step_tokens=cfg.step_tokens, lanes=cfg.max_batch)
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._failures = 0
@@ -275,26 +271,15 @@ class Engine(EngineBase):
             self._failures = 0
             self._loop_failures = 0
             self.steps += 1
-            self._adapt_budget(plan, result)
+            self.budget.after_step(self.sched, plan.n_tokens, result.elapsed_s, self.clock())
             self._fill(inflight)
             self.embedder.deliver([e for e in events if isinstance(e, EmbedEvent)])
             self.out.publish([o for o in map(self._prepare, events) if isinstance(o, tuple)])
 
-    def _adapt_budget(self, plan: StepPlan, result) -> None:
-        """Size prefill chunks from the measured cost per token, so one step takes about
-        step_target_s: a chat that arrives waits at most about one short step."""
-        n = plan.n_tokens
-        if n < 16 or result.elapsed_s <= 0:
-            return
-        cost = result.elapsed_s / n
-        self._token_cost = cost if not self._token_cost else 0.8 * self._token_cost + 0.2 * cost
-        want = int(self.cfg.step_target_s / self._token_cost)
-        self.sched.prefill_budget = min(self.cfg.step_tokens, max(PREFILL_FLOOR, self.cfg.max_batch + 16, want))
-        self.sched.embed_budget = min(EMBED_STEP_MAX, max(64, want))
-
     def _fill(self, inflight: deque[StepPlan]) -> None:
         self.sched.expire_pins(self.clock())  # the scheduler reads no clock
-        while len(inflight) < PIPELINE_DEPTH and self.ready:
+        depth = 1 if self.budget.long_steps else PIPELINE_DEPTH  # an arriving request waits one long step, not two
+        while len(inflight) < depth and self.ready:
             plan = self.sched.schedule()
             if plan is None:
                 return

@@ -1,0 +1,52 @@
+"""How many prompt tokens the next steps prefill: short steps while anyone may be waiting on
+one, the worker's whole batch for a prompt that has the model to itself.
+
+Short steps exist to let other work in: a step in flight is never cut, so a request that
+arrives waits for it. While other work is running or waiting beside the prefill, or an
+interactive request was seen in the last CHAT_QUIET_S, a step's prefill is sized from the
+measured cost per token to take about `step_target_s`. A job alone prefills as much as the
+worker's batch holds (`--step-tokens`, llama.cpp's micro-batch), as llama-server always does:
+at depth small chunks cost a long prompt dearly (8,192 tokens cold on two cores: 94 s in
+64-token chunks, 69 s in 256, 50 s in 512; docs/performance.md). Such steps are long, so the
+engine then keeps one plan in flight, not two (`long_steps`): a request that arrives waits for
+one step at most, after which steps are short again."""
+
+from __future__ import annotations
+
+from ..request import Qos
+from ..sched.jobs import JobStatus
+
+EMBED_STEP_MAX = 16384  # most embedding tokens in one step, however fast the model
+# rows of a step's batch below which llama.cpp's CPU matmul leaves its batched path: a prompt
+# prefilled in chunks of 32-63 tokens took 1.7-3x as long as in chunks of 64 or more
+# (docs/performance.md), so a step never shrinks below it, however slow the measured tokens
+PREFILL_FLOOR = 64
+CHAT_QUIET_S = 60.0  # a chat seen this recently keeps steps short (its next message may come)
+
+
+class StepBudget:
+    """Sets the scheduler's prefill and embedding budgets after each step (`after_step`)."""
+
+    def __init__(self, *, step_target_s: float, step_tokens: int, lanes: int):
+        self.step_target_s = step_target_s
+        self.step_tokens = step_tokens
+        self.lanes = lanes
+        self.token_cost = 0.0  # seconds per token in prefill-heavy steps (EMA)
+        self.chat_at = float("-inf")  # when an interactive request was last running or waiting
+        self.long_steps = False  # the last budget was the whole batch, for a job alone
+
+    def after_step(self, sched, n_tokens: int, elapsed_s: float, now: float) -> None:
+        if any(j.qos == Qos.INTERACTIVE for j in sched.running.values()) or sched.waiting.count(Qos.INTERACTIVE):
+            self.chat_at = now
+        if n_tokens >= 16 and elapsed_s > 0:
+            cost = elapsed_s / n_tokens
+            self.token_cost = cost if not self.token_cost else 0.8 * self.token_cost + 0.2 * cost
+        if not self.token_cost:
+            return  # nothing measured yet: the scheduler's small first budget stands
+        want = int(self.step_target_s / self.token_cost)
+        short = min(self.step_tokens, max(PREFILL_FLOOR, self.lanes + 16, want))
+        jobs = [*sched.running.values(), *sched.waiting]
+        alone = len(jobs) == 1 and jobs[0].status != JobStatus.DECODING and not sched.embeds.has_work
+        self.long_steps = alone and now - self.chat_at > CHAT_QUIET_S and short < self.step_tokens
+        sched.prefill_budget = self.step_tokens if self.long_steps else short
+        sched.embed_budget = min(EMBED_STEP_MAX, max(64, want))
