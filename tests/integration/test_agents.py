@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 
+import httpx
 import pytest
 
 from .daemon import Daemon
@@ -32,10 +33,12 @@ class LoggedDaemon(Daemon):
     def __init__(self, *args, **kw):
         super().__init__(*args, **kw)
         self.records: list[dict] = []
+        self.lines: list[str] = [self.banner]
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
         for line in self.proc.stdout:
+            self.lines.append(line)
             if line.startswith("{") and '"path"' in line:
                 try:
                     self.records.append(json.loads(line))
@@ -49,6 +52,22 @@ def d():
                           "--log-format", "json", max_context=WINDOW, max_batch=1, threads=2)
     yield daemon
     daemon.stop()
+
+
+def test_the_window_is_stretched_and_said(d):
+    """A window four times the embedded model's trained one through YaRN: the daemon says so and
+    /v1/models reports it; a short chat still answers. Claude Code's first prompt (about 20k
+    tokens, test_claude_one_shot) is the prompt past the trained window."""
+    deadline = time.monotonic() + 10  # the rope line is logged before the serving line
+    while not any("serving" in x for x in d.lines) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert any(f"window {WINDOW} tokens (yarn x4 over the trained 8192)" in x for x in d.lines), d.lines[:20]
+    (model,) = httpx.get(d.url + "/v1/models", timeout=10).json()["data"]
+    assert (model["meta"]["n_ctx"], model["meta"]["n_ctx_train"]) == (WINDOW, 8192)
+    r = httpx.post(d.url + "/v1/chat/completions", timeout=120, json={
+        "messages": [{"role": "user", "content": "Name a colour."}], "max_tokens": 12})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"].strip()
 
 
 def need(command: str) -> str:
@@ -95,24 +114,14 @@ def words(text: str) -> bool:
     return any(c.isalpha() for c in text)
 
 
-def test_pi_one_shot(d, tmp_path):
-    r, recs = launch(d, tmp_path, "pi", "-p", "Reply with one word: hello")
-    check(r, recs, "/v1/chat/completions")
-    assert words(r.stdout), r.stdout
-
-
-def test_cline_one_shot(d, tmp_path):
-    r, recs = launch(d, tmp_path, "cline", "Reply with one word: hello")
-    check(r, recs, "/v1/chat/completions")
-    assert words(r.stdout), r.stdout
-
-
-def test_opencode_one_shot(d, tmp_path):
-    r, recs = launch(d, tmp_path, "opencode", "run", "Reply with one word: hello")
-    check(r, recs, "/v1/chat/completions")
-    assert words(r.stdout), r.stdout
-
-
+SECRET = "the launch code is 7291"
+LOOPS = {  # agent: (its arguments, the tool it is made to call, the call's arguments, its API)
+    "pi": (["-p"], "read", {"path": "note.txt"}, "/v1/chat/completions"),
+    "opencode": (["run"], "read", {"filePath": "{work}/note.txt"}, "/v1/chat/completions"),
+    "cline": ([], "read_files", {"files": [{"path": "{work}/note.txt"}]}, "/v1/chat/completions"),
+    "codex": (["exec", "--skip-git-repo-check"], "exec_command", {"cmd": "cat note.txt"}, "/v1/responses"),
+    "hermes": (None, "read_file", {"path": "{work}/note.txt"}, "/v1/chat/completions"),
+}
 # Codex fails a run whose answer the output cap cut (`max_output_tokens`), and a greedy 135M
 # model can ramble into the cap on some prompts (Codex's carries the folder and the date), so
 # its answers are held to a short JSON string (forcing_proxy.py); its requests are its own.
@@ -121,63 +130,81 @@ def test_opencode_one_shot(d, tmp_path):
 SHORT = {"type": "string", "pattern": "^[A-Za-z][A-Za-z0-9 ,.!'-]{0,39}$"}
 
 
-def test_codex_one_shot(d, tmp_path):
-    proxy = ForcingProxy(d.url, answer=SHORT)
-    try:
-        r, recs = launch(d, tmp_path, "codex", "exec", "--skip-git-repo-check", "Reply with one word: hello",
-                         port=proxy.port)
-    finally:
-        proxy.close()
-    check(r, recs, "/v1/responses")
-    assert "Model metadata" not in r.stderr  # launch's catalog told Codex the model and its window
-    assert words(r.stdout), r.stdout
-
-
-SECRET = "the launch code is 7291"
-
-
 @pytest.fixture(scope="module")
-def claude_home(tmp_path_factory):
-    """One folder for the Claude Code tests: the same folder renders the same 19k-token
-    system prompt, so a later test's first request finds it cached (a cold prefill of it is
-    eight minutes on two cores)."""
-    home = tmp_path_factory.mktemp("claude")
-    (home / "work").mkdir()
-    (home / "work" / "note.txt").write_text(SECRET + "\n")
+def homes(tmp_path_factory):
+    """One folder per agent, for its one-shot and its tool loop. Agents put the folder in their
+    prompt, so in the same folder, and through a proxy that renders the tools the same, the
+    loop's first request finds the one-shot's prompt cached up to the user's words instead of
+    prefilling it cold again (Claude Code's 19k tokens: eight minutes on two cores)."""
+    made: dict = {}
+
+    def home(agent: str):
+        if agent not in made:
+            made[agent] = tmp_path_factory.mktemp(agent)
+            (made[agent] / "work").mkdir()
+            (made[agent] / "work" / "note.txt").write_text(SECRET + "\n")
+        return made[agent]
     return home
 
 
+def loop_proxy(d, home, agent: str, *, choose: bool, answer: dict | None) -> ForcingProxy:
+    """The proxy of `agent`'s tool loop (LOOPS, or Claude Code's Read); `choose=False` never
+    forces the call, so a one-shot through it renders the same tools as the loop."""
+    tool, call = CLAUDE_READ if agent == "claude" else LOOPS[agent][1:3]
+    call = json.loads(json.dumps(call).replace("{work}", str(home / "work")))
+    return ForcingProxy(d.url, tool, call, choose=choose, answer=answer)
+
+
+def one_shot(d, home, agent: str, *args: str, answer: dict | None = None, after: tuple = ()) -> tuple:
+    """`agent ARGS "Reply with one word: hello" AFTER` in its folder, through its loop's proxy:
+    it exits 0 having asked its API and printed the model's words."""
+    proxy = loop_proxy(d, home, agent, choose=False, answer=answer)
+    try:
+        r, recs = launch(d, home, agent, *args, "Reply with one word: hello", *after, port=proxy.port)
+    finally:
+        proxy.close()
+    check(r, recs, "/v1/messages" if agent == "claude" else LOOPS[agent][3])
+    assert not proxy.forced
+    assert words(r.stdout), r.stdout
+    return r, recs
+
+
+def test_pi_one_shot(d, homes):
+    one_shot(d, homes("pi"), "pi", "-p")
+
+
+def test_cline_one_shot(d, homes):
+    one_shot(d, homes("cline"), "cline")
+
+
+def test_opencode_one_shot(d, homes):
+    one_shot(d, homes("opencode"), "opencode", "run")
+
+
+def test_codex_one_shot(d, homes):
+    r, _ = one_shot(d, homes("codex"), "codex", "exec", "--skip-git-repo-check", answer=SHORT)
+    assert "Model metadata" not in r.stderr  # launch's catalog told Codex the model and its window
+
+
+# The answer is held to a short JSON string in both Claude Code tests: a greedy 135M model left
+# free called Claude Code's tools ten times over in one bench run (11 requests, 16 minutes)
 CLAUDE_READ = ("Read", {"file_path": "{work}/note.txt"})
 
 
-def claude_proxy(d, home, choose: bool) -> ForcingProxy:
-    """The answer is held to a short JSON string in both tests: a greedy 135M model left free
-    called Claude Code's tools ten times over in one bench run (11 requests, 16 minutes)."""
-    tool, call = CLAUDE_READ
-    return ForcingProxy(d.url, tool, {k: v.format(work=home / "work") for k, v in call.items()}, choose=choose,
-                        answer=SHORT)
+def test_claude_one_shot(d, homes):
+    _, recs = one_shot(d, homes("claude"), "claude", "-p", answer=SHORT, after=("--allowedTools", "Read"))
+    # its first prompt is past the embedded model's trained window (8,192), in the YaRN window
+    assert max(x.get("prompt_tokens", 0) for x in recs if x["path"] == "/v1/messages") > 8192, recs
 
 
-def test_claude_one_shot(d, claude_home):
-    """Through the proxy so its tools render as the tool loop's do (no call is forced)."""
-    proxy = claude_proxy(d, claude_home, choose=False)
-    try:
-        r, recs = launch(d, claude_home, "claude", "-p", "Reply with one word: hello", "--allowedTools", "Read",
-                         port=proxy.port)
-    finally:
-        proxy.close()
-    check(r, recs, "/v1/messages")
-    assert not proxy.forced
-    assert words(r.stdout), r.stdout
-
-
-def test_claude_tool_loop(d, claude_home):
+def test_claude_tool_loop(d, homes):
     """Claude Code is made to call Read on a note (its permission given by --allowedTools); the
     note reaches the model, and the loop's big requests after its first reuse the cached prefix
     (≥ 80%). After the forced call the answer is a short JSON string (forcing_proxy.py)."""
-    proxy = claude_proxy(d, claude_home, choose=True)
+    home = homes("claude")
+    proxy = loop_proxy(d, home, "claude", choose=True, answer=SHORT)
     try:
-        r, recs = launch(d, claude_home, "claude", "-p", "Read note.txt and tell me what it says.",
+        r, recs = launch(d, home, "claude", "-p", "Read note.txt and tell me what it says.",
                          "--allowedTools", "Read", port=proxy.port)
     finally:
         proxy.close()
@@ -190,49 +217,42 @@ def test_claude_tool_loop(d, claude_home):
     assert all(x["cached_tokens"] >= 0.8 * x["prompt_tokens"] for x in big[1:]), big  # the first may be cold
 
 
-def hermes_run(d, tmp_path, prompt: str, toolsets: str, port: int | None = None) -> tuple:
+def hermes_run(d, home, prompt: str, toolsets: str, port: int | None = None) -> tuple:
     """`hermes -z PROMPT`: its exit code does not say whether the turn ended (it exits 0 on a
     failed one), so its usage file must say the turn completed."""
-    usage = tmp_path / "usage.json"
-    r, recs = launch(d, tmp_path, "hermes", "-z", prompt, "-t", toolsets, "--usage-file", str(usage), port=port)
+    usage = home / "usage.json"
+    r, recs = launch(d, home, "hermes", "-z", prompt, "-t", toolsets, "--usage-file", str(usage), port=port)
     check(r, recs, "/v1/chat/completions", probes=("/api/v1/models",))
     u = json.loads(usage.read_text())
     assert u.get("completed") is True and not u.get("failed"), u
     return r, recs
 
 
-def test_hermes_one_shot(d, tmp_path):
-    r, _ = hermes_run(d, tmp_path, "Reply with one word: hello", "safe")
+def test_hermes_one_shot(d, homes):
+    r, _ = hermes_run(d, homes("hermes"), "Reply with one word: hello", "safe")
     assert words(r.stdout), r.stdout
-LOOPS = {  # agent: (its arguments, the tool it is made to call, the call's arguments, its API)
-    "pi": (["-p"], "read", {"path": "note.txt"}, "/v1/chat/completions"),
-    "opencode": (["run"], "read", {"filePath": "{work}/note.txt"}, "/v1/chat/completions"),
-    "cline": ([], "read_files", {"files": [{"path": "{work}/note.txt"}]}, "/v1/chat/completions"),
-    "codex": (["exec", "--skip-git-repo-check"], "exec_command", {"cmd": "cat note.txt"}, "/v1/responses"),
-    "hermes": (None, "read_file", {"path": "{work}/note.txt"}, "/v1/chat/completions"),
-}
 
 
 @pytest.mark.parametrize("agent", list(LOOPS))
-def test_tool_loop(d, tmp_path, agent):
+def test_tool_loop(d, homes, agent):
     """The agent's first request is made to call a tool that reads a file (forcing_proxy.py: the
     real model writes the call under a grammar); the real agent runs it, sends the result back,
-    the model answers and the agent finishes."""
-    args, tool, call, path = LOOPS[agent]
-    work = tmp_path / "work"
-    work.mkdir()
-    (work / "note.txt").write_text(SECRET + "\n")
-    call = json.loads(json.dumps(call).replace("{work}", str(work)))
-    proxy = ForcingProxy(d.url, tool, call, answer=SHORT)
+    the model answers and the agent finishes. Its one-shot, in the same folder, warmed the
+    prompt; the first request here reuses it."""
+    args, _, _, path = LOOPS[agent]
+    home = homes(agent)
+    proxy = loop_proxy(d, home, agent, choose=True, answer=SHORT)
     prompt = "Read note.txt and tell me what it says."
     try:
         if agent == "hermes":
-            hermes_run(d, tmp_path, prompt, "file", port=proxy.port)
+            _, recs = hermes_run(d, home, prompt, "file", port=proxy.port)
         else:
-            r, recs = launch(d, tmp_path, agent, *args, prompt, port=proxy.port)
+            r, recs = launch(d, home, agent, *args, prompt, port=proxy.port)
             check(r, recs, path)
     finally:
         proxy.close()
     assert proxy.forced, [p for p, _ in proxy.bodies]
     later = [json.dumps(b) for p, b in proxy.bodies[proxy.forced_at + 1:] if p.startswith(path)]
     assert any("7291" in b for b in later), "the tool's result never reached the model"
+    first = next(x for x in recs if x["path"] == path)
+    print(f"{agent}: first request {first.get('prompt_tokens')} tokens, {first.get('cached_tokens')} cached")
