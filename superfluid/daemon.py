@@ -207,13 +207,13 @@ def build(cfg: ServeConfig, *, store: Store, engine_factory: EngineFactory | Non
     """The composition root: everything a daemon is, wired by constructor. `store` is opened
     here (StoreLocked / StoreUnreadable name the directory); `engine_factory` makes an engine
     for a model's settings (default: local workers, or the fleet's nodes with --fleet /
-    --fleet-listen); `clock` is what idle time and pins are read on. Nothing loads until
+    --fleet-listen); `clock` is what idle time, pins and the resume grace are read on. Nothing loads until
     App.start()."""
     engines: dict[str, EngineAPI] = {}
     metrics = Metrics(engines)
     store.open(on_commit=metrics.commit.observe)
     try:
-        sessions = Sessions(store, grace=cfg.resume_grace)
+        sessions = Sessions(store, grace=cfg.resume_grace, clock=clock)
         if engine_factory is None:
             engine_factory = fleet_engines(cfg, store) if cfg.fleet or cfg.fleet_listen else local_engines(cfg)
         make = engine_factory

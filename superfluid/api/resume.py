@@ -66,7 +66,7 @@ def _cut(b) -> bool:
 async def _continued(sessions, sid: str, pending: list[Event]) -> bool:
     """Whether a cut generation goes on already: the log has more of it, or a continuation
     runs now. (The dropped generation itself may still be finishing its last commit: wait.)"""
-    gen = sessions.live(sid)
+    gen = sessions.live.running(sid)
     if gen is not None and gen.dropped:
         await gen.ended.wait()
     return any(isinstance(e.body, Generated) for e in pending) or sessions.busy(sid)

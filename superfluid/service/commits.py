@@ -6,50 +6,35 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from ..errors import StoreError, SuperfluidError
 from ..request import FinishReason, GenRequest
 from ..session.events import Body, Event, Generated
-from ..session.state import SessionState, apply
 from ..session.store import Append, Store
-from .watchers import BEHIND, Gen
+from .cache import Folds
+from .watchers import Gen, Live
 
 log = logging.getLogger("superfluid.sessions")
 
 
 class Commits:
-    """Mixin of Sessions: appending events and committing generated output."""
-    store: Store
-    max_backlog: int
-    _states: dict[str, SessionState]
-    _gens: dict[str, Gen]
-    _busy: dict[str, Gen]
-    _subs: dict[str, set[asyncio.Queue]]
+    """Owned by Sessions (service/sessions.py): `finished` is its end of a generation."""
 
-    if TYPE_CHECKING:  # supplied by the other parts of Sessions
-        def unsubscribe(self, sid: str, q: asyncio.Queue) -> None: ...
+    def __init__(self, store: Store, folds: Folds, live: Live, finished: Callable[[str], None]):
+        self.store = store
+        self.folds = folds
+        self.live = live
+        self.finished = finished
 
-        def finished(self, rid: str) -> None: ...
-
-    def _applied(self, sid: str, events: list[Event]) -> None:
-        st = self._states.get(sid)
+    def applied(self, sid: str, events: list[Event]) -> None:
+        """Committed events: on the session's cached fold, then to its subscribers."""
         for ev in events:
-            if st is not None:
-                if ev.id == st.next_id:
-                    apply(st, ev)
-                elif ev.id > st.next_id:  # we missed some: read it again when needed
-                    self._states.pop(sid, None)
-                    st = None
-            for q in list(self._subs.get(sid, ())):
-                if q.qsize() >= self.max_backlog:  # a reader that fell behind: it resumes from the log
-                    self.unsubscribe(sid, q)
-                    q.put_nowait(BEHIND)
-                else:
-                    q.put_nowait(ev)
+            self.folds.applied(sid, ev)
+            self.live.publish(sid, ev)
 
-    async def _append(self, sid: str, bodies: list[Body]) -> list[Event]:
-        gen = self._busy.get(sid)
+    async def append(self, sid: str, bodies: list[Body]) -> list[Event]:
+        gen = self.live.running(sid)
         if gen is not None:  # ids are handed out by the running generation (see commit)
             items = [Append(sid, b, expect_id=gen.next_id + i) for i, b in enumerate(bodies)]
             gen.next_id += len(bodies)
@@ -57,7 +42,7 @@ class Commits:
             items = [Append(sid, b) for b in bodies]
         res = await self.store.append(items)
         evs = [r for r in res if isinstance(r, Event)]
-        self._applied(sid, evs)
+        self.applied(sid, evs)
         for r in res:
             if isinstance(r, SuperfluidError):
                 raise r
@@ -69,7 +54,7 @@ class Commits:
         appends: list[Append] = []
         gens: list[Gen | None] = []  # None: no append for this item (no session, or it failed before)
         for req, body in items:
-            gen = self._gens.get(req.id)
+            gen = self.live.gens.get(req.id)
             if gen is None or gen.failed:
                 gens.append(None)
                 continue
@@ -95,7 +80,7 @@ class Commits:
                 continue
             r = next(res)
             if isinstance(r, Event):
-                self._applied(gen.sid, [r])
+                self.applied(gen.sid, [r])
                 if body.finish is not None:
                     self.finished(req.id)
             else:
@@ -106,7 +91,7 @@ class Commits:
         return out
 
     def end(self, req: GenRequest, finish: FinishReason) -> None:
-        gen = self._gens.get(req.id)
+        gen = self.live.gens.get(req.id)
         if gen is None:
             return
         if gen.failed:

@@ -1,6 +1,6 @@
-"""Sessions: the daemon's view of the session log, by concept in this package: the cache
-and fold (cache.py), the commit path (commits.py), watchers and subscribers (watchers.py)
-and the native verbs (verbs.py). It never calls an engine: the service (service.py) orders
+"""Sessions: the daemon's view of the session log, composed of parts owned by concept: the
+cached folds (cache.py), the commit path (commits.py), live generations, their watchers and
+subscribers (watchers.py) and the native verbs (verbs.py). It never calls an engine: the service (service.py) orders
 a request's work, session first, then engine, and hands each generation a way to cancel
 itself.
 
@@ -10,34 +10,43 @@ lost the connection can resume it (Last-Event-ID); nobody resuming in time cance
 from __future__ import annotations
 
 import asyncio
-from collections import OrderedDict
+import time
 from collections.abc import Callable
 
 from ..codec.channels import spec_to_wire
-from ..errors import SessionBusy
 from ..ids import new_id
 from ..request import GenRequest
 from ..session.events import Body
-from ..session.state import SessionState
 from ..session.store import Store
-from .cache import Cache
+from .cache import Folds
 from .commits import Commits
 from .verbs import Verbs, sampling_dict
-from .watchers import Gen, Watchers
+from .watchers import Gen, Live
 
 
-class Sessions(Cache, Commits, Watchers, Verbs):
-    def __init__(self, store: Store, *, grace: float = 10.0, cache_size: int = 1024, max_backlog: int = 4096):
+class Sessions:
+    """The session log's daemon side, composed of its owned parts: `live` (generations,
+    watchers, subscribers), `folds` (cached state, one turn at a time), `commits` (the
+    commit path) and `verbs` (the native API). Their public calls are this object's."""
+
+    def __init__(self, store: Store, *, grace: float = 10.0, cache_size: int = 1024, max_backlog: int = 4096,
+                 clock: Callable[[], float] = time.monotonic):
         self.store = store
-        self.max_backlog = max_backlog  # events a live reader may leave unread before it is cut loose
-        self.grace = grace
-        self.cache_size = cache_size
-        self._states: OrderedDict[str, SessionState] = OrderedDict()
-        self._gens: dict[str, Gen] = {}  # by request id
-        self._busy: dict[str, Gen] = {}  # by session id
-        self._locks: dict[str, list] = {}  # session -> [lock, users]
-        self._subs: dict[str, set[asyncio.Queue]] = {}
+        self.live = live = Live(grace=grace, max_backlog=max_backlog, clock=clock)
+        self.folds = folds = Folds(store, live, size=cache_size)
+        self.commits = commits = Commits(store, folds, live, self.finished)
+        self.verbs = verbs = Verbs(store, folds, commits, live)
         self._erasing: set[asyncio.Task] = set()
+        # reading
+        self.state, self.row, self.turn = folds.state, folds.row, folds.turn
+        self.busy, self.watch, self.unwatch, self.expire = live.busy, live.watch, live.unwatch, live.expire
+        self.subscribe, self.unsubscribe, self.cancel = live.subscribe, live.unsubscribe, live.cancel
+        # the engine's SessionLog side
+        self.commit, self.end = commits.commit, commits.end
+        # the native verbs
+        self.create, self.append_message, self.next_turn = verbs.create, verbs.append_message, verbs.next_turn
+        self.begin, self.fork, self.trim = verbs.begin, verbs.fork, verbs.trim
+        self.set_meta, self.purge = verbs.set_meta, verbs.purge
 
     async def open_requests(self, model: str, reqs: list[GenRequest], bodies: list[Body], *, api: str,
                             params: dict, cancel: Callable[[GenRequest], Callable[[], bool]],
@@ -64,33 +73,20 @@ class Sessions(Cache, Commits, Watchers, Verbs):
     async def erase_idle(self, sids: list[str], kept: Callable[[str], bool]) -> int:
         """Erase these sessions (retention), but for those generating, in use by a verb, or
         `kept` (pinned); how many were erased."""
-        gone = [s for s in sids if s not in self._busy and s not in self._locks and not kept(s)]
+        gone = [s for s in sids if not self.live.busy(s) and not self.folds.in_turn(s) and not kept(s)]
         for s in gone:
-            self._states.pop(s, None)
+            self.folds.forget(s)
         if gone:
             await self.store.erase_many(gone)
         return len(gone)
 
     def started(self, req: GenRequest, cancel: Callable[[], bool], next_id: int) -> Gen:
-        assert req.session is not None
-        if req.session in self._busy:
-            raise SessionBusy(f"session {req.session} is already generating", param="session")
-        gen = Gen(req.session, req, cancel, next_id)
-        self._gens[req.id] = gen
-        self._busy[req.session] = gen
-        return gen
+        return self.live.started(req, cancel, next_id)
 
     def finished(self, rid: str) -> None:
-        gen = self._gens.pop(rid, None)
-        if gen is None:
-            return
-        if self._busy.get(gen.sid) is gen:
-            del self._busy[gen.sid]
-        if gen.timer is not None:
-            gen.timer.cancel()
-        gen.ended.set()
-        if gen.ephemeral:  # store: false: nothing of the conversation stays in the log
-            self._states.pop(gen.sid, None)
+        gen = self.live.ended(rid)
+        if gen is not None and gen.ephemeral:  # store: false: nothing of the conversation stays in the log
+            self.folds.forget(gen.sid)
             task = asyncio.get_running_loop().create_task(self.store.erase(gen.sid))
             self._erasing.add(task)
             task.add_done_callback(self._erasing.discard)

@@ -4,10 +4,8 @@ model's own chat template (session/turns.py)."""
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import fields
-from typing import TYPE_CHECKING
 
 from ..codec.channels import ChannelSpec, spec_for, spec_from_wire
 from ..errors import BadRequest, SessionBusy
@@ -15,31 +13,24 @@ from ..ids import new_id
 from ..request import GenRequest, Qos, SamplingParams
 from ..session.events import Body, Event, Meta, Purge, ToolResult, ToolUse, Trim
 from ..session.state import SessionState, fold
-from ..session.store import SessionRow, Store
+from ..session.store import Store
 from ..session.turns import Turns, context_text
-from .watchers import Gen
+from .cache import Folds
+from .commits import Commits
+from .watchers import Gen, Live
 
 SAMPLING_FIELDS = tuple(f.name for f in fields(SamplingParams))
 
 
 class Verbs:
-    """Mixin of Sessions: what the native session API (and the web app) does to a session."""
-    store: Store
-    _states: dict[str, SessionState]
-    _busy: dict[str, Gen]
+    """What the native session API (and the web app) does to a session. Owned by Sessions
+    (service/sessions.py)."""
 
-    if TYPE_CHECKING:  # supplied by the other parts of Sessions
-        async def state(self, sid: str) -> SessionState: ...
-
-        async def row(self, sid: str) -> SessionRow: ...
-
-        def turn(self, sid: str) -> contextlib.AbstractAsyncContextManager: ...
-
-        def _cache(self, st: SessionState) -> None: ...
-
-        async def _append(self, sid: str, bodies: list[Body]) -> list[Event]: ...
-
-        def started(self, req: GenRequest, cancel: Callable[[], bool], next_id: int) -> Gen: ...
+    def __init__(self, store: Store, folds: Folds, commits: Commits, live: Live):
+        self.store = store
+        self.folds = folds
+        self.commits = commits
+        self.live = live
 
     async def create(self, engine, *, params: dict, messages: Sequence[dict] = (), title: str | None = None,
                      api: str = "sessions", owner: str | None = None) -> SessionState:
@@ -51,27 +42,27 @@ class Verbs:
             bodies.append(Meta(title=title))
         evs = await self.store.create(sid, params=params, model=engine.model_id, api=api, bodies=bodies, owner=owner)
         st = fold(sid, evs)
-        self._cache(st)
+        self.folds.keep(st)
         return st
 
     async def append_message(self, engine, sid: str, msg: dict) -> list[Event]:
-        async with self.turn(sid):
+        async with self.folds.turn(sid):
             self._idle(sid)
-            st = await self.state(sid)
+            st = await self.folds.state(sid)
             turns = Turns.of(engine, st, **template_kwargs(st.params))
             body: Body = turns.message(msg)
             if msg.get("role") == "tool":
                 body = ToolResult(str(msg.get("tool_call_id") or ""), body.text, body.span)  # type: ignore[union-attr]
             bodies = [body] + [ToolUse(c["function"]["name"], c["function"]["arguments"], c.get("id") or "")
                                for c in msg.get("tool_calls") or ()]
-            return await self._append(sid, bodies)
+            return await self.commits.append(sid, bodies)
 
     async def next_turn(self, engine, sid: str, *, max_tokens: int | None, overrides: dict,
                         stop: tuple[str, ...] | None, qos: Qos) -> tuple[GenRequest, list[Body]]:
         """The request that generates on a session (continuing its open turn, or opening a
         new assistant turn) and the events to append before it. Call it under turn(sid)."""
         self._idle(sid)
-        st = await self.state(sid)
+        st = await self.folds.state(sid)
         bodies: list[Body] = []
         prompt = list(st.tokens)
         opener: tuple[int, ...] | None = None
@@ -96,46 +87,42 @@ class Verbs:
         """Append a turn's opening events and mark the session generating. Under turn(sid)."""
         assert req.session is not None
         if bodies:
-            await self._append(req.session, bodies)
-        st = await self.state(req.session)
-        return self.started(req, cancel, st.next_id)
+            await self.commits.append(req.session, bodies)
+        st = await self.folds.state(req.session)
+        return self.live.started(req, cancel, st.next_id)
 
     def _idle(self, sid: str) -> None:
-        if sid in self._busy:
+        if self.live.busy(sid):
             raise SessionBusy(f"session {sid} is generating; wait for it or cancel it", param="session")
 
-    def cancel(self, sid: str) -> bool:
-        gen = self._busy.get(sid)
-        return gen is not None and gen.cancel()
-
     async def fork(self, sid: str, at: int | None, owner: str | None = None) -> SessionState:
-        st = await self.state(sid)
+        st = await self.folds.state(sid)
         at = st.next_id - 1 if at is None else at
         if not 0 <= at < st.next_id:
             raise BadRequest(f"session {sid} has no event {at} (it has {st.next_id})", param="at")
         new = new_id("sess")
-        row = await self.row(sid)
+        row = await self.folds.row(sid)
         await self.store.create(new, params=st.params, model=row.model, api=row.api, parent=sid, fork_at=at,
                                 owner=owner)
-        return await self.state(new)
+        return await self.folds.state(new)
 
     async def trim(self, sid: str, to: int) -> list[Event]:
-        async with self.turn(sid):
+        async with self.folds.turn(sid):
             self._idle(sid)
-            st = await self.state(sid)
+            st = await self.folds.state(sid)
             if not 0 <= to < st.next_id:
                 raise BadRequest(f"session {sid} has no event {to} (it has {st.next_id})", param="to")
-            return await self._append(sid, [Trim(to)])
+            return await self.commits.append(sid, [Trim(to)])
 
     async def set_meta(self, sid: str, title: str | None, archived: bool | None) -> list[Event]:
-        await self.state(sid)
-        return await self._append(sid, [Meta(title, archived)])
+        await self.folds.state(sid)
+        return await self.commits.append(sid, [Meta(title, archived)])
 
     async def purge(self, sid: str) -> None:
-        await self.state(sid)
-        self.cancel(sid)
-        await self._append(sid, [Purge()])
-        self._states.pop(sid, None)
+        await self.folds.state(sid)
+        self.live.cancel(sid)
+        await self.commits.append(sid, [Purge()])
+        self.folds.forget(sid)
 
 
 def _channels(engine, st, opener: tuple[int, ...] | None) -> ChannelSpec | None:

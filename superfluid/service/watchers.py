@@ -1,15 +1,22 @@
-"""Who is following a session's generation: the HTTP streams watching it (a generation
-whose watchers all went away is cancelled after the grace period, unless a client resumes
-it with Last-Event-ID) and the subscribers that get every event as it commits."""
+"""The generations running on sessions, and who follows them: the HTTP streams watching a
+generation (one whose watchers all went away is cut after the resume grace, unless a client
+resumes it with Last-Event-ID) and the subscribers that get every event as it commits.
+
+The grace is read on the daemon's clock (daemon.build's `clock`): a timer fires when it
+should have run out and cuts only if the clock agrees, and `expire()` cuts every
+generation whose grace has run out, so a test advances the clock instead of sleeping."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..errors import SessionBusy
 from ..request import GenRequest
+from ..session.events import Event
 
 log = logging.getLogger("superfluid.sessions")
 
@@ -25,23 +32,63 @@ class Gen:
     next_id: int  # the id the next event of this generation must get
     watchers: int = 0  # HTTP responses streaming it
     timer: asyncio.TimerHandle | None = None
+    deadline: float | None = None  # on the clock: nobody watching, it is cut then
     failed: bool = False
     dropped: bool = False  # cancelled because nobody was reading it any more
     ephemeral: bool = False  # store: false: its session's content is erased once it ends
     ended: asyncio.Event = field(default_factory=asyncio.Event)
 
 
-class Watchers:
-    """Mixin of Sessions: watching generations and subscribing to sessions."""
-    grace: float
-    _gens: dict[str, Gen]
-    _busy: dict[str, Gen]
-    _subs: dict[str, set[asyncio.Queue]]
+class Live:
+    """Which sessions are generating (by request id and by session), their watchers and
+    the sessions' subscribers. Owned by Sessions (service/sessions.py)."""
 
+    def __init__(self, *, grace: float, max_backlog: int, clock: Callable[[], float] = time.monotonic):
+        self.grace = grace
+        self.max_backlog = max_backlog  # events a live reader may leave unread before it is cut loose
+        self.clock = clock
+        self.gens: dict[str, Gen] = {}  # by request id
+        self.by_session: dict[str, Gen] = {}
+        self.subs: dict[str, set[asyncio.Queue]] = {}
+
+    # -- generations ---------------------------------------------------------------------
+    def busy(self, sid: str) -> bool:
+        return sid in self.by_session
+
+    def running(self, sid: str) -> Gen | None:
+        return self.by_session.get(sid)
+
+    def started(self, req: GenRequest, cancel: Callable[[], bool], next_id: int) -> Gen:
+        assert req.session is not None
+        if req.session in self.by_session:
+            raise SessionBusy(f"session {req.session} is already generating", param="session")
+        gen = Gen(req.session, req, cancel, next_id)
+        self.gens[req.id] = gen
+        self.by_session[req.session] = gen
+        return gen
+
+    def ended(self, rid: str) -> Gen | None:
+        """The generation `rid` ended: forgotten, its waiters woken; it (None: unknown)."""
+        gen = self.gens.pop(rid, None)
+        if gen is None:
+            return None
+        if self.by_session.get(gen.sid) is gen:
+            del self.by_session[gen.sid]
+        if gen.timer is not None:
+            gen.timer.cancel()
+        gen.ended.set()
+        return gen
+
+    def cancel(self, sid: str) -> bool:
+        gen = self.by_session.get(sid)
+        return gen is not None and gen.cancel()
+
+    # -- watchers ------------------------------------------------------------------------
     def watch(self, sid: str) -> Gen | None:
-        gen = self._busy.get(sid)
+        gen = self.by_session.get(sid)
         if gen is not None:
             gen.watchers += 1
+            gen.deadline = None
             if gen.timer is not None:
                 gen.timer.cancel()
                 gen.timer = None
@@ -51,32 +98,63 @@ class Watchers:
         """A stream of this generation closed. With nobody left watching it is cut at once
         (finish "dropped": its lane is free for others, its KV stays cached, and a resume
         continues it from the log), or with --resume-grace S only after S seconds."""
-        if gen is None or gen.req.id not in self._gens:
+        if gen is None or gen.req.id not in self.gens:
             return
         gen.watchers = max(0, gen.watchers - 1)
-        if gen.watchers == 0 and gen.timer is None:
+        if gen.watchers == 0 and gen.deadline is None:
             if self.grace <= 0:
-                gen.dropped = True
-                gen.cancel()
+                self._drop(gen)
                 return
-            loop = asyncio.get_running_loop()
-            gen.timer = loop.call_later(self.grace, self._abandon, gen)
+            gen.deadline = self.clock() + self.grace
+            gen.timer = asyncio.get_running_loop().call_later(self.grace, self._due, gen)
 
-    def _abandon(self, gen: Gen) -> None:
+    def _due(self, gen: Gen) -> None:
         gen.timer = None
-        if gen.watchers == 0:
-            log.info("session %s: nobody resumed its stream in %.0f s; cancelling", gen.sid, self.grace)
-            gen.dropped = True
-            gen.cancel()
+        if gen.deadline is None or gen.req.id not in self.gens:
+            return
+        left = gen.deadline - self.clock()
+        if left > 0:  # a clock that is not the loop's: look again when it says the grace is over
+            gen.timer = asyncio.get_running_loop().call_later(left, self._due, gen)
+            return
+        self._drop(gen)
 
+    def expire(self) -> int:
+        """Cut every unwatched generation whose grace has run out on the clock; how many."""
+        now = self.clock()
+        due = [g for g in self.gens.values() if g.deadline is not None and g.deadline <= now]
+        for gen in due:
+            if gen.timer is not None:
+                gen.timer.cancel()
+                gen.timer = None
+            self._drop(gen)
+        return len(due)
+
+    def _drop(self, gen: Gen) -> None:
+        if self.grace > 0:
+            log.info("session %s: nobody resumed its stream in %.0f s; cancelling", gen.sid, self.grace)
+        gen.deadline = None
+        gen.dropped = True
+        gen.cancel()
+
+    # -- subscribers ---------------------------------------------------------------------
     def subscribe(self, sid: str) -> asyncio.Queue:
         q: asyncio.Queue = asyncio.Queue()
-        self._subs.setdefault(sid, set()).add(q)
+        self.subs.setdefault(sid, set()).add(q)
         return q
 
     def unsubscribe(self, sid: str, q: asyncio.Queue) -> None:
-        subs = self._subs.get(sid)
+        subs = self.subs.get(sid)
         if subs is not None:
             subs.discard(q)
             if not subs:
-                del self._subs[sid]
+                del self.subs[sid]
+
+    def publish(self, sid: str, ev: Event) -> None:
+        """A committed event to the session's subscribers; a reader that fell behind is cut
+        loose (BEHIND) and resumes from the log."""
+        for q in list(self.subs.get(sid, ())):
+            if q.qsize() >= self.max_backlog:
+                self.unsubscribe(sid, q)
+                q.put_nowait(BEHIND)
+            else:
+                q.put_nowait(ev)

@@ -93,7 +93,7 @@ def test_a_request_too_long_for_the_context_leaves_nothing_running():
         with pytest.raises(ContextLengthExceeded):
             await chat(eng, service, "hello", max_tokens=10_000)
         await asyncio.sleep(0)
-        return eng.idle, await sessions.store.sessions(), sessions._busy, m.runtime.batches
+        return eng.idle, await sessions.store.sessions(), sessions.live.by_session, m.runtime.batches
     idle, rows, busy, batches = run(m, body)
     assert idle and rows == [] and busy == {} and batches == []
 

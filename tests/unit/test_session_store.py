@@ -265,9 +265,9 @@ def test_a_subscriber_that_falls_behind_is_cut_loose_not_buffered_forever(tmp_pa
             sessions = Sessions(s, max_backlog=5)
             await s.create("x", params={})
             q = sessions.subscribe("x")
-            await sessions._append("x", [Meta(f"t{i}") for i in range(12)])
+            await sessions.commits.append("x", [Meta(f"t{i}") for i in range(12)])
             got = [q.get_nowait() for _ in range(q.qsize())]
-            return got, "x" in sessions._subs
+            return got, "x" in sessions.live.subs
         finally:
             s.close()
 
