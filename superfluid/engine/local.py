@@ -92,7 +92,7 @@ class Engine(EngineBase):
     async def start(self) -> None:
         self.worker = self._new_worker(self.spec)
         self.info = await self.worker.start()
-        self.sched.seed_disk(self.worker.kv_entries)
+        self.sched.tiers.seed_disk(self.worker.kv_entries)
         # llama.cpp may round the per-lane window; never promise more than it holds
         self.sched.n_ctx = min(self.sched.n_ctx, self.info.n_ctx)
         self.sched.embeds.window = self.info.embed_window
@@ -171,11 +171,11 @@ class Engine(EngineBase):
         or unpin it (None): tokens a slot holds."""
         self._wake.set()  # the disk pin goes with the next plan
         if tokens is None:
-            return int(self.sched.unpin_session(session))
-        return self.sched.pin_session(session, tokens, cache_ns)
+            return int(self.sched.tiers.unpin_session(session))
+        return self.sched.tiers.pin_session(session, tokens, cache_ns)
 
     def pinned(self, session: str) -> bool:
-        return self.sched.pinned(session)
+        return self.sched.tiers.pinned(session)
 
     @property
     def queued(self) -> int:
@@ -277,7 +277,7 @@ class Engine(EngineBase):
             self.out.publish([o for o in map(self._prepare, events) if isinstance(o, tuple)])
 
     def _fill(self, inflight: deque[StepPlan]) -> None:
-        self.sched.expire_pins(self.clock())  # the scheduler reads no clock
+        self.sched.tiers.expire(self.clock())  # the scheduler reads no clock
         depth = 1 if self.budget.long_steps else PIPELINE_DEPTH  # an arriving request waits one long step, not two
         while len(inflight) < depth and self.ready:
             plan = self.sched.schedule()
@@ -304,7 +304,7 @@ class Engine(EngineBase):
             worker = self._new_worker(self.spec)
             try:
                 self.info = await worker.start()
-                self.sched.seed_disk(worker.kv_entries)
+                self.sched.tiers.seed_disk(worker.kv_entries)
                 self.worker = worker
                 self.respawns += 1
                 log.warning("worker respawned (pid %s)", worker.pid)

@@ -85,7 +85,7 @@ class NodeSummary:
         sched = getattr(engine, "sched", None)
         if sched is None:
             return {}
-        disk = sched.disk
+        disk = sched.tiers.disk
         key = (getattr(engine, "steps", 0), id(disk), len(disk) if disk is not None else -1,
                disk.tokens if disk is not None else 0)
         if key != self._key:

@@ -47,6 +47,10 @@ class KvSlots:
             raise ValueError("need at least one KV slot")
         self.slots = [Slot(i) for i in range(n)]
 
+    def clear(self) -> None:
+        """Every slot empty (the worker and its KV are gone)."""
+        self.slots = [Slot(i) for i in range(len(self.slots))]
+
     def __len__(self) -> int:
         return len(self.slots)
 

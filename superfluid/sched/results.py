@@ -2,50 +2,41 @@
 that verified drafts may return several), jobs that end released, lanes that failed on
 their own ended alone, drafts counted for the speculation policy (sched/spec.py).
 
-A mixin of Scheduler (sched/scheduler.py), kept in its own module by concept."""
+Owned by the Scheduler (sched/scheduler.py), which hands it the jobs and parts it folds into
+and its own two ways for a job to leave its lane."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from ..plan import StepPlan, StepResult
 from ..request import FinishReason
-from .embeds import EmbedEvent, EmbedQueue
 from .jobs import Counters, Job, JobStatus, ProgressEvent, TokenEvent
-from .kvdisk import DiskIndex
-from .lanes import KvSlots
 from .spec import SpecPolicy
+from .tiers import Tiers
 
 SAVE_PROMPT = 512  # a prompt that prefilled this many tokens is saved as soon as it has (not only at its end)
 
+Owners = dict[int, tuple[Job, int, int]]  # a plan's runs: seq -> (job, incarnation, drafts)
+
 
 class Results:
-    slots: KvSlots
-    disk: DiskIndex | None
-    counters: Counters
-    running: dict[int, Job]
-    jobs: dict[str, Job]
-    embeds: EmbedQueue
-    spec: SpecPolicy
-    eog: frozenset[int]
-    n_ctx: int
-    _inflight: dict[int, dict[int, tuple[Job, int, int]]]
-    _loads: dict[int, dict[int, int]]
-    _to_save: dict[int, tuple[list[int], str]]
+    def __init__(self, jobs: dict[str, Job], running: dict[int, Job], tiers: Tiers, spec: SpecPolicy,
+                 counters: Counters, *, eog: frozenset[int], n_ctx: int,
+                 release: Callable[[Job, bool], None], fail: Callable[[Job], None]):
+        self.jobs = jobs
+        self.running = running
+        self.tiers = tiers
+        self.spec = spec
+        self.counters = counters
+        self.eog = eog
+        self.n_ctx = n_ctx
+        self.release = release  # the job leaves its lane (True: at the end of a turn, its KV saved)
+        self.fail = fail  # the job leaves its lane, whose KV is not known
 
-    if TYPE_CHECKING:  # Scheduler's and KvTiers' own
-        def _disk_result(self, result: StepResult, loads: dict[int, int]) -> None: ...
-
-        def _release(self, job: Job, save: bool = False) -> None: ...
-
-    def update(self, plan: StepPlan, result: StepResult) -> list[TokenEvent | EmbedEvent | ProgressEvent]:
-        if result.step != plan.step:
-            raise ValueError(f"result of step {result.step} for plan {plan.step}")
-        owners = self._inflight.pop(plan.step, {})
-        loads = self._loads.pop(plan.step, {})
-        self._disk_result(result, loads)
-        events: list[TokenEvent | EmbedEvent | ProgressEvent] = list(self.embeds.update(plan.step, result.vectors))
-        events += _progress(plan, owners)
+    def tokens(self, plan: StepPlan, result: StepResult, owners: Owners) -> list[TokenEvent]:
+        """The step's samples and lane errors, for the jobs that still own their runs."""
+        events: list[TokenEvent] = []
         seen: set[int] = set()
         for s in result.sampled:
             job, inc, _ = owners.get(s.seq, (None, 0, 0))
@@ -58,14 +49,14 @@ class Results:
                 seen.add(s.seq)
                 job.pending -= 1
             job.output.append(s.token)
-            if len(job.output) == 1 and self.disk is not None and job.persist \
+            if len(job.output) == 1 and self.tiers.disk is not None and job.persist \
                     and len(job.prompt) - (job.cached or 0) >= SAVE_PROMPT:
                 # its first token: a long prompt's KV outlives a crash
-                self._to_save[s.seq] = (job.prompt, job.cache_ns)
+                self.tiers.to_save[s.seq] = (job.prompt, job.cache_ns)
             reason = self._finish_reason(job, s.token)
             if reason is not None:
                 job.finish = reason
-                self._release(job, save=True)
+                self.release(job, True)
                 self.jobs.pop(job.id, None)
                 job.status = JobStatus.FINISHED
             events.append(TokenEvent(job.id, s.token, s.logprob, s.top, reason, job.cached or 0))
@@ -77,13 +68,12 @@ class Results:
                     job.status not in (JobStatus.PREFILLING, JobStatus.DECODING):
                 continue
             job.finish = FinishReason.ERROR
-            seq = job.seq
-            self._release(job)
-            self.slots[seq].kv = []  # what its lane holds is not known: no cache entry
+            self.fail(job)
             self.jobs.pop(job.id, None)
             job.status = JobStatus.FINISHED
             events.append(TokenEvent(job.id, -1, None, (), FinishReason.ERROR, job.cached or 0, e.error))
         return events
+
 
     def _observe_drafts(self, step: int, result: StepResult, owners: dict) -> None:
         for seq, n in result.drafted:
@@ -102,7 +92,7 @@ class Results:
         return None
 
 
-def _progress(plan: StepPlan, owners: dict[int, tuple[Job, int, int]]) -> list[ProgressEvent]:
+def progress(plan: StepPlan, owners: Owners) -> list[ProgressEvent]:
     """The prompt runs this step computed, for the jobs that report progress: the first run of
     an admission reports where it started (the cached part) before how far it got."""
     out: list[ProgressEvent] = []

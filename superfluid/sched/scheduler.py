@@ -8,14 +8,17 @@
    (decoding before prefilling, youngest first), and the victim goes back to the front of
    its queue with its output as context: its client stream only pauses; a short job may take
    the lane of a longer one of its class (sched/srpt.py: shortest remaining work first);
-3. seed each admitted job from the longest KV prefix any slot holds (a free slot in place,
-   a running one by copy) or the disk tier (sched/tiers.py) so only the rest is prefilled; a
+3. seat each admitted job on the longest KV prefix any slot holds (a free slot in place,
+   a running one by copy) or the disk tier (sched/seats.py, sched/tiers.py) so only the rest is prefilled; a
    job whose long prefix another job is prefilling right now waits for it (burst coalescing:
    computed once); a slot that holds a pinned prefix (sched/pins.py) is evicted last;
 4. one token for every decoding lane, then prefill chunks and embedding inputs (sched/embeds.py)
    under the step's budget, better classes first (least remaining work first within one);
    while an interactive prompt prefills, lower classes do not prefill.
 `update(plan, result)` folds the sampled tokens into their jobs and returns TokenEvents.
+It owns the jobs, lanes and queues, and composes parts that own the rest: `tiers` (the disk
+tier and pins, sched/tiers.py) and `results` (sched/results.py); seating (sched/seats.py), the
+--deterministic row rules (sched/rows.py) and srpt are functions of what they are given.
 
 Plans may be scheduled ahead of results (the engine keeps two in flight): a decode whose
 input is a token still in flight carries PLACEHOLDER, which the worker resolves from the
@@ -26,25 +29,24 @@ recomputes them, and greedy or seeded sampling (keyed by position) draws the sam
 
 from __future__ import annotations
 
-from ..plan import RESTORE_COST, STEP_OPEN_BYTES, TOKEN_BYTES, Copy, EmbedItem, LaneOpen, Load, Run, Save, StepPlan
+from ..plan import (RESTORE_COST, STEP_OPEN_BYTES, TOKEN_BYTES, Copy, EmbedItem, LaneOpen, Load, Run, Save, StepPlan,
+                    StepResult)
 from ..request import FinishReason, Qos
 from .embeds import EmbedJob, EmbedQueue
-from .jobs import Counters, Job, JobStatus
-from .kvdisk import DiskIndex
+from .jobs import Counters, Job, JobStatus, ProgressEvent, TokenEvent
+from .embeds import EmbedEvent
 from .lanes import KvSlots, Slot
-from .pins import Pins
 from .prefix import common_prefix
-from . import srpt
+from . import rows, seats, srpt
 from .queues import WaitQueue
-from .results import Results
+from .results import Owners, Results, progress
 from .spec import SpecPolicy
-from .tiers import KvTiers
+from .tiers import Tiers
 
-MIN_COPY = 16  # a shorter shared prefix is cheaper to recompute than a KV stream copy
 COALESCE_MIN = 64  # wait for another job's prefill only when it saves at least this much
 
 
-class Scheduler(KvTiers, Results):
+class Scheduler:
     def __init__(self, *, lanes: int, n_ctx: int, step_tokens: int, eog: frozenset[int],
                  slots: int | None = None, class_lanes: dict[Qos, int] | None = None,
                  aging_steps: int = 256, embed_window: int = 0, embed_batch: int = 64, srpt: bool = True,
@@ -67,22 +69,20 @@ class Scheduler(KvTiers, Results):
         self.class_lanes = dict(class_lanes or {})
         self.spec = SpecPolicy()  # drafts per decode run (the engine sets max_tokens when the runtime verifies them)
         self.srpt = srpt  # shortest remaining work first within a class (off: first come, first served)
-        self.tail_rows = tail_rows  # the fewest rows of a new turn's prefill runs (KvTiers._tail)
+        self.tail_rows = tail_rows  # the fewest rows of a new turn's prefill runs (sched/rows.py)
         self.waiting = WaitQueue(aging_steps)
         self.embeds = EmbedQueue(embed_window, embed_batch)
         self.running: dict[int, Job] = {}  # seq -> job, in admission order
         self.jobs: dict[str, Job] = {}
         self.counters = Counters()
         self._to_close: list[int] = []
-        self._inflight: dict[int, dict[int, tuple[Job, int, int]]] = {}  # step -> {seq: (job, incarnation, drafts)}
-        self.disk: DiskIndex | None = None  # the disk tier's index (None: the worker has no disk tier)
-        # seq -> (KV tokens, namespace) to save: a turn ended, a long prompt prefilled
-        self._to_save: dict[int, tuple[list[int], str]] = {}
-        self._loads: dict[int, dict[int, int]] = {}  # step -> {seq: disk key} restores in flight
+        self._inflight: dict[int, Owners] = {}  # step -> the runs it carries
         self._step = 0
         self._admitted = 0
-        self.pins = Pins(len(self.slots) - lanes)  # every lane must find an unpinned slot
-        self._now, self._pin_wanted, self._pin_ops = 0.0, [], []
+        # owned parts: the disk tier and pins (beyond the slots), and the folding of results
+        self.tiers = Tiers(self.counters, self.slots, pin_share=len(self.slots) - lanes)
+        self.results = Results(self.jobs, self.running, self.tiers, self.spec, self.counters, eog=eog, n_ctx=n_ctx,
+                               release=self._release, fail=self._fail)
 
     # -- job control -------------------------------------------------------------------
     def add(self, job: Job) -> None:
@@ -145,16 +145,44 @@ class Scheduler(KvTiers, Results):
         self.running.clear()
         self._to_close.clear()
         self._inflight.clear()
-        self._to_save.clear()
-        self._loads.clear()
+        self.tiers.reset()
         self.embeds.reset()
-        self.slots = KvSlots(len(self.slots))
+        self.slots.clear()
         return lost
+
+    def update(self, plan: StepPlan, result: StepResult) -> list[TokenEvent | EmbedEvent | ProgressEvent]:
+        """A step's result folded into its jobs (sched/results.py): their events."""
+        if result.step != plan.step:
+            raise ValueError(f"result of step {result.step} for plan {plan.step}")
+        owners = self._inflight.pop(plan.step, {})
+        loads = self.tiers.loads.pop(plan.step, {})
+        self.tiers.result(result, loads)
+        for seq in result.failed:
+            self._lost(seq, seq in loads)
+        events: list[TokenEvent | EmbedEvent | ProgressEvent] = list(self.embeds.update(plan.step, result.vectors))
+        events += progress(plan, owners)
+        events += self.results.tokens(plan, result, owners)
+        return events
+
+    def _lost(self, seq: int, restoring: bool) -> None:
+        """The lane's KV is gone (a restore that failed): its job goes back to the front of its
+        queue, to be prefilled from what it knows; as a preempted job, it draws the same tokens."""
+        slot = self.slots[seq]
+        job, slot.kv = slot.job, []
+        if job is None:
+            return
+        self.running.pop(seq, None)
+        self._to_close.append(seq)
+        slot.job = None
+        if restoring:
+            job.cached = None  # it was not restored after all
+        job.status, job.pending, job.seq = JobStatus.WAITING, 0, None
+        self.waiting.push_front(job, self._step)
 
     @property
     def has_work(self) -> bool:
         return bool(self.running or self._to_close or len(self.waiting) or self.embeds.has_work
-                    or self._pin_wanted or self._pin_ops)
+                    or self.tiers.has_work)
 
     def queue_depth(self) -> dict[Qos, int]:
         return {q: self.waiting.count(q) + sum(1 for j in self.embeds.ready() if j.qos == q) for q in Qos}
@@ -171,9 +199,7 @@ class Scheduler(KvTiers, Results):
         saves: list[Save] = []
         drops: list[int] = []
         loads: list[Load] = []
-        for seq, (tokens, ns) in self._to_save.items():  # turns that ended, long prompts prefilled: to disk
-            self._save(seq, tokens, ns, step, saves, drops)
-        self._to_save.clear()
+        self.tiers.save_due(step, saves, drops)  # turns that ended, long prompts prefilled: to disk
         grammars: set[str] = set()  # the grammars this plan's opens carry (each sent once)
         carried = 0  # what the opens carry: grammar characters, and bytes of tokens (penalty context, history)
         for job in self.waiting.ordered(step, self._short if self.srpt else None):
@@ -188,7 +214,7 @@ class Scheduler(KvTiers, Results):
                 continue  # only interactive and completion jobs preempt, and short jobs longer ones
             if not self._admissible(job):
                 continue
-            restore = self._restore_for(job)
+            restore = self.tiers.restore_for(job, rows.tail(job, self.tail_rows))
             if restore is not None and job.qos != Qos.INTERACTIVE and (loads or self._chat_prefilling()):
                 continue  # one restore a step, and none while a chat prefills: it waits a step
             if full and not self._preempt_for(job, step, pinned):
@@ -200,14 +226,14 @@ class Scheduler(KvTiers, Results):
         self._to_close.clear()
         embeds: list[EmbedItem] = []
         runs = self._runs(step, embeds, sum(ld.n for ld in loads) // RESTORE_COST)
-        pins = self._disk_pins(saves)
+        pins = self.tiers.disk_pins(saves)
         if not (opens or runs or closes or embeds or saves or drops or pins):
             return None
         self._step = step
         self._inflight[step] = {r.seq: (self.running[r.seq], self.running[r.seq].incarnation, r.draft)
                                 for r in runs}  # prefill chunks too: their progress is reported
         if loads:
-            self._loads[step] = {ld.seq: ld.key for ld in loads}
+            self.tiers.loads[step] = {ld.seq: ld.key for ld in loads}
         return StepPlan(step, tuple(opens), tuple(runs), closes, tuple(copies), tuple(embeds),
                         tuple(saves), tuple(loads), tuple(drops), pins)
 
@@ -254,44 +280,8 @@ class Scheduler(KvTiers, Results):
 
     def _admit(self, job: Job, step: int, opens: list[LaneOpen], copies: list[Copy], pinned: set[int],
                restore: tuple[int, int] | None, loads: list[Load], saves: list[Save], drops: list[int]) -> None:
-        tokens = job.known()
-        src, n = self.slots.best_match(tokens, Job.kv_tokens, ns=job.cache_ns)
-        n = max(0, min(n, len(tokens) - self._tail(job)))  # the last token is fed again: its logits are needed
-        guard = self.pins.guarded(self.slots) if self.pins else {}  # {seq: pinned length}
-        if src is not None and n < MIN_COPY and (src.job is not None or 2 * n < len(src.kv)):
-            # a few shared tokens (a chat template's header) are worth neither a copy nor
-            # most of a longer cache entry
-            src, n = None, 0
-        if restore is not None:  # the disk tier holds a longer prefix than any slot
-            src = None
-            free = self.slots.evictable(keep=guard)
-            assert free is not None, "a free lane always has a free slot"
-            slot, keep, (key, n) = free, 0, restore
-            loads.append(Load(slot.seq, key, n))
-            self.disk.entries[key].used = step  # type: ignore[union-attr]
-            if job.cached is None:
-                self.counters.restores += 1
-                self.counters.restored_tokens += n
-        elif src is not None and src.job is None and n > 0 and n >= guard.get(src.seq, 0):
-            slot, keep = src, n
-        else:  # a running slot, or a pinned one this job would cut into: copied from
-            free = self.slots.evictable(avoid=src, keep=guard)
-            assert free is not None, "a free lane always has a free slot"
-            slot = free
-            keep = 0
-            if src is not None:
-                copies.append(Copy(src.seq, slot.seq, n))
-                pinned.add(src.seq)
-                src.hits += 1
-                self.counters.coalesced += 1
-        if self.disk is not None and job.cached is None:
-            self.counters.disk_lookups += 1
-        if slot.kv and slot is not src:
-            self.counters.evictions += 1
-            if slot.persist:
-                self._save(slot.seq, slot.kv, slot.ns, step, saves, drops)  # before the open wipes it
-        if slot is src:
-            slot.hits += 1
+        slot, keep, n = seats.seat(job, self.slots, self.tiers, self.counters, rows.tail(job, self.tail_rows),
+                                   restore, step, copies, pinned, loads, saves, drops)
         slot.job, slot.kv, slot.last_used = job, [], step
         self.waiting.remove(job.id)
         if job.preemptions:  # waiting after a preemption: held back by better or shorter work
@@ -312,7 +302,7 @@ class Scheduler(KvTiers, Results):
     def _runs(self, step: int, embeds: list[EmbedItem], restore_cost: int) -> list[Run]:
         runs: list[Run] = []
         chat = self._chat_prefilling()
-        solo = self._solo(step)
+        solo = rows.solo(self.running.values(), step, self.tail_rows)
         for job in self.running.values():
             if not solo and job.status == JobStatus.DECODING and self._wants_token(job):
                 draft = self.spec.grant(job, step, self._drafts_in_flight(job), self.n_ctx, chat)
@@ -349,7 +339,7 @@ class Scheduler(KvTiers, Results):
                 break
             left = w.planned_len - w.scheduled
             n = min(left, budget - spent)
-            if self._tail(w) > 1 and n < left:  # never a run of fewer rows, nor a remainder of one
+            if rows.tail(w, self.tail_rows) > 1 and n < left:  # never a run of fewer rows, nor a remainder of one
                 n = n - 1 if left - n == 1 else n
                 if n < self.tail_rows:
                     continue
@@ -393,7 +383,18 @@ class Scheduler(KvTiers, Results):
         slot.ns = job.cache_ns
         self.running.pop(job.seq, None)
         self._to_close.append(job.seq)
-        if save and self.disk is not None and job.persist:
-            self._to_save[job.seq] = (slot.kv, slot.ns)
+        if save and self.tiers.disk is not None and job.persist:
+            self.tiers.to_save[job.seq] = (slot.kv, slot.ns)
         if save:
-            self._keep_pinned(job, slot.kv)
+            self.tiers.keep_pinned(job, slot.kv)
+
+    def _fail(self, job: Job) -> None:
+        """The job leaves a lane that failed on its own: what the lane holds is not known, so
+        its slot keeps no cache entry."""
+        assert job.seq is not None
+        seq = job.seq
+        self._release(job)
+        self.slots[seq].kv = []
+
+    def _chat_prefilling(self) -> bool:
+        return any(j.qos == Qos.INTERACTIVE and j.status == JobStatus.PREFILLING for j in self.running.values())

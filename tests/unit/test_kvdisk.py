@@ -85,7 +85,7 @@ def test_summary_lists_block_hashes_at_the_given_granularity():
 def sched(lanes: int = 2, slots: int = 2, n_ctx: int = 1024) -> Scheduler:
     s = Scheduler(lanes=lanes, n_ctx=n_ctx, step_tokens=512, eog=frozenset({EOG}), slots=slots)
     s.prefill_budget = 512
-    s.seed_disk([])
+    s.tiers.seed_disk([])
     return s
 
 
@@ -114,10 +114,10 @@ def test_a_finished_turn_is_saved_and_its_next_turn_restored_when_ram_lost_it():
     assert len(saves) == 1
     kv = prompt + [7, 7]  # the prompt and what was fed back of the output
     assert saves[0].tokens == tuple(kv) and saves[0].key == kv_key(kv)
-    assert kv_key(kv) in s.disk
+    assert kv_key(kv) in s.tiers.disk
     # the worker is replaced (RAM slots are empty); the disk index is what it reports
     s.reset()
-    s.seed_disk([(kv_key(kv), tuple(kv), "")])
+    s.tiers.seed_disk([(kv_key(kv), tuple(kv), "")])
     nxt = kv + [7] + toks(11, 40)  # the next turn carries the whole conversation
     s.add(Job("b", list(nxt), SamplingParams(), 2))
     plan = s.schedule()
@@ -140,7 +140,7 @@ def test_a_namespaced_turn_is_saved_in_its_namespace_and_restored_only_in_it():
     kv = prompt + [7, 7]
     assert (save.key, save.ns) == (kv_key(kv, "key-a"), "key-a")
     s.reset()
-    s.seed_disk([(save.key, save.tokens, "key-a")])  # what the worker's store reports after a restart
+    s.tiers.seed_disk([(save.key, save.tokens, "key-a")])  # what the worker's store reports after a restart
     s.add(Job("b", kv + [7] + toks(11, 40), SamplingParams(), 2, cache_ns="key-b"))
     assert s.schedule().loads == () and s.jobs["b"].cached == 0
     s.add(Job("c", kv + [7] + toks(12, 40), SamplingParams(), 2, cache_ns="key-a"))
@@ -159,7 +159,7 @@ def test_ram_wins_when_it_holds_as_much_as_disk():
 
 def test_an_evicted_slot_is_saved_before_its_new_job_opens_it():
     s = sched(lanes=1, slots=1)
-    s.disk = DiskIndex()
+    s.tiers.disk = DiskIndex()
     a = toks(13, 150)
     s.add(Job("a", list(a), SamplingParams(), 2))
     plan = s.schedule()
@@ -172,19 +172,19 @@ def test_an_evicted_slot_is_saved_before_its_new_job_opens_it():
     assert plan.opens[0].seq == plan.saves[0].seq
     # the same prefix is not written twice when the slot is evicted again
     s.update(plan, result(plan))
-    assert len(s.disk) == 1
+    assert len(s.tiers.disk) == 1
 
 
 def test_a_failed_restore_requeues_the_job_to_prefill_from_scratch():
     s = sched()
     kv = toks(15, 300)
-    s.seed_disk([(kv_key(kv), tuple(kv), "")])
+    s.tiers.seed_disk([(kv_key(kv), tuple(kv), "")])
     s.add(Job("a", kv + [5, 6], SamplingParams(), 2))
     plan = s.schedule()
     seq = plan.loads[0].seq
     s.update(plan, result(plan, failed=(seq,), dropped=(kv_key(kv),)))
     job = s.jobs["a"]
-    assert job.status == JobStatus.WAITING and job.cached is None and kv_key(kv) not in s.disk
+    assert job.status == JobStatus.WAITING and job.cached is None and kv_key(kv) not in s.tiers.disk
     plan = s.schedule()
     assert plan.loads == () and plan.opens[0].keep == 0
     assert plan.runs[0].pos == 0 and len(plan.runs[0].tokens) == len(kv) + 2
@@ -194,7 +194,7 @@ def test_a_failed_restore_requeues_the_job_to_prefill_from_scratch():
 def test_a_background_restore_waits_while_a_chat_prefills():
     s = sched(lanes=3, slots=3, n_ctx=2048)
     kv = toks(16, 300)
-    s.seed_disk([(kv_key(kv), tuple(kv), "")])
+    s.tiers.seed_disk([(kv_key(kv), tuple(kv), "")])
     s.add(Job("chat", toks(17, 1100), SamplingParams(), 2, Qos.INTERACTIVE))  # over 2 steps of 512
     s.add(Job("bg", kv + [5], SamplingParams(), 2, Qos.BACKGROUND))
     plan = s.schedule()
@@ -215,11 +215,11 @@ def test_a_background_restore_waits_while_a_chat_prefills():
 def test_dropped_entries_leave_the_index_and_no_tier_means_no_saves():
     s = sched()
     kv = toks(18, 100)
-    s.seed_disk([(kv_key(kv), tuple(kv), "")])
+    s.tiers.seed_disk([(kv_key(kv), tuple(kv), "")])
     s.add(Job("a", toks(19, 70), SamplingParams(), 2))
     plan = s.schedule()
     s.update(plan, result(plan, dropped=(kv_key(kv),)))
-    assert len(s.disk) == 0
+    assert len(s.tiers.disk) == 0
     s2 = Scheduler(lanes=1, n_ctx=1024, step_tokens=512, eog=frozenset({EOG}))
     s2.add(Job("a", toks(20, 200), SamplingParams(), 2))
     assert all(not p.saves and not p.loads for p in run_to_end(s2))
@@ -252,4 +252,4 @@ def test_a_store_false_job_never_reaches_the_disk_tier():
     s.add(Job("b", list(b), SamplingParams(), 2))  # evicts a's slot
     plans = run_to_end(s)
     assert [sv.tokens[:150] for p in plans for sv in p.saves] == [tuple(b)]  # b's turn end only
-    assert len(s.disk) == 1
+    assert len(s.tiers.disk) == 1

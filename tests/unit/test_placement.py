@@ -135,7 +135,7 @@ def test_a_node_summarises_its_slots_and_disk_and_recomputes_only_when_they_chan
     disk.add(1, list(range(50, 1100)))
     slots = [Slot(0, None, list(range(9, 600)), last_used=3), Slot(1, running, [], last_used=1),
              Slot(2, None, [], last_used=0)]
-    eng = NS(steps=5, sched=NS(slots=NS(slots=slots), disk=disk))
+    eng = NS(steps=5, sched=NS(slots=NS(slots=slots), tiers=NS(disk=disk)))
     s = NodeSummary()
     held = from_wire(s.fields(eng))
     assert held == frozenset(wanted(list(range(300))) + wanted(list(range(9, 600))) + disk.summary())
@@ -143,5 +143,6 @@ def test_a_node_summarises_its_slots_and_disk_and_recomputes_only_when_they_chan
     assert from_wire(s.fields(eng)) == held  # the engine has not stepped: the cached summary
     eng.steps = 6
     assert from_wire(s.fields(eng)) == frozenset(wanted(list(range(300))) + disk.summary())
-    assert from_wire(NodeSummary().fields(NS(steps=0, sched=NS(slots=NS(slots=[]), disk=None)))) == frozenset()
+    empty = NS(steps=0, sched=NS(slots=NS(slots=[]), tiers=NS(disk=None)))
+    assert from_wire(NodeSummary().fields(empty)) == frozenset()
     assert NodeSummary().fields(None) == {}  # a pipeline stage: no scheduler, no message

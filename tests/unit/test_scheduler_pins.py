@@ -22,7 +22,7 @@ def sched(lanes: int = 1, slots: int = 3, disk: bool = False) -> Scheduler:
     s = Scheduler(lanes=lanes, n_ctx=4096, step_tokens=512, eog=frozenset({EOG}), slots=slots)
     s.prefill_budget = 512
     if disk:
-        s.seed_disk([])
+        s.tiers.seed_disk([])
     return s
 
 
@@ -58,7 +58,7 @@ def test_a_pinned_session_outlives_eviction_pressure_and_an_unpinned_one_does_no
     s = sched(lanes=1, slots=3)
     _, kv_a = turn(s, "a1", toks(1, 40), session="A")
     _, kv_b = turn(s, "b1", toks(2, 40), session="B")
-    assert s.pin_session("A", kv_a + [99]) == len(kv_a)  # the slot holds all of it
+    assert s.tiers.pin_session("A", kv_a + [99]) == len(kv_a)  # the slot holds all of it
     pressure(s, 6)  # more conversations than slots
     plans, _ = turn(s, "a2", kv_a + [99] + toks(3, 5), session="A")
     assert first_open(plans).keep == len(kv_a)  # only the new tokens are prefilled
@@ -69,9 +69,9 @@ def test_a_pinned_session_outlives_eviction_pressure_and_an_unpinned_one_does_no
 def test_the_pin_follows_the_sessions_latest_context():
     s = sched(lanes=1, slots=3)
     _, kv1 = turn(s, "a1", toks(1, 40), session="A")
-    s.pin_session("A", kv1)
+    s.tiers.pin_session("A", kv1)
     _, kv2 = turn(s, "a2", kv1 + toks(2, 10), session="A")
-    assert s.pins.get("session:A").tokens == kv2
+    assert s.tiers.pins.get("session:A").tokens == kv2
     pressure(s, 6)
     plans, _ = turn(s, "a3", kv2 + toks(3, 5), session="A")
     assert first_open(plans).keep == len(kv2)
@@ -80,7 +80,7 @@ def test_the_pin_follows_the_sessions_latest_context():
 def test_a_job_sharing_less_than_a_pinned_prefix_copies_from_it():
     s = sched(lanes=1, slots=3)
     _, kv = turn(s, "a1", toks(1, 40), session="A")
-    s.pin_session("A", kv)
+    s.tiers.pin_session("A", kv)
     pinned_seq = next(sl.seq for sl in s.slots.slots if sl.kv == kv)
     plans, _ = turn(s, "fork", kv[:30] + toks(2, 10))
     copy = next(c for p in plans for c in p.copies)
@@ -91,35 +91,35 @@ def test_a_job_sharing_less_than_a_pinned_prefix_copies_from_it():
 def test_only_slots_minus_lanes_can_be_pinned():
     s = sched(lanes=2, slots=3)  # one pin
     _, kv = turn(s, "a1", toks(1, 40), session="A")
-    s.pin_session("A", kv)
+    s.tiers.pin_session("A", kv)
     with pytest.raises(TooManyPins) as e:
-        s.pin_session("B", toks(2, 40))
+        s.tiers.pin_session("B", toks(2, 40))
     assert e.value.status == 409 and e.value.code == "too_many_pins"
-    assert s.pin_session("A", kv) == len(kv)  # pinning again is fine
-    assert s.unpin_session("A") and not s.unpin_session("A")
-    s.pin_session("B", toks(2, 40))
+    assert s.tiers.pin_session("A", kv) == len(kv)  # pinning again is fine
+    assert s.tiers.unpin_session("A") and not s.tiers.unpin_session("A")
+    s.tiers.pin_session("B", toks(2, 40))
     with pytest.raises(TooManyPins):
-        sched(lanes=2, slots=2).pin_session("A", kv)  # no share at all
+        sched(lanes=2, slots=2).tiers.pin_session("A", kv)  # no share at all
 
 
 def test_cache_hints_take_free_shares_only_and_a_session_pin_takes_a_hints_share():
     s = sched(lanes=1, slots=2)  # one pin
-    s.expire_pins(100.0)
+    s.tiers.expire(100.0)
     turn(s, "h1", toks(1, 40), cache=(30, 300.0))
-    assert [p.until for p in s.pins.by_name.values()] == [400.0]
+    assert [p.until for p in s.tiers.pins.by_name.values()] == [400.0]
     turn(s, "h2", toks(2, 40), cache=(30, 300.0))
-    assert len(s.pins) == 1 and s.pins.by_name[next(iter(s.pins.by_name))].tokens == toks(1, 30)
+    assert len(s.tiers.pins) == 1 and s.tiers.pins.by_name[next(iter(s.tiers.pins.by_name))].tokens == toks(1, 30)
     # the same conversation's next turn marks a longer prefix: it takes over the share
     _, kv = turn(s, "h3", toks(1, 40) + [7, 5, 6], cache=(42, 300.0))
-    assert [p.tokens for p in s.pins.by_name.values()] == [kv[:42]]
+    assert [p.tokens for p in s.tiers.pins.by_name.values()] == [kv[:42]]
     _, kv_a = turn(s, "a1", toks(3, 40), session="A")
-    s.pin_session("A", kv_a)  # the hint's share goes to the session
-    assert list(s.pins.by_name) == ["session:A"]
+    s.tiers.pin_session("A", kv_a)  # the hint's share goes to the session
+    assert list(s.tiers.pins.by_name) == ["session:A"]
 
 
 def test_a_cache_hint_keeps_its_prefix_warm_until_its_ttl_passes():
     s = sched(lanes=1, slots=3)
-    s.expire_pins(0.0)
+    s.tiers.expire(0.0)
     system = toks(1, 40)
     turn(s, "h1", system + toks(2, 5), cache=(40, 300.0))
     pressure(s, 4)
@@ -127,10 +127,10 @@ def test_a_cache_hint_keeps_its_prefix_warm_until_its_ttl_passes():
     def warm() -> bool:
         return any(sl.kv[:40] == system for sl in s.slots.slots)
 
-    s.expire_pins(299.0)
-    assert warm() and len(s.pins) == 1  # within the TTL
-    s.expire_pins(301.0)
-    assert len(s.pins) == 0
+    s.tiers.expire(299.0)
+    assert warm() and len(s.tiers.pins) == 1  # within the TTL
+    s.tiers.expire(301.0)
+    assert len(s.tiers.pins) == 0
     pressure(s, 4, seed=70)
     assert not warm()  # evicted once it expired
     plans, _ = turn(s, "h3", system + toks(4, 5))
@@ -142,38 +142,38 @@ def test_disk_entries_of_pinned_prefixes_are_pinned_through_the_plan():
     prompt = toks(1, 2 * BLOCK)
     _, kv1 = turn(s, "a1", prompt, session="A")
     key1 = kv_key(kv1)
-    assert key1 in s.disk and not s.disk.entries[key1].pinned
-    s.pin_session("A", kv1)
+    assert key1 in s.tiers.disk and not s.tiers.disk.entries[key1].pinned
+    s.tiers.pin_session("A", kv1)
     plan = s.schedule()  # nothing else to do: a plan with only the pin
-    assert plan is not None and plan.pins == ((key1, True),) and s.disk.entries[key1].pinned
+    assert plan is not None and plan.pins == ((key1, True),) and s.tiers.disk.entries[key1].pinned
     s.update(plan, StepResult(plan.step, ()))
     # the next turn supersedes the entry: the new one is pinned (and the old one dropped)
     plans, kv2 = turn(s, "a2", kv1 + toks(2, BLOCK), session="A")
     key2 = kv_key(kv2)
-    assert key1 not in s.disk and s.disk.entries[key2].pinned
+    assert key1 not in s.tiers.disk and s.tiers.disk.entries[key2].pinned
     assert any((key2, True) in p.pins for p in plans) and any(key1 in p.drops for p in plans)
-    assert s.unpin_session("A")
+    assert s.tiers.unpin_session("A")
     plan = s.schedule()
-    assert plan.pins == ((key2, False),) and not s.disk.entries[key2].pinned
+    assert plan.pins == ((key2, False),) and not s.tiers.disk.entries[key2].pinned
 
 
 def test_a_cache_hints_disk_entry_stays_pinned_after_its_ttl():
     s = sched(lanes=1, slots=3, disk=True)
-    s.expire_pins(0.0)
+    s.tiers.expire(0.0)
     system = toks(1, 2 * BLOCK)
     plans, kv = turn(s, "h1", system + toks(2, 5), cache=(2 * BLOCK, 300.0))
     assert any((kv_key(kv), True) in p.pins for p in plans)
-    s.expire_pins(1000.0)
-    assert len(s.pins) == 0 and s.disk.entries[kv_key(kv)].pinned
+    s.tiers.expire(1000.0)
+    assert len(s.tiers.pins) == 0 and s.tiers.disk.entries[kv_key(kv)].pinned
 
 
 def test_a_new_worker_gets_the_pins_again():
     s = sched(lanes=1, slots=3, disk=True)
     _, kv = turn(s, "a1", toks(1, 2 * BLOCK), session="A")
-    s.pin_session("A", kv)
+    s.tiers.pin_session("A", kv)
     s.update(p := s.schedule(), StepResult(p.step, ()))
     s.reset()
-    s.seed_disk([(kv_key(kv), tuple(kv), "")])  # the new worker's store knows no pins
+    s.tiers.seed_disk([(kv_key(kv), tuple(kv), "")])  # the new worker's store knows no pins
     plan = s.schedule()
     assert plan.pins == ((kv_key(kv), True),)
 
