@@ -35,7 +35,8 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=48)
     ap.add_argument("--seed", type=int, default=1)
     a = ap.parse_args()
-    out = run(tempfile.mkdtemp(prefix="kill-loop-"), kills=a.kills, streams=a.streams, budget=a.budget, seed=a.seed)
+    out = run(tempfile.mkdtemp(prefix="kill-loop-"), kills=a.kills, streams=a.streams, budget=a.budget, seed=a.seed,
+              daemon_args=("--deterministic",))  # greedy identity across batch shapes (test_kill_loop.py)
     r = out["restart_s"][1:]
     out["restart"] = {"first_kill_s": r[0], "last_kill_s": r[-1], "median_s": statistics.median(r),
                       "max_s": max(r)} if r else {}
