@@ -88,8 +88,8 @@ class EngineConfig:
     matryoshka: bool = False  # embeddings may be cut to `dimensions` (a model trained for it)
     kv_dir: str = ""  # the disk tier of the KV cache ("": none); each model file gets its own folder in it
     kv_disk_mb: float = 0.0  # its size cap
-    speculative: str = "off"  # "ngram": decode runs verify drafts looked up in the lane's own context; "draft":
-    # drafts a second, small model (draft_model) proposes
+    speculative: str = "off"  # "ngram": decode runs verify drafts looked up in the lane's own context; "suffix":
+    # drafts from suffix trees over the lane's context and earlier outputs; "draft": a second, small model's
     spec_max_tokens: int = 8  # most drafts a lane verifies in one step
     draft_model: str = ""  # --speculative draft: the draft model's GGUF (same vocabulary)
     sampling: tuple[tuple[str, float], ...] = ()  # the operator's sampling defaults (engine/sampling_defaults.py)
@@ -98,6 +98,11 @@ class EngineConfig:
     # --deterministic: no prefill run of one row (with flash attention off, every other run
     # computes a row the same way: sched/scheduler.py `tail_rows`)
     deterministic: bool = False
+
+    @property
+    def spec_tokens(self) -> int:
+        """Most drafts a lane verifies in a step by default (0: no speculation)."""
+        return self.spec_max_tokens if self.speculative in ("ngram", "suffix", "draft") else 0
 
     @property
     def slots(self) -> int:

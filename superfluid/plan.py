@@ -30,6 +30,7 @@ class LaneOpen:
     # the context before `history` the penalties count (the prompt's last repeat_last_n tokens;
     # empty when no penalty applies): sent, not mirrored, so a cached prefix counts the same
     context: tuple[int, ...] = ()
+    ns: str = ""  # the request's prefix-cache namespace: suffix drafts come only from text of the same one
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,7 +51,7 @@ class Engine(EngineBase):
         self.spec = WorkerSettings(cfg.model_path, cfg.slots, n_ctx, cfg.threads, cfg.step_tokens, runtime=cfg.runtime,
                                    stages=cfg.stages, spares=cfg.stage_spares, stage_psk=cfg.stage_psk,
                                    split=cfg.stage_split, pooling=cfg.pooling,
-                                   kv_dir=cfg.kv_dir, draft_model=cfg.draft_model,
+                                   kv_dir=cfg.kv_dir, draft_model=cfg.draft_model, speculative=cfg.speculative,
                                    kv_disk_mb=cfg.kv_disk_mb, rpc_nodes=cfg.rpc_nodes, rpc_split=cfg.rpc_split,
                                    rpc_output=cfg.rpc_output, rope_scaling=cfg.rope_scaling,
                                    rope_scale=cfg.rope_scale, yarn_orig_ctx=cfg.yarn_orig_ctx,
@@ -98,7 +98,7 @@ class Engine(EngineBase):
         self.sched.embeds.window = self.info.embed_window
         self.sched.embeds.chunks = self.info.embed_chunks
         self.sched.spec.supported = bool(self.info.speculate)  # the runtime verifies drafted rows
-        self.sched.spec.max_tokens = self.cfg.spec_max_tokens if self.cfg.speculative in ("ngram", "draft") else 0
+        self.sched.spec.max_tokens = self.cfg.spec_tokens
         self._task = asyncio.create_task(self._supervised(), name="engine-loop")
 
     async def close(self, error: SuperfluidError | None = None) -> None:

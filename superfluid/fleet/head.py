@@ -221,11 +221,11 @@ class FleetEngine(EngineBase):
     def _speculate(self, r: GenRequest) -> int:
         """The drafts per step the node may verify for this generation: the request's own, else
         this head's --speculative / --spec-max-tokens (a node honours the head's settings). A
-        node drafts with its own drafter: the draft model it was started with (`node serve
-        --speculative draft --draft-model GGUF`), else prompt lookup."""
+        node drafts with its own drafter: the one it was started with (`node serve --speculative
+        suffix`, or `draft --draft-model GGUF`), else prompt lookup."""
         if r.speculate is not None:
             return r.speculate
-        return self.cfg.spec_max_tokens if self.cfg.speculative in ("ngram", "draft") else 0
+        return self.cfg.spec_tokens
 
     async def _watch(self) -> None:
         """Failover: work on a node gone for longer than `grace` moves."""

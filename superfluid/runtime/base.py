@@ -20,7 +20,7 @@ from ..errors import BadRequest, EmbeddingUnsupported, ErrorReport, ModelLoadErr
 from ..plan import PLACEHOLDER, EmbedItem, KvIo, LaneError, Run, Sampled, Save, StepPlan, StepResult, Vector
 from .kvstore import KvStore
 from .sampling import LaneSampler
-from .speculate import LaneTokens, NgramDrafter, within_grammar
+from .speculate import Drafter, LaneTokens, NgramDrafter, within_grammar
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ class Runtime(ABC):
         self._faulted: set[int] = set()  # lanes that failed on their own (grammar, sampler) until reopened
         self.kv_store: KvStore | None = None  # the disk tier, attached by the worker
         self.lanes = LaneTokens()  # what each lane holds: drafts continue it (info.speculate)
-        self.drafter: Any = NgramDrafter()  # proposes drafts: prompt lookup, or a draft model (attach_draft)
+        self.drafter: Drafter = NgramDrafter()  # prompt lookup, suffix trees (runtime/suffix.py) or a draft model
 
     @abstractmethod
     def open_lane(self, seq: int, keep: int) -> None: ...
@@ -124,6 +124,7 @@ class Runtime(ABC):
             self._samplers.pop(seq, None)
             self._last.pop(seq, None)
             self.close_lane(seq)
+            self.drafter.end(seq)
         saved = sum(self._save(s) for s in plan.saves)
         if self.kv_store is not None:
             for key, pinned in plan.pins:
@@ -133,6 +134,7 @@ class Runtime(ABC):
             self._faulted.discard(o.seq)
             self.open_lane(o.seq, o.keep)
             self.lanes.keep(o.seq, o.keep)
+            self.drafter.begin(o.seq, o.ns)
             held = self.lane_len(o.seq) if o.keep else None
             if held is not None and held < o.keep:
                 self._break(o.seq, failed)  # the cache entry it was seeded from is not there
@@ -194,6 +196,7 @@ class Runtime(ABC):
             s = sampler.sample(run.seq, logits[j] if run.draft else logits, first + j)
             out.append(s)
             self._last[run.seq] = s.token
+            self.drafter.produced(run.seq, s.token)
             if j == run.draft or s.token != drafts[j] or sampler.ended(s.token):
                 break
         if run.draft and j < run.draft:  # KV past the last accepted draft goes

@@ -23,6 +23,7 @@ import numpy as np
 from ..errors import ModelLoadError
 from ..plan import PLACEHOLDER
 from .llamacpp import context_params, model_params
+from .speculate import Drafter
 
 
 def vocab_texts(vocab) -> list[bytes]:
@@ -60,7 +61,7 @@ def check_same_vocab(target_vocab, path: str) -> None:
                              f"{here!r} in the model it drafts for; a draft model must share its vocabulary")
 
 
-class DraftModel:
+class DraftModel(Drafter):
     def __init__(self, path: str, target_vocab, *, lanes: int, n_ctx: int, threads: int, batch_tokens: int):
         check_same_vocab(target_vocab, path)
         self.model = ll.llama_model_load_from_file(path.encode(), model_params())  # on the target's device(s)

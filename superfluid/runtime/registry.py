@@ -162,6 +162,13 @@ def load_runtime(s: Any):
     """The runtime a worker's settings name (worker.protocol.WorkerSettings): the one place
     runtimes are chosen by name; with its draft model (--speculative draft) attached."""
     rt = _runtime(s)
+    if getattr(s, "speculative", "") == "suffix":
+        from .suffix import SuffixDrafter
+        try:
+            rt.drafter = SuffixDrafter()
+        except BaseException:
+            rt.close()
+            raise
     if getattr(s, "draft_model", ""):
         try:
             rt.attach_draft(s.draft_model)

@@ -76,18 +76,36 @@ class LaneTokens:
         return [*self.held.get(seq, ()), last]
 
 
-class NgramDrafter:
-    """Prompt lookup: drafts are the continuation of the lane's own text (`propose`)."""
+class Drafter:
+    """What a drafter is told of the lanes (each a no-op here): a lane opened for a request of
+    a prefix-cache namespace, the tokens it produced, the lane retired, a prefix copied."""
 
     def propose(self, wants: dict[int, tuple[list[int], int]]) -> dict[int, list[int]]:
-        """Up to k drafts for each lane {seq: (context, k)}."""
-        return {seq: propose(np.asarray(ctx, dtype=np.int64), k) for seq, (ctx, k) in wants.items()}
+        """Up to k drafts for each lane {seq: (context, k)}: the context is the lane's tokens
+        then its last sampled one, the token the target is about to feed."""
+        raise NotImplementedError
+
+    def begin(self, seq: int, ns: str) -> None:
+        pass
+
+    def produced(self, seq: int, token: int) -> None:
+        pass
+
+    def end(self, seq: int) -> None:
+        pass
 
     def copy(self, src: int, dst: int, n: int) -> None:
-        pass  # it keeps nothing per lane
+        pass
 
     def close(self) -> None:
         pass
+
+
+class NgramDrafter(Drafter):
+    """Prompt lookup: drafts are the continuation of the lane's own text (`propose`)."""
+
+    def propose(self, wants: dict[int, tuple[list[int], int]]) -> dict[int, list[int]]:
+        return {seq: propose(np.asarray(ctx, dtype=np.int64), k) for seq, (ctx, k) in wants.items()}
 
 
 def within_grammar(drafts: list[int], matcher) -> list[int]:

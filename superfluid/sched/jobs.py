@@ -7,7 +7,7 @@ import enum
 from dataclasses import dataclass, field
 
 from ..errors import ErrorReport
-from ..plan import PLACEHOLDER
+from ..plan import PLACEHOLDER, LaneOpen
 from ..request import FinishReason, Qos, SamplingParams
 
 
@@ -70,6 +70,12 @@ class Job:
     def kv_tokens(self) -> list[int]:
         """Known tokens whose KV has been sent to the worker."""
         return self.known()[:min(self.scheduled, self.context_len)]
+
+    def lane_open(self, seq: int, keep: int) -> LaneOpen:
+        """The lane opened for it: its sampling, what it generated before (penalties count
+        it), the KV prefix kept, and its cache namespace (drafts stay within it)."""
+        return LaneOpen(seq, self.sampling, self.prior + tuple(self.output), keep, self.penalty_context(),
+                        self.cache_ns)
 
     def penalty_context(self) -> tuple[int, ...]:
         """What the lane's penalties count before this turn's tokens (LaneOpen.context): the

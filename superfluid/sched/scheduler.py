@@ -297,7 +297,7 @@ class Scheduler:
             self.counters.cached_tokens += n
         self.running[slot.seq] = job
         pinned.add(slot.seq)
-        opens.append(LaneOpen(slot.seq, job.sampling, job.prior + tuple(job.output), keep, job.penalty_context()))
+        opens.append(job.lane_open(slot.seq, keep))
 
     def _runs(self, step: int, embeds: list[EmbedItem], restore_cost: int) -> list[Run]:
         runs: list[Run] = []

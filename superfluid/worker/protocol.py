@@ -53,6 +53,7 @@ class WorkerSettings(Record):
     kv_dir: str = ""  # the disk tier of the KV cache ("" : none)
     kv_disk_mb: float = 0.0  # its size cap
     draft_model: str = ""  # a small GGUF of the same vocabulary that drafts for speculation ("": none)
+    speculative: str = ""  # "suffix": the runtime drafts from suffix trees (runtime/suffix.py), else prompt lookup
     kv_bits: int = 16  # the KV cache's cells: 16 (f16), 8 (q8_0) or 4 (q4_0), llama.cpp only
     flash_attn: str = "auto"  # llama.cpp's flash attention: auto (llama-server's default), on or off
 

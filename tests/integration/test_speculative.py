@@ -1,4 +1,4 @@
-"""Speculative decoding (n-gram drafts verified in the step's batch) on the embedded model:
+"""Speculative decoding (n-gram and suffix-tree drafts verified in the step's batch) on the embedded model:
 token-for-token the output of decoding without it, greedy, sampled (every seed) and under a
 grammar; the first sampled token's distribution is the model's (chi-square over seeds); and
 through the daemon, the same text as a daemon without speculation, a cut stream resumed to
@@ -20,6 +20,7 @@ from superfluid.plan import PLACEHOLDER, LaneOpen, Run, StepPlan
 from superfluid.request import SamplingParams
 from superfluid.runtime.llamacpp import LlamaCppRuntime
 from superfluid.runtime.registry import embedded_model
+from superfluid.runtime.suffix import SuffixDrafter
 
 from .conftest import MODEL
 from .daemon import Daemon
@@ -30,9 +31,12 @@ CODE = "\n".join(f"def f{i}(x):\n    return x * {i} + {i * i}\n" for i in range(
 EDIT = [{"role": "user", "content": "Repeat this code exactly, with f3 renamed to g3:\n" + CODE}]
 
 
-@pytest.fixture(scope="module")
-def rt():
+@pytest.fixture(scope="module", params=["ngram", "suffix"])
+def rt(request):
+    """The runtime with each drafter: prompt lookup, and suffix trees (runtime/suffix.py)."""
     r = LlamaCppRuntime(embedded_model().path, lanes=4, n_ctx=1024, threads=1, batch_tokens=512)
+    if request.param == "suffix":
+        r.drafter = SuffixDrafter()
     yield r
     r.close()
 
@@ -184,6 +188,35 @@ def test_the_daemon_speculates_and_answers_as_one_without_it(spec_daemon, daemon
     assert 0 < _metric(spec_daemon, "superfluid_draft_acceptance_rate") <= 1
 
 
+@pytest.fixture(scope="module")
+def suffix_daemon():
+    d = Daemon("--speculative", "suffix", "--spec-max-tokens", "8", "--resume-grace", "0")
+    yield d
+    d.stop()
+
+
+def test_suffix_drafts_answer_as_one_without_them_and_an_answer_given_before_is_drafted(suffix_daemon, daemon):
+    """The edit through the daemon with suffix drafts: the same text, drafts accepted. Then a
+    question whose answer repeats nothing of its prompt, asked twice: the first answer drafts
+    little (nothing to match), the second is drafted from the first (the global tree)."""
+    body = {"model": MODEL, "messages": EDIT, "max_tokens": 64, "temperature": 0}
+    want = httpx.post(daemon.url + "/v1/chat/completions", json=body, timeout=120).json()
+    got = httpx.post(suffix_daemon.url + "/v1/chat/completions", json=body, timeout=120).json()
+    assert got["choices"][0]["message"]["content"] == want["choices"][0]["message"]["content"]
+    assert _metric(suffix_daemon, "superfluid_draft_accepted_tokens_total") > 0
+    free = {"model": MODEL, "messages": [{"role": "user", "content": "Describe a walk through a forest in autumn."}],
+            "max_tokens": 64, "temperature": 0}
+    accepted = []
+    texts = []
+    for _ in range(2):
+        before = _metric(suffix_daemon, "superfluid_draft_accepted_tokens_total")
+        r = httpx.post(suffix_daemon.url + "/v1/chat/completions", json=free, timeout=120).json()
+        texts.append(r["choices"][0]["message"]["content"])
+        accepted.append(_metric(suffix_daemon, "superfluid_draft_accepted_tokens_total") - before)
+    assert texts[0] == texts[1]
+    assert accepted[1] >= 32 and accepted[1] > 2 * accepted[0], accepted
+
+
 def test_a_cut_sampled_stream_resumes_to_the_uncut_text_with_speculation(spec_daemon):
     body = {"model": MODEL, "messages": EDIT, "max_tokens": 60, "temperature": 0.8, "seed": 11}
     whole = httpx.post(spec_daemon.url + "/v1/chat/completions", json=body, timeout=120).json()
@@ -200,11 +233,13 @@ def test_a_cut_sampled_stream_resumes_to_the_uncut_text_with_speculation(spec_da
     assert text == whole["choices"][0]["message"]["content"]
 
 
-def test_a_fleet_node_speculates_as_its_head_says(daemon):
+@pytest.mark.parametrize("node_args", [(), ("--speculative", "suffix")], ids=["default", "suffix"])
+def test_a_fleet_node_speculates_as_its_head_says(daemon, node_args):
     """The node runs with speculation off (its default); the head's --speculative travels
     with each generation, and the node verifies drafts for it: the same text, drafts counted
-    in the head's /metrics (it sums its nodes' counters)."""
-    node = Node()
+    in the head's /metrics (it sums its nodes' counters). A node started with `--speculative
+    suffix` drafts from its suffix trees when its head asks for drafts."""
+    node = Node(*node_args)
     head = None
     try:
         head = Daemon("--fleet", f"127.0.0.1:{node.port}", "--speculative", "ngram", "--spec-max-tokens", "6")

@@ -1,0 +1,114 @@
+"""The suffix drafter (runtime/suffix.py) on Arctic Inference's suffix tree, driven as the
+runtime drives it: a lane's own context, other lanes' outputs by namespace, the bounds."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from superfluid.plan import PLACEHOLDER
+
+try:
+    from superfluid.runtime import suffix
+    suffix.suffix_tree_class()
+except Exception:  # noqa: BLE001 -- arctic-inference not installed: CI installs it (.ci/run)
+    if os.environ.get("CI"):
+        raise
+    pytest.skip("arctic-inference is not installed (pip install --no-build-isolation arctic-inference)",
+                allow_module_level=True)
+
+ANSWER = list(range(100, 140))  # an output: 40 distinct tokens
+
+
+def run(d, seq: int, ns: str, prompt: list[int], out: list[int]) -> None:
+    """A lane that was given `prompt` and produced `out`, then retired."""
+    d.begin(seq, ns)
+    for t in out:
+        d.produced(seq, t)
+    d.end(seq)
+
+
+def test_an_earlier_output_is_drafted_for_another_lane_of_the_same_namespace():
+    d = suffix.SuffixDrafter()
+    run(d, 0, "", [1, 2, 3], ANSWER)
+    d.begin(1, "")
+    ctx = [7, 8, 9] + ANSWER[:10]  # the new lane has begun the same answer
+    got = d.propose({1: (ctx, 8)})[1]
+    assert got == ANSWER[10:18]
+
+
+def test_a_draft_is_no_longer_than_the_match_and_k():
+    d = suffix.SuffixDrafter()
+    run(d, 0, "", [1], ANSWER)
+    d.begin(1, "")
+    assert d.propose({1: ([5, 6] + ANSWER[:3], 8)})[1] == ANSWER[3:6]  # a 3-token match drafts 3
+    assert d.propose({1: ([5, 6] + ANSWER[:12], 4)})[1] == ANSWER[12:16]  # k bounds it
+
+
+def test_another_namespace_never_sees_the_output():
+    d = suffix.SuffixDrafter()
+    run(d, 0, "key-a", [1], ANSWER)
+    d.begin(1, "key-b")
+    assert d.propose({1: ([9] + ANSWER[:10], 8)}) == {}
+    d.begin(2, "key-a")
+    assert d.propose({2: ([9] + ANSWER[:10], 8)})[2] == ANSWER[10:18]
+
+
+def test_nothing_repeats_nothing_is_drafted():
+    d = suffix.SuffixDrafter()
+    d.begin(0, "")
+    assert d.propose({0: (list(range(1000, 1200)), 8)}) == {}
+
+
+def test_the_lanes_own_context_is_drafted_and_forgotten_when_the_lane_is_opened_again():
+    d = suffix.SuffixDrafter()
+    d.begin(0, "")
+    code = list(range(500, 530))
+    ctx = code + [1, 2] + code[:6]  # the prompt's code being written again
+    assert d.propose({0: (ctx, 5)})[0] == code[6:11]
+    assert d.propose({0: (ctx + code[6:9], 5)})[0] == code[9:14]  # the lane grew: its tree too
+    # the lane is opened again for a prompt that shares only its first tokens (kept KV)
+    d.begin(0, "")
+    other = code[:4] + list(range(900, 930)) + code[:6]
+    assert d.propose({0: (other, 5)}) == {}
+    # a context whose last held token differs (not a prefix of the one drafted from) is not trusted
+    d.begin(1, "")
+    assert d.propose({1: (ctx, 5)})[1] == code[6:11]
+    assert d.propose({1: (list(range(900, 930)) + [7] * 8 + code[:6], 5)}) == {}
+
+
+def test_unknown_tokens_end_a_draft():
+    d = suffix.SuffixDrafter()
+    d.begin(0, "")
+    ctx = [1, 2, 3, 4, PLACEHOLDER, 6, 7, 8, 1, 2, 3, 4]
+    assert d.propose({0: (ctx, 5)}) == {}  # the continuation begins with an unknown token
+    d.begin(0, "")
+    ctx = [1, 2, 3, 4, 5, PLACEHOLDER, 7, 8, 1, 2, 3, 4]
+    assert d.propose({0: (ctx, 5)}).get(0) == [5]
+
+
+def test_a_running_lanes_output_is_shared_as_it_is_produced():
+    d = suffix.SuffixDrafter()
+    d.begin(0, "")
+    for t in ANSWER[:20]:
+        d.produced(0, t)
+    d.begin(1, "")
+    d.propose({0: ([1] + ANSWER[:20], 1)})  # lane 0's drafting flushes its output so far
+    assert d.propose({1: ([3] + ANSWER[:8], 6)})[1] == ANSWER[8:14]
+
+
+def test_the_oldest_outputs_leave_first_past_the_bounds(monkeypatch):
+    monkeypatch.setattr(suffix, "MAX_OUTPUTS", 2)
+    d = suffix.SuffixDrafter()
+    outs = [list(range(1000 * i, 1000 * i + 30)) for i in range(1, 4)]
+    for i, out in enumerate(outs):
+        run(d, i, "", [1], out)
+    assert len(d.outputs) == 2 and d.tokens == 60
+    d.begin(5, "")
+    assert d.propose({5: ([7] + outs[0][:8], 4)}) == {}  # the first output was evicted
+    assert d.propose({5: ([7] + outs[2][:8], 4)})[5] == outs[2][8:12]
+    monkeypatch.setattr(suffix, "MAX_TOKENS", 40)
+    run(d, 6, "ns", [1], list(range(7000, 7030)))  # the token bound: only the newest stays
+    assert d.tokens == 30 and [ns for ns, _ in d.outputs] == ["ns"]
+    assert "" not in d.globals  # a namespace's tree goes with its last output
