@@ -165,7 +165,7 @@ def load_runtime(s: Any):
     if getattr(s, "speculative", "") == "suffix":
         from .suffix import SuffixDrafter
         try:
-            rt.drafter = SuffixDrafter()
+            rt.drafter = SuffixDrafter(suffix_file(s))
         except BaseException:
             rt.close()
             raise
@@ -176,6 +176,19 @@ def load_runtime(s: Any):
             rt.close()
             raise
     return rt
+
+
+def suffix_file(s: Any) -> str | None:
+    """Where the suffix drafter keeps its outputs across restarts: beside the disk tier of the
+    KV cache, one file per model file (its fingerprint: token ids mean this vocabulary)."""
+    if not (getattr(s, "kv_dir", "") and os.path.isfile(s.model)):
+        return None
+    from ..config import private_dir
+    from .kvstore import file_fingerprint
+    try:
+        return str(private_dir(Path(s.kv_dir) / "suffix") / f"{file_fingerprint(s.model, 'suffix')}.bin")
+    except OSError:
+        return None  # drafts from this run's outputs only
 
 
 def _runtime(s: Any):

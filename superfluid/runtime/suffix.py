@@ -8,7 +8,9 @@ Two kinds of tree, each searched with the lane's last tokens:
   lane is opened again (a prefix reused for another request) or copied into;
 - a global tree over the outputs this worker produced, one per prefix-cache namespace (so a
   draft never carries one key's text into another's generation), fed as tokens are produced
-  and bounded: the oldest outputs leave first past MAX_OUTPUTS or MAX_TOKENS.
+  and bounded: the oldest outputs leave first past MAX_OUTPUTS or MAX_TOKENS. Outputs are
+  kept in a file beside the KV disk tier (runtime/suffix_store.py): a new worker starts
+  with them.
 
 A tree answers with the most frequent continuation of the longest match, token by token while
 the continuation's estimated probability stays over MIN_PROB, and no longer than the match
@@ -18,6 +20,7 @@ drafted: free chat pays no rows. Drafts are verified as every drafter's are (run
 
 from __future__ import annotations
 
+from array import array
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +30,7 @@ import numpy as np
 from ..errors import ModelLoadError
 from ..plan import PLACEHOLDER
 from .speculate import Drafter
+from .suffix_store import OutputFile
 
 DEPTH = 24  # the longest match (and draft) a tree holds: vLLM's default
 SPEC_FACTOR = 1.0  # a match of n tokens drafts at most n * SPEC_FACTOR
@@ -55,13 +59,27 @@ class _Lane:
 
 
 class SuffixDrafter(Drafter):
-    def __init__(self) -> None:
+    def __init__(self, path: str | None = None) -> None:
+        """`path`: where outputs are kept across restarts (runtime/suffix_store.py)."""
         self.Tree = suffix_tree_class()
         self.lanes: dict[int, _Lane] = {}
         self.globals: dict[str, Any] = {}  # namespace -> the tree of its outputs
-        self.outputs: OrderedDict[tuple[str, int], int] = OrderedDict()  # (ns, id) -> tokens, oldest first
+        self.outputs: OrderedDict[tuple[str, int], array] = OrderedDict()  # (ns, id) -> its tokens, oldest first
         self.tokens = 0
         self.next_id = 0
+        self.file = OutputFile(path) if path else None
+        if self.file is not None:
+            kept: list[tuple[str, array]] = []
+            n = 0
+            for ns, tokens in reversed(self.file.load()):  # the newest that fit the bounds
+                if len(kept) >= MAX_OUTPUTS or n + len(tokens) > MAX_TOKENS:
+                    break
+                kept.append((ns, tokens))
+                n += len(tokens)
+            kept.reverse()
+            for ns, tokens in kept:
+                self._add(ns, self._new_id(ns), tokens)
+            self.file.rewrite(kept)
 
     def begin(self, seq: int, ns: str) -> None:
         self.end(seq)
@@ -74,8 +92,18 @@ class SuffixDrafter(Drafter):
 
     def end(self, seq: int) -> None:
         lane = self.lanes.pop(seq, None)
-        if lane is not None:
-            self._flush(lane)
+        if lane is None:
+            return
+        self._flush(lane)
+        tokens = self.outputs.get((lane.ns, lane.out))
+        if self.file is not None and tokens:
+            self.file.append(lane.ns, tokens)
+            if self.file.size > 2 * (4 * self.tokens + 8 * len(self.outputs)) + (1 << 20):
+                self.file.rewrite(list((ns, t) for (ns, _), t in self.outputs.items()))
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
 
     def copy(self, src: int, dst: int, n: int) -> None:
         lane = self.lanes.get(dst)
@@ -117,24 +145,32 @@ class SuffixDrafter(Drafter):
 
     def _flush(self, lane: _Lane) -> None:
         """The lane's produced tokens into its namespace's global tree (a new output the first
-        time), then the oldest outputs out while over the bounds."""
+        time)."""
         if not lane.pending:
             return
-        tree = self.globals.get(lane.ns)
-        if tree is None:
-            tree = self.globals[lane.ns] = self.Tree(DEPTH)
         if lane.out < 0:
-            lane.out, self.next_id = self.next_id, (self.next_id + 1) & 0x7FFFFFFF
-            self.outputs[(lane.ns, lane.out)] = 0
-        key = (lane.ns, lane.out)
-        if key in self.outputs:  # (it may have been evicted while the lane ran)
-            tree.extend_ndarray(lane.out, np.asarray(lane.pending, dtype=np.int32))
-            self.outputs[key] += len(lane.pending)
-            self.tokens += len(lane.pending)
+            lane.out = self._new_id(lane.ns)
+        if (lane.ns, lane.out) in self.outputs:  # (it may have been evicted while the lane ran)
+            self._add(lane.ns, lane.out, array("i", lane.pending))
         lane.pending = []
+
+    def _new_id(self, ns: str) -> int:
+        oid, self.next_id = self.next_id, (self.next_id + 1) & 0x7FFFFFFF
+        self.outputs[(ns, oid)] = array("i")
+        return oid
+
+    def _add(self, ns: str, oid: int, tokens: array) -> None:
+        """Tokens onto an output, then the oldest outputs out while over the bounds."""
+        tree = self.globals.get(ns)
+        if tree is None:
+            tree = self.globals[ns] = self.Tree(DEPTH)
+        tree.extend_ndarray(oid, np.frombuffer(tokens, dtype=np.int32))
+        self.outputs[(ns, oid)].extend(tokens)
+        self.tokens += len(tokens)
         while len(self.outputs) > MAX_OUTPUTS or (self.tokens > MAX_TOKENS and len(self.outputs) > 1):
-            (ns, oid), n = self.outputs.popitem(last=False)
-            self.globals[ns].remove(oid)
-            self.tokens -= n
-            if self.globals[ns].num_seqs() == 0:
-                del self.globals[ns]
+            (old_ns, old), gone = self.outputs.popitem(last=False)
+            self.tokens -= len(gone)
+            if gone and old_ns in self.globals:  # (an output with no tokens yet is in no tree)
+                self.globals[old_ns].remove(old)
+                if self.globals[old_ns].num_seqs() == 0:
+                    del self.globals[old_ns]

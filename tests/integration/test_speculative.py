@@ -7,6 +7,7 @@ the uncut text, and the drafts counted in /metrics."""
 from __future__ import annotations
 
 import math
+import signal
 import time
 
 import httpx
@@ -198,7 +199,8 @@ def suffix_daemon():
 def test_suffix_drafts_answer_as_one_without_them_and_an_answer_given_before_is_drafted(suffix_daemon, daemon):
     """The edit through the daemon with suffix drafts: the same text, drafts accepted. Then a
     question whose answer repeats nothing of its prompt, asked twice: the first answer drafts
-    little (nothing to match), the second is drafted from the first (the global tree)."""
+    little (nothing to match), the second is drafted from the first (the global tree), and so
+    is a third after the daemon was killed and started again on its home."""
     body = {"model": MODEL, "messages": EDIT, "max_tokens": 64, "temperature": 0}
     want = httpx.post(daemon.url + "/v1/chat/completions", json=body, timeout=120).json()
     got = httpx.post(suffix_daemon.url + "/v1/chat/completions", json=body, timeout=120).json()
@@ -215,6 +217,15 @@ def test_suffix_drafts_answer_as_one_without_them_and_an_answer_given_before_is_
         accepted.append(_metric(suffix_daemon, "superfluid_draft_accepted_tokens_total") - before)
     assert texts[0] == texts[1]
     assert accepted[1] >= 32 and accepted[1] > 2 * accepted[0], accepted
+    # the outputs outlive the daemon (killed) in its home: drafted again after the restart
+    suffix_daemon.stop(signal.SIGKILL)
+    again = Daemon("--speculative", "suffix", "--spec-max-tokens", "8", home=suffix_daemon.home)
+    try:
+        httpx.post(again.url + "/v1/chat/completions", json=free, timeout=120).raise_for_status()
+        after = _metric(again, "superfluid_draft_accepted_tokens_total")
+        assert after >= 32 and after > 2 * accepted[0], (after, accepted)
+    finally:
+        again.stop()
 
 
 def test_a_cut_sampled_stream_resumes_to_the_uncut_text_with_speculation(spec_daemon):

@@ -10,7 +10,7 @@ import pytest
 from superfluid.plan import PLACEHOLDER
 
 try:
-    from superfluid.runtime import suffix
+    from superfluid.runtime import suffix, suffix_store
     suffix.suffix_tree_class()
 except Exception:  # noqa: BLE001 -- arctic-inference not installed: CI installs it (.ci/run)
     if os.environ.get("CI"):
@@ -112,3 +112,51 @@ def test_the_oldest_outputs_leave_first_past_the_bounds(monkeypatch):
     run(d, 6, "ns", [1], list(range(7000, 7030)))  # the token bound: only the newest stays
     assert d.tokens == 30 and [ns for ns, _ in d.outputs] == ["ns"]
     assert "" not in d.globals  # a namespace's tree goes with its last output
+
+
+def test_outputs_outlive_the_drafter_in_its_file(tmp_path):
+    path = str(tmp_path / "suffix" / "m.bin")
+    d = suffix.SuffixDrafter(path)
+    run(d, 0, "", [1], ANSWER)
+    run(d, 1, "key-a", [1], [9, 8, 7, 6, 5, 4, 3])
+    d.begin(2, "")
+    d.produced(2, 77)  # a lane still running when the worker goes: its output is not kept
+    d.close()
+    again = suffix.SuffixDrafter(path)
+    again.begin(0, "")
+    assert again.propose({0: ([5] + ANSWER[:10], 8)})[0] == ANSWER[10:18]
+    again.begin(1, "key-a")  # namespaces too
+    assert again.propose({1: ([1, 9, 8, 7], 3)})[1] == [6, 5, 4]
+    assert again.propose({0: ([1, 9, 8, 7], 3)}) == {}
+    assert again.tokens == len(ANSWER) + 7
+
+
+def test_a_torn_or_garbled_file_is_read_up_to_its_last_sound_record(tmp_path):
+    path = tmp_path / "m.bin"
+    d = suffix.SuffixDrafter(str(path))
+    run(d, 0, "", [1], ANSWER)
+    d.close()
+    with open(path, "ab") as f:
+        f.write(b"\xff\xff\x00garbage")  # a namespace longer than allowed: the read stops there
+    again = suffix.SuffixDrafter(str(path))
+    again.begin(0, "")
+    assert again.propose({0: ([5] + ANSWER[:10], 8)})[0] == ANSWER[10:18]
+    path.write_bytes(b"not a suffix file at all")
+    assert suffix.SuffixDrafter(str(path)).tokens == 0
+    with open(path, "wb") as f:  # a record cut short by a crash
+        f.write(suffix_store.MAGIC + suffix_store.HEAD.pack(0, 1000) + b"\x01\x00\x00\x00" * 10)
+    assert suffix.SuffixDrafter(str(path)).tokens == 0
+
+
+def test_the_file_keeps_only_the_newest_outputs_within_the_bounds(tmp_path, monkeypatch):
+    path = str(tmp_path / "m.bin")
+    d = suffix.SuffixDrafter(path)
+    outs = [list(range(1000 * i, 1000 * i + 30)) for i in range(1, 6)]
+    for i, out in enumerate(outs):
+        run(d, i, "", [1], out)
+    d.close()
+    monkeypatch.setattr(suffix, "MAX_OUTPUTS", 2)
+    again = suffix.SuffixDrafter(path)
+    assert again.tokens == 60
+    again.close()
+    assert len(suffix_store.OutputFile(path).load()) == 2  # rewritten with what was kept
