@@ -43,8 +43,9 @@ def suffix_tree_class():
     try:
         from arctic_inference.suffix_decoding._C import SuffixTree
     except ImportError as e:
-        raise ModelLoadError("--speculative suffix needs Arctic Inference's suffix tree: "
-                             f"pip install --no-build-isolation arctic-inference ({e})") from None
+        raise ModelLoadError("--speculative suffix needs Arctic Inference's suffix tree: pip install nanobind ninja "
+                             "cmake grpcio-tools wheel && pip install --no-build-isolation arctic-inference==0.3.0 "
+                             f"(scripts/suffix-tree.sh) ({e})") from None
     return SuffixTree
 
 

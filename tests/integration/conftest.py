@@ -1,4 +1,5 @@
 import concurrent.futures
+import os
 
 import openai
 import pytest
@@ -26,3 +27,16 @@ def each(fn, seeds) -> list:
     seeds = list(seeds)
     with concurrent.futures.ThreadPoolExecutor(len(seeds)) as pool:
         return list(pool.map(fn, seeds))
+
+
+def need_suffix_tree() -> None:
+    """Skip without Arctic Inference's suffix tree (--speculative suffix); CI, whose .ci/run
+    builds it, fails instead."""
+    from superfluid.errors import ModelLoadError
+    from superfluid.runtime.suffix import suffix_tree_class
+    try:
+        suffix_tree_class()
+    except ModelLoadError as e:
+        if os.environ.get("CI"):
+            pytest.fail(str(e))
+        pytest.skip(str(e))

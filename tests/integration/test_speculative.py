@@ -23,7 +23,7 @@ from superfluid.runtime.llamacpp import LlamaCppRuntime
 from superfluid.runtime.registry import embedded_model
 from superfluid.runtime.suffix import SuffixDrafter
 
-from .conftest import MODEL
+from .conftest import MODEL, need_suffix_tree
 from .daemon import Daemon
 from .fleet import Node
 from .test_typed_resume import _cut_after, _resume
@@ -35,6 +35,8 @@ EDIT = [{"role": "user", "content": "Repeat this code exactly, with f3 renamed t
 @pytest.fixture(scope="module", params=["ngram", "suffix"])
 def rt(request):
     """The runtime with each drafter: prompt lookup, and suffix trees (runtime/suffix.py)."""
+    if request.param == "suffix":
+        need_suffix_tree()
     r = LlamaCppRuntime(embedded_model().path, lanes=4, n_ctx=1024, threads=1, batch_tokens=512)
     if request.param == "suffix":
         r.drafter = SuffixDrafter()
@@ -191,6 +193,7 @@ def test_the_daemon_speculates_and_answers_as_one_without_it(spec_daemon, daemon
 
 @pytest.fixture(scope="module")
 def suffix_daemon():
+    need_suffix_tree()
     d = Daemon("--speculative", "suffix", "--spec-max-tokens", "8", "--resume-grace", "0")
     yield d
     d.stop()
@@ -250,6 +253,8 @@ def test_a_fleet_node_speculates_as_its_head_says(daemon, node_args):
     with each generation, and the node verifies drafts for it: the same text, drafts counted
     in the head's /metrics (it sums its nodes' counters). A node started with `--speculative
     suffix` drafts from its suffix trees when its head asks for drafts."""
+    if node_args:
+        need_suffix_tree()
     node = Node(*node_args)
     head = None
     try:
