@@ -159,13 +159,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--spec-max-tokens", type=int, default=8, help="the daemons' --spec-max-tokens (default 8)")
     ap.add_argument("--draft", action="store_true", help="also a draft model (it accepted 0-2%% here)")
     ap.add_argument("--draft-layers", type=int, default=4, help="the draft model: the embedded model's first N layers")
     ap.add_argument("--draft-model", help="the draft model's GGUF instead (the embedded model's vocabulary)")
     a = ap.parse_args()
     n_ctx = 8192
-    servers = {name: Daemon("--speculative", name, threads=a.threads, max_context=n_ctx, max_batch=1)
-               for name in ("off", "ngram", "suffix")}
+    servers = {name: Daemon("--speculative", name, "--spec-max-tokens", str(a.spec_max_tokens), threads=a.threads,
+                            max_context=n_ctx, max_batch=1) for name in ("off", "ngram", "suffix")}
     if a.draft:
         draft = a.draft_model or draft_gguf(a.draft_layers)
         servers["draft"] = Daemon("--speculative", "draft", "--draft-model", draft, threads=a.threads,
@@ -198,7 +199,8 @@ def main() -> None:
         for d in servers.values():
             d.stop()
     med = {k: statistics.median(v) for k, v in rates.items()}
-    print(f"decode tok/s, median of {a.rounds} rounds, {a.threads} thread(s), {a.tokens} tokens, greedy")
+    print(f"decode tok/s, median of {a.rounds} rounds, {a.threads} thread(s), {a.tokens} tokens, greedy, "
+          f"--spec-max-tokens {a.spec_max_tokens}")
     peer_name = "llama-server ngram"
     for work in works:
         row = "  ".join(f"{name} {med[(work, name)]:.1f}" for name in urls)
