@@ -214,7 +214,7 @@ class Scheduler:
                 continue  # only interactive and completion jobs preempt, and short jobs longer ones
             if not self._admissible(job):
                 continue
-            restore = self.tiers.restore_for(job, rows.tail(job, self.tail_rows))
+            restore = self.tiers.restore_for(job, self.tail_rows)
             if restore is not None and job.qos != Qos.INTERACTIVE and (loads or self._chat_prefilling()):
                 continue  # one restore a step, and none while a chat prefills: it waits a step
             if full and not self._preempt_for(job, step, pinned):
@@ -280,7 +280,7 @@ class Scheduler:
 
     def _admit(self, job: Job, step: int, opens: list[LaneOpen], copies: list[Copy], pinned: set[int],
                restore: tuple[int, int] | None, loads: list[Load], saves: list[Save], drops: list[int]) -> None:
-        slot, keep, n = seats.seat(job, self.slots, self.tiers, self.counters, rows.tail(job, self.tail_rows),
+        slot, keep, n = seats.seat(job, self.slots, self.tiers, self.counters, self.tail_rows,
                                    restore, step, copies, pinned, loads, saves, drops)
         slot.job, slot.kv, slot.last_used = job, [], step
         self.waiting.remove(job.id)
@@ -337,12 +337,9 @@ class Scheduler:
                 continue
             if budget - spent <= 0 or solo is False:  # (a decode step of --deterministic: no prefill)
                 break
-            left = w.planned_len - w.scheduled
-            n = min(left, budget - spent)
-            if rows.tail(w, self.tail_rows) > 1 and n < left:  # never a run of fewer rows, nor a remainder of one
-                n = n - 1 if left - n == 1 else n
-                if n < self.tail_rows:
-                    continue
+            n = rows.run(w, budget - spent, self.tail_rows)
+            if n == 0:
+                continue
             runs.append(self._run(w, n))
             self.counters.prefill_tokens += n
             spent += n

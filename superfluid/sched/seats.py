@@ -6,6 +6,7 @@ evicted last, and a job that would cut into it copies from it instead."""
 from __future__ import annotations
 
 from ..plan import Copy, Load, Save
+from . import rows
 from .jobs import Counters, Job
 from .lanes import KvSlots, Slot
 from .tiers import Tiers
@@ -13,16 +14,16 @@ from .tiers import Tiers
 MIN_COPY = 16  # a shorter shared prefix is cheaper to recompute than a KV stream copy
 
 
-def seat(job: Job, slots: KvSlots, tiers: Tiers, counters: Counters, tail: int, restore: tuple[int, int] | None,
+def seat(job: Job, slots: KvSlots, tiers: Tiers, counters: Counters, tail_rows: int, restore: tuple[int, int] | None,
          step: int, copies: list[Copy], pinned: set[int], loads: list[Load], saves: list[Save],
          drops: list[int]) -> tuple[Slot, int, int]:
     """(the slot the job opens in, the KV it keeps there, the prompt tokens it need not prefill).
-    `tail`: the rows that run however much is cached; `restore`: (disk key, tokens) when the
+    `tail_rows`: the row rules of --deterministic (sched/rows.py); `restore`: (disk key, tokens) when the
     disk tier holds more than memory (Tiers.restore_for). Copies, restores and the saves of
     what an eviction would lose go into this step's lists; slots copied from are `pinned`."""
     tokens = job.known()
     src, n = slots.best_match(tokens, Job.kv_tokens, ns=job.cache_ns)
-    n = max(0, min(n, len(tokens) - tail))  # the last token is fed again: its logits are needed
+    n = rows.cached(job, n, tail_rows)  # the last token is fed again: its logits are needed
     pins = tiers.pins
     guard = pins.guarded(slots) if pins else {}  # {seq: pinned length}
     if src is not None and n < MIN_COPY and (src.job is not None or 2 * n < len(src.kv)):

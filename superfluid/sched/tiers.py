@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..plan import Save, StepResult, kv_key
+from . import rows
 from .jobs import Counters, Job
 from .kvdisk import BLOCK, MIN_ENTRY, DiskIndex
 from .lanes import KvSlots
@@ -44,15 +45,15 @@ class Tiers:
         self.loads.clear()
 
     # -- the disk tier ---------------------------------------------------------------------
-    def restore_for(self, job: Job, tail: int) -> tuple[int, int] | None:
+    def restore_for(self, job: Job, tail_rows: int) -> tuple[int, int] | None:
         """(disk key, tokens) when restoring the job's prefix from disk saves at least
-        MIN_RESTORE tokens of prefill over the best KV a slot holds; `tail`: the rows of the
-        prompt that must run however much is cached."""
+        MIN_RESTORE tokens of prefill over the best KV a slot holds; `tail_rows`: the row
+        rules of --deterministic (sched/rows.py)."""
         if not self.disk:
             return None
         tokens = job.known()
         key, n = self.disk.match(tokens, job.cache_ns)
-        n = min(n, len(tokens) - tail)  # the last token is fed again: its logits are needed
+        n = rows.cached(job, n, tail_rows)  # the last token is fed again: its logits are needed
         if key is None or n < self.slots.best_match(tokens, Job.kv_tokens, ns=job.cache_ns)[1] + MIN_RESTORE:
             return None
         return key, n

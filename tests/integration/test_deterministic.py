@@ -1,9 +1,10 @@
 """--deterministic (issue 37): on the embedded model, a prompt of several prefill chunks gives
 the same greedy tokens cold, warm (its prefix in RAM), beside 7 other decoding lanes, after
 its slot was evicted, after a SIGKILL and restart (restored from the KV disk tier), and cut
-in other chunks by a fresh daemon; a seeded sampled request draws the same tokens in all of
-these. Without it (flash attention on, the last prompt token alone when the rest is cached)
-the warm answer differs from the cold one for this prompt."""
+in other chunks by a fresh daemon, and cut by a SIGKILL mid-answer and continued after the
+restart (the same logprobs, bit for bit); a seeded sampled request draws the same tokens in
+all of these. Without it (flash attention on, the last prompt token alone when the rest is
+cached) the warm answer differs from the cold one for this prompt."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import time
 from pathlib import Path
 
 import httpx
+
+from superfluid.client import iter_sse
 
 from .daemon import Daemon
 
@@ -36,6 +39,43 @@ def ask(d: Daemon, qos: str = "agent", **sampling) -> tuple[tuple, int]:
     lps = tuple(t["logprob"] for t in choice["logprobs"]["content"])
     return (choice["message"]["content"], lps), (b["usage"].get("prompt_tokens_details") or {}).get(
         "cached_tokens") or 0
+
+
+def cut(d: Daemon, after: int) -> tuple[str, str, tuple]:
+    """The answer streamed with its logprobs, and the daemon SIGKILLed once `after` tokens came:
+    (session, the last event id seen, (text, logprobs) so far)."""
+    body = {"model": "x", "messages": MESSAGES, "max_tokens": 48, "temperature": 0, "logprobs": True,
+            "stream": True}
+    text, lps, last = "", [], ""
+    with httpx.stream("POST", d.url + "/v1/chat/completions", json=body, timeout=600) as r:
+        sid = r.headers["x-superfluid-session"]
+        for eid, data in iter_sse(r.iter_lines()):
+            assert isinstance(data, dict) and data["choices"], data
+            choice = data["choices"][0]
+            text += choice["delta"].get("content") or ""
+            lps += [t["logprob"] for t in (choice.get("logprobs") or {}).get("content") or []]
+            last = eid or last
+            if len(lps) >= after:
+                d.stop(signal.SIGKILL)
+                break
+    return sid, last, (text, lps)
+
+
+def resumed(d: Daemon, sid: str, last: str, seen: tuple) -> tuple:
+    """(text, logprobs) of the whole answer: what was seen before the kill and the rest."""
+    text, lps = seen
+    with httpx.stream("GET", f"{d.url}/v1/sessions/{sid}/resume", headers={"Last-Event-ID": last},
+                      timeout=600) as r:
+        assert r.status_code == 200, r.read()
+        for _, data in iter_sse(r.iter_lines()):
+            if data == "[DONE]":
+                break
+            assert isinstance(data, dict), data
+            if data.get("choices"):
+                choice = data["choices"][0]
+                text += choice["delta"].get("content") or ""
+                lps += [t["logprob"] for t in (choice.get("logprobs") or {}).get("content") or []]
+    return text, tuple(lps)
 
 
 def other(d: Daemon, i: int, tokens: int, done: threading.Event | None = None) -> None:
@@ -96,10 +136,14 @@ def test_greedy_and_seeded_output_do_not_depend_on_the_cache():
         deadline = time.monotonic() + 30
         while not list(Path(home).glob("kv/*/*.kv")) and time.monotonic() < deadline:
             time.sleep(0.1)
+        # cut mid-answer: the restarted daemon prefills the 12 tokens it had as prompt rows
+        sid, last, seen = cut(d, 12)
+        assert 12 <= len(seen[1]) < 40, seen
     finally:
         d.stop(signal.SIGKILL)
     d = Daemon(*ARGS, max_context=3072, max_batch=8, home=home)
     try:
+        assert resumed(d, sid, last, seen) == cold
         restored, cached = ask(d)
         assert cached > 1400, cached  # from the disk tier
         assert restored == cold

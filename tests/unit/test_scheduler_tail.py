@@ -83,3 +83,30 @@ def test_the_flag_turns_flash_attention_off_and_refuses_what_it_cannot_keep(caps
     for extra in (["--speculative", "ngram"], ["--flash-attn", "on"], ["--kv-bits", "8"]):
         assert engine_config(parser().parse_args(["serve", "--deterministic", *extra]), src) == 2
         assert "--deterministic needs the llama.cpp runtime" in capsys.readouterr().err
+
+
+def test_a_turn_continued_cold_prefills_its_earlier_output_a_row_a_run():
+    """A generation cut by a restart: its prompt in runs of two or more that end where its
+    output begins, that output one row a run, as it was decoded (with --deterministic only)."""
+    prior = (5, 6, 7)
+    for tail, want in ((1, [(0, 43, True)]), (2, [(0, 40, False), (40, 1, False), (41, 1, False), (42, 1, True)])):
+        s = sched(tail)
+        s.add(Job("c", PROMPT + list(prior), SamplingParams(temperature=0), 4, prior=prior))
+        got = []
+        for _ in range(8):
+            plan = s.schedule()
+            if plan is None or not plan.runs:
+                break
+            got += rows(plan)
+            s.update(plan, StepResult(plan.step, ()))
+            if got[-1][2]:
+                break
+        assert got == want, (tail, got)
+
+
+def test_a_cached_prefix_never_leaves_one_prompt_row_before_the_output():
+    s = sched(2)
+    s.add(Job("a", PROMPT[:-1], SamplingParams(temperature=0), 1))
+    finish(s, s.schedule())  # the slot holds all of the prompt but its last token
+    s.add(Job("c", PROMPT + [5], SamplingParams(temperature=0), 2, prior=(5,)))
+    assert rows(s.schedule()) == [(38, 2, False)]  # 39 of 40 cached would leave one row: 38 kept
