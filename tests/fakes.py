@@ -293,7 +293,9 @@ class FakeModel:
         return self.runtimes[-1]
 
     def engine(self, log=None, **cfg) -> Engine:
-        ec = EngineConfig(model_path="fake.gguf", model_id="fake", **{"max_batch": 4, **cfg})
+        # every step's tokens delivered as they come (the loop's tests are written per step;
+        # tests/unit/test_stream_interval.py tests the interval)
+        ec = EngineConfig(model_path="fake.gguf", model_id="fake", **{"max_batch": 4, "stream_interval_ms": 0, **cfg})
         return Engine(ec, self.vocab, self.n_ctx, log, worker_factory=self.worker)  # type: ignore[arg-type]
 
     def factory(self):

@@ -16,6 +16,13 @@ def _positive(s: str) -> int:
     return v
 
 
+def _interval(s: str) -> int:
+    v = int(s)
+    if not 0 <= v <= 1000:
+        raise argparse.ArgumentTypeError("must be 0 to 1000 (milliseconds)")
+    return v
+
+
 def _scale(s: str) -> float:
     """--rope-scale: a positive number of times the trained window."""
     try:
@@ -117,6 +124,7 @@ def _engine_flags(s: argparse.ArgumentParser) -> None:
     s.add_argument("--speculative", choices=("off", "ngram", "suffix", "draft"), default="off", help="speculative decoding: ngram drafts from the lane's own context (prompt lookup), suffix from suffix trees over the lane's context and earlier outputs (Arctic Inference), draft from a small model of the same vocabulary (--draft-model); drafts are verified losslessly in the step's batch (default off)")
     s.add_argument("--draft-model", metavar="GGUF", help="with --speculative draft: a small GGUF of the served model's vocabulary that proposes the drafts (llama.cpp; loaded in the same worker)")
     s.add_argument("--spec-max-tokens", type=_positive, default=8, help="most drafted tokens a lane verifies in one step (default 8)")
+    s.add_argument("--stream-interval-ms", type=_interval, default=50, metavar="MS", help="a stream's tokens are committed to the session log and sent at most every MS milliseconds, as one event; its first token and its end go at once: less work per token, so a faster decode where the daemon shares the decode's cores; 0: every token as it comes (default 50; docs/performance.md)")
     s.add_argument("--chat-template-file", metavar="FILE", help="a jinja chat template to use instead of the model's own (tool and reasoning markers are read from it)")
     s.add_argument("--tool-dialect", type=_tool_dialect, metavar="NAME", help="how the model writes tool calls: hermes, qwen3_coder, llama3, mistral, deepseek, deepseek_v3_1, harmony, granite, gemma, functionary or generic (default: detected from the chat template; docs/tools.md)")
     s.add_argument("--kv-slots", type=_positive, help="KV sequences in the worker (default 2 x --max-batch); slots beyond the lanes keep finished and preempted prefixes warm")

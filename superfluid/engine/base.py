@@ -49,7 +49,7 @@ class EngineBase:
         self.last_used = clock()
         self._streams: dict[str, _Stream] = {}
         self.log = log  # where a session-backed generation's output is committed (the service's log)
-        self.out = Deliveries(log, self._fail)
+        self.out = Deliveries(log, self._fail, cfg.stream_interval_ms / 1000)
         self.closed = False  # close() ran: nothing new is taken
         # what a request that leaves a sampling parameter out gets (before its API's own default)
         meta = getattr(tokenizer, "meta", None)
@@ -137,6 +137,7 @@ class EngineBase:
         """End a stream off the token path (worker or node lost, stopping): the log says how."""
         st.done = True
         self._streams.pop(st.req.id, None)
+        self.out.flush()  # its tokens held for the stream interval go into the log before its end
         if st.req.session is not None and self.log is not None and chunk.finish is not None:
             self.log.end(st.req, chunk.finish)
         self.out.push(st, chunk)

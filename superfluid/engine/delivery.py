@@ -1,7 +1,13 @@
 """Tokens to clients: a request's output stream, and delivery in order after the session
 log has committed them. A step's chunks for every session-backed stream are one group
 commit; it runs while the engine goes on with the next step, and chunks (and any chunk
-pushed off the token path, such as a cancel) reach their queues in order once it resolves."""
+pushed off the token path, such as a cancel) reach their queues in order once it resolves.
+
+With a stream interval (`--stream-interval-ms`), a stream's tokens between two flushes are
+one chunk: one log event, one commit for every stream, one event to its client. A stream's
+first token and its last chunk flush at once, so time to the first token and to the end are
+not delayed; the tokens between wait at most the interval. On a machine whose cores all
+decode, what the API process spends per token is taken from the decode (bench/single_stream.py)."""
 
 from __future__ import annotations
 
@@ -69,17 +75,75 @@ def logged(c: Chunk, want_logprobs: bool) -> Generated:
                      c.stop_sequence, c.cached_tokens if c.finish is not None or c.completion_tokens == 1 else 0)
 
 
+def merged(a: Chunk, b: Chunk) -> Chunk:
+    """Two consecutive token chunks of one stream as one (b the later)."""
+    return Chunk(a.request_id, text=a.text + b.text, tokens=a.tokens + b.tokens, logprobs=a.logprobs + b.logprobs,
+                 finish=b.finish, prompt_tokens=b.prompt_tokens, completion_tokens=b.completion_tokens,
+                 cached_tokens=b.cached_tokens, ttft_s=b.ttft_s, stop_sequence=b.stop_sequence, error=b.error,
+                 reasoning=a.reasoning + b.reasoning, calls=a.calls + b.calls)
+
+
+def _urgent(c: Chunk) -> bool:
+    """A chunk that is delivered without waiting for the interval: a stream's first token,
+    its last chunk, a progress report."""
+    return c.finish is not None or c.completion_tokens <= 1 or c.progress is not None or c.error is not None
+
+
 class Deliveries:
-    def __init__(self, log: SessionLog | None, on_fail: Callable[[Stream, SuperfluidError], None]):
+    def __init__(self, log: SessionLog | None, on_fail: Callable[[Stream, SuperfluidError], None],
+                 interval_s: float = 0.0):
         self._log = log
         self._on_fail = on_fail  # a stream whose commit failed: end it with the error
         self._pending: deque[tuple[asyncio.Future | None, list[tuple[Stream, Chunk]]]] = deque()
         self._task: asyncio.Task | None = None
+        self.interval_s = interval_s
+        self._held: list[tuple[Stream, Chunk]] = []  # chunks waiting for the interval, in order
+        self._open: dict[int, int] = {}  # id(stream) -> index in _held of its chunk that tokens join
+        self._timer: asyncio.TimerHandle | None = None
+        self._flushed = float("-inf")  # when the last flush ran (the loop's clock)
 
     def publish(self, outs: list[tuple[Stream, Chunk]]) -> None:
-        """Tokens reach a client only after the log has them."""
+        """Tokens reach a client only after the log has them; within the stream interval, a
+        stream's tokens join one chunk."""
         if not outs:
             return
+        if self.interval_s <= 0 and not self._held:
+            self._flush(outs)
+            return
+        urgent = False
+        for st, c in outs:
+            urgent = urgent or _urgent(c)
+            at = self._open.get(id(st))
+            if at is not None and c.progress is None:
+                self._held[at] = (st, merged(self._held[at][1], c))
+            else:
+                self._held.append((st, c))
+                if c.progress is None and c.completion_tokens > 1:  # the first token's chunk stays its own
+                    self._open[id(st)] = len(self._held) - 1
+        now = asyncio.get_running_loop().time()
+        if urgent or now - self._flushed >= self.interval_s:
+            self._flush_held()
+        elif self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self._flushed + self.interval_s - now,
+                                                                self._flush_held)
+
+    def flush(self) -> None:
+        """Commit and deliver what is held for the interval now (a stream ends off the token
+        path: its tokens go into the log before its end does)."""
+        if self._held:
+            self._flush_held()
+
+    def _flush_held(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        held, self._held = self._held, []
+        self._open.clear()
+        self._flushed = asyncio.get_running_loop().time()
+        if held:
+            self._flush(held)
+
+    def _flush(self, outs: list[tuple[Stream, Chunk]]) -> None:
         log = self._log
         items = [(st.req, logged(c, st.req.sampling.top_logprobs >= 0))
                  for st, c in outs if _logs(st, c)]
@@ -94,6 +158,7 @@ class Deliveries:
 
     def push(self, st: Stream, chunk: Chunk) -> None:
         """A chunk off the token path, behind any tokens still waiting for their commit."""
+        self.flush()
         if self._pending:
             self._pending.append((None, [(st, chunk)]))
         else:
@@ -103,8 +168,14 @@ class Deliveries:
         """Stop: forget what waits for a commit; returns the streams it held."""
         if self._task is not None:
             self._task.cancel()
-        streams = list(dict.fromkeys(st for _, outs in self._pending for st, _ in outs))
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        held = [st for st, _ in self._held]
+        streams = list(dict.fromkeys([st for _, outs in self._pending for st, _ in outs] + held))
         self._pending.clear()
+        self._held.clear()
+        self._open.clear()
         return streams
 
     async def _run(self) -> None:

@@ -160,9 +160,7 @@ class Engine(EngineBase):
             return False
         st.done = True
         self.sched.finish(request_id, FinishReason.CANCELLED)
-        if st.req.session is not None and self.log is not None:
-            self.log.end(st.req, FinishReason.CANCELLED)
-        self.out.push(st, st.final(FinishReason.CANCELLED))
+        self._end(st, st.final(FinishReason.CANCELLED))
         self._wake.set()
         return True
 

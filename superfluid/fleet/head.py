@@ -165,9 +165,7 @@ class FleetEngine(EngineBase):
         st.done = True
         if p is not None and p.node is not None and p.node.up and p.node.link is not None:
             self.pool.cancel(p.node, p.req.id)
-        if st.req.session is not None and self.log is not None:
-            self.log.end(st.req, FinishReason.CANCELLED)
-        self.out.push(st, st.final(FinishReason.CANCELLED))
+        self._end(st, st.final(FinishReason.CANCELLED))
         return True
 
     def _fail(self, st, err: SuperfluidError) -> None:
