@@ -199,6 +199,24 @@ def suffix_daemon():
     d.stop()
 
 
+@pytest.mark.parametrize("which", ["spec_daemon", "suffix_daemon"], ids=["ngram", "suffix"])
+def test_a_cut_sampled_stream_resumes_to_the_uncut_text_with_speculation(request, which):
+    spec_daemon = request.getfixturevalue(which)  # (before the suffix daemon is killed below)
+    body = {"model": MODEL, "messages": EDIT, "max_tokens": 60, "temperature": 0.8, "seed": 11}
+    whole = httpx.post(spec_daemon.url + "/v1/chat/completions", json=body, timeout=120).json()
+
+    def content(d):
+        return isinstance(d, dict) and d["choices"] and d["choices"][0]["delta"].get("content")
+    sid, seen, cursor = _cut_after(spec_daemon.url + "/v1/chat/completions", {**body, "stream": True}, content)
+    for _ in range(300):  # the daemon notices the hang-up and cuts the generation
+        if not httpx.get(f"{spec_daemon.url}/v1/sessions/{sid}", timeout=10).json()["busy"]:
+            break
+    rest = _resume(spec_daemon.url, sid, cursor)
+    text = "".join(e["choices"][0]["delta"].get("content") or "" for e in seen + rest
+                   if isinstance(e, dict) and e.get("choices"))
+    assert text == whole["choices"][0]["message"]["content"]
+
+
 def test_suffix_drafts_answer_as_one_without_them_and_an_answer_given_before_is_drafted(suffix_daemon, daemon):
     """The edit through the daemon with suffix drafts: the same text, drafts accepted. Then a
     question whose answer repeats nothing of its prompt, asked twice: the first answer drafts
@@ -229,22 +247,6 @@ def test_suffix_drafts_answer_as_one_without_them_and_an_answer_given_before_is_
         assert after >= 32 and after > 2 * accepted[0], (after, accepted)
     finally:
         again.stop()
-
-
-def test_a_cut_sampled_stream_resumes_to_the_uncut_text_with_speculation(spec_daemon):
-    body = {"model": MODEL, "messages": EDIT, "max_tokens": 60, "temperature": 0.8, "seed": 11}
-    whole = httpx.post(spec_daemon.url + "/v1/chat/completions", json=body, timeout=120).json()
-
-    def content(d):
-        return isinstance(d, dict) and d["choices"] and d["choices"][0]["delta"].get("content")
-    sid, seen, cursor = _cut_after(spec_daemon.url + "/v1/chat/completions", {**body, "stream": True}, content)
-    for _ in range(300):  # the daemon notices the hang-up and cuts the generation
-        if not httpx.get(f"{spec_daemon.url}/v1/sessions/{sid}", timeout=10).json()["busy"]:
-            break
-    rest = _resume(spec_daemon.url, sid, cursor)
-    text = "".join(e["choices"][0]["delta"].get("content") or "" for e in seen + rest
-                   if isinstance(e, dict) and e.get("choices"))
-    assert text == whole["choices"][0]["message"]["content"]
 
 
 @pytest.mark.parametrize("node_args", [(), ("--speculative", "suffix")], ids=["default", "suffix"])
