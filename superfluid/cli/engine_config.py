@@ -61,7 +61,7 @@ def engine_config(args: argparse.Namespace, src) -> EngineConfig | int:
                         aging_steps=args.aging_steps, step_target_s=args.step_ms / 1000, chat_template=template,
                         tool_dialect=args.tool_dialect,
                         runtime=args.runtime or default_runtime(src.path), pooling=args.pooling,
-                        matryoshka=args.matryoshka, speculative=args.speculative,
+                        matryoshka=args.matryoshka, speculative=speculative(args.speculative),
                         spec_max_tokens=args.spec_max_tokens, draft_model=draft,
                         stream_interval_ms=args.stream_interval_ms,
                         rope_scaling=args.rope_scaling, rope_scale=args.rope_scale,
@@ -70,6 +70,15 @@ def engine_config(args: argparse.Namespace, src) -> EngineConfig | int:
                         flash_attn="on" if args.kv_bits != 16 else "off" if args.deterministic else (
                             args.flash_attn or "auto"),
                         **kv_disk(args), deterministic=args.deterministic)
+
+
+def speculative(choice: str) -> str:
+    """--speculative's drafter: auto is suffix where Arctic Inference's suffix tree is
+    installed (scripts/suffix-tree.sh), else ngram."""
+    if choice != "auto":
+        return choice
+    from ..runtime.suffix import suffix_tree_available
+    return "suffix" if suffix_tree_available() else "ngram"
 
 
 def draft_model(args: argparse.Namespace, runtime: str) -> str | int:

@@ -49,6 +49,15 @@ def suffix_tree_class():
     return SuffixTree
 
 
+def suffix_tree_available() -> bool:
+    """Whether Arctic Inference's suffix tree is installed (`--speculative auto` takes suffix then)."""
+    try:
+        suffix_tree_class()
+    except ModelLoadError:
+        return False
+    return True
+
+
 @dataclass
 class _Lane:
     tree: Any
