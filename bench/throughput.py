@@ -177,6 +177,8 @@ def main() -> None:
     ap.add_argument("--stream", action="store_true")
     ap.add_argument("--peer", action="store_true", help="add llama-server (xllamacpp) and a cold-TTFT row")
     ap.add_argument("--busy", action="store_true", help="another process keeps one core busy while measuring")
+    ap.add_argument("--daemon-arg", action="append", default=[], metavar="ARG",
+                    help="one more argument of the daemon (repeat: --daemon-arg=--stream-interval-ms --daemon-arg=0)")
     a = ap.parse_args()
     if a.threads <= 0:  # the daemon's default: every core this process may use
         a.threads = len(os.sched_getaffinity(0))
@@ -188,7 +190,7 @@ def main() -> None:
     tok = Tokenizer(src.path)
     tpl = ChatTemplate(tok.chat_template)
     extra = [src.path] if a.model else []
-    d = Daemon(*extra, max_context=a.ctx, max_batch=lanes, threads=a.threads)
+    d = Daemon(*extra, *a.daemon_arg, max_context=a.ctx, max_batch=lanes, threads=a.threads)
     d_id = src.id
     peer = LlamaServerProcess(src.path, 0 if a.peer_default else a.threads, lanes * a.ctx, lanes) if a.peer else None
     raw = RawLoop(src.path, lanes, a.ctx, a.threads, 256)
