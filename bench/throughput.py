@@ -132,6 +132,8 @@ async def daemon_round(url: str, model: str, texts: list[str], max_tokens: int, 
         async def one(text: str) -> int:
             body = {"model": model, "messages": conversation(text), "max_tokens": max_tokens,
                     "temperature": 0, "ignore_eos": True, "stream": stream}
+            if stream:  # llama-server counts a stream's tokens in its last chunk only when asked
+                body["stream_options"] = {"include_usage": True}
             if not stream:
                 r = await c.post("/v1/chat/completions", json=body)
                 return r.json()["usage"]["completion_tokens"]
