@@ -98,7 +98,7 @@ class Deliveries:
         self._task: asyncio.Task | None = None
         self.interval_s = interval_s
         self._held: list[tuple[Stream, Chunk]] = []  # chunks waiting for the interval, in order
-        self._open: dict[int, int] = {}  # id(stream) -> index in _held of its chunk that tokens join
+        self._open: dict[Stream, int] = {}  # stream -> index in _held of its chunk that tokens join
         self._timer: asyncio.TimerHandle | None = None
         self._flushed = float("-inf")  # when the last flush ran (the loop's clock)
 
@@ -107,19 +107,19 @@ class Deliveries:
         stream's tokens join one chunk."""
         if not outs:
             return
-        if self.interval_s <= 0 and not self._held:
+        if self.interval_s <= 0:  # (nothing is ever held then)
             self._flush(outs)
             return
         urgent = False
         for st, c in outs:
             urgent = urgent or _urgent(c)
-            at = self._open.get(id(st))
+            at = self._open.get(st)
             if at is not None and c.progress is None:
                 self._held[at] = (st, merged(self._held[at][1], c))
             else:
                 self._held.append((st, c))
                 if c.progress is None and c.completion_tokens > 1:  # the first token's chunk stays its own
-                    self._open[id(st)] = len(self._held) - 1
+                    self._open[st] = len(self._held) - 1
         now = asyncio.get_running_loop().time()
         if urgent or now - self._flushed >= self.interval_s:
             self._flush_held()

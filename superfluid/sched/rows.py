@@ -43,9 +43,8 @@ def run(job: Job, room: int, tail_rows: int) -> int:
     With --deterministic, prompt rows run in runs of at least `tail_rows` that end where its
     decoded tokens begin, never leaving a remainder of one; decoded tokens one row a run."""
     left = job.planned_len - job.scheduled
-    n = min(left, room)
-    if tail_rows < 2 or n <= 0:
-        return max(0, n)
+    if tail_rows < 2 or min(left, room) <= 0:
+        return max(0, min(left, room))
     d = decoded_from(job)
     if job.scheduled >= d:
         return 1
