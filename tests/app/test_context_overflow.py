@@ -3,6 +3,7 @@ that OpenAI's and llama-server's clients both recognise (code `context_length_ex
 type `exceed_context_size_error`, `n_prompt_tokens` and `n_ctx`), Anthropic's and Ollama's
 own error shapes, and the daemon still answering."""
 
+from ..fakes import FakeModel
 from ..harness import MODEL, run
 
 LONG = "word " * 700  # over the fake model's 512-token window
@@ -36,3 +37,30 @@ def test_a_prompt_over_the_window_is_the_same_typed_400_on_every_api():
     ollama = r["/api/chat"]
     assert ollama.status_code == 400 and "exceeds the available context size" in ollama.json()["error"]
     assert r["after"].status_code == 200
+
+
+def test_max_tokens_past_the_window_is_capped_where_the_window_ends():
+    """opencode asks max_tokens 32000 whatever the window: the answer ends with `length` where
+    the window ends (llama-server's and Ollama's behaviour), on every API; only a prompt that
+    does not fit by itself is a 400 (above)."""
+    m = FakeModel(reply=lambda prompt: m.vocab.script("Hello world." * 100))
+    prompt = "word " * 80  # 400 of the fake model's 512 tokens, with the template's
+
+    async def body(h):
+        c = h.client
+        return [await c.post(p, json={"model": MODEL, **b}) for p, b in [
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": prompt}], "max_tokens": 32000}),
+            ("/v1/completions", {"prompt": prompt, "max_tokens": 32000}),
+            ("/v1/messages", {"messages": [{"role": "user", "content": prompt}], "max_tokens": 32000}),
+        ]]
+    chat, completion, messages = run(body, m)
+    for r in (chat, completion):
+        assert r.status_code == 200, r.text
+        b = r.json()
+        assert b["choices"][0]["finish_reason"] == "length"
+        assert b["usage"]["prompt_tokens"] + b["usage"]["completion_tokens"] == 512, b["usage"]
+    assert messages.status_code == 200, messages.text
+    b = messages.json()
+    assert b["stop_reason"] == "max_tokens"
+    u = b["usage"]  # Anthropic's input_tokens leave out the cached ones
+    assert u["input_tokens"] + (u.get("cache_read_input_tokens") or 0) + u["output_tokens"] == 512, u
