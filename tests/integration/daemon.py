@@ -46,7 +46,7 @@ class Daemon:
                     return
             except httpx.HTTPError:
                 pass
-            time.sleep(0.2)
+            time.sleep(0.05)
         self.stop()
         raise RuntimeError("daemon did not become healthy")
 

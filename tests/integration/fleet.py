@@ -35,7 +35,7 @@ class Node:
                 raise RuntimeError(f"node exited: {self.log()}")
             if "serving" in self.log():
                 return
-            time.sleep(0.2)
+            time.sleep(0.05)
         self.stop()
         raise RuntimeError("node did not start")
 

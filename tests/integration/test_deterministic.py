@@ -22,7 +22,7 @@ from .daemon import Daemon
 WORDS = "harbor ledger copper orchard beacon tundra saffron falcon glacier meadow".split()
 DOC = "\n".join(f"Risk {i}: the {WORDS[i % 10]} team reported that the {WORDS[(3 * i) % 10]} budget and the "
                 f"{WORDS[(7 * i) % 10]} schedule may slip by {i * 3} days unless the {WORDS[(i + 5) % 10]} review ends."
-                for i in range(48))
+                for i in range(32))
 MESSAGES = [{"role": "user", "content": DOC + "\n\nWhat are the three main risks described above? Answer in detail."}]
 ARGS = ("--kv-slots", "8", "--step-tokens", "512", "--deterministic")
 
@@ -111,7 +111,7 @@ def test_greedy_and_seeded_output_do_not_depend_on_the_cache():
         assert cached == 0 and len(cold[0]) > 20 and len(cold[1]) == 48
         seeded_cold, _ = ask(d, temperature=0.9, seed=11)  # its prompt is cached by now: warm
         warm, cached = ask(d)
-        assert cached > 1400, cached
+        assert cached > 950, cached
         assert warm == cold
         # beside 7 other lanes decoding
         stop = threading.Event()
@@ -145,7 +145,7 @@ def test_greedy_and_seeded_output_do_not_depend_on_the_cache():
     try:
         assert resumed(d, sid, last, seen) == cold
         restored, cached = ask(d)
-        assert cached > 1400, cached  # from the disk tier
+        assert cached > 950, cached  # from the disk tier
         assert restored == cold
     finally:
         d.stop()

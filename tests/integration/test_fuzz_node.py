@@ -58,7 +58,7 @@ async def poke(port: int, psk: bytes, send) -> None:
         await link.greet(m.Hello((m.VERSION,), "a-fuzzing-head"), 10.0)
         send(link)
         await link.writer.drain()
-        deadline = time.monotonic() + 0.5  # the node answers in milliseconds; a late crash fails the next example
+        deadline = time.monotonic() + 0.25  # the node answers in milliseconds; a late crash fails the next example
         while (left := deadline - time.monotonic()) > 0:
             await asyncio.wait_for(link.recv(), left)
     except (ConnectionError, TimeoutError, OSError):

@@ -93,7 +93,7 @@ def test_a_short_chat_without_a_header_takes_the_lane_of_a_long_job_of_its_class
     # story has far more work left, so the chat takes its lane (sched/srpt.py) and the story
     # only pauses: its greedy text is what it is alone
     url = one_lane.url
-    story = {"model": MODEL, "max_tokens": 200, "temperature": 0, "ignore_eos": True,
+    story = {"model": MODEL, "max_tokens": 64, "temperature": 0, "ignore_eos": True,
              "messages": [{"role": "user", "content": "Write a long story about a whale."}]}
     alone = stream_text(url, story)
     before = metric(url, "superfluid_short_preemptions_total")
