@@ -20,7 +20,7 @@ Decode tok/s = (completion tokens - 1) / (last token time - first token time), m
 new questions and edits and replays the task for another file: an answer a server gave
 before would otherwise be drafted whole from its suffix tree.
 
-    python bench/speculative.py [--rounds 3] [--threads 1] [--tokens 256]
+    python bench/speculative.py [--rounds 3] [--threads 1] [--tokens 256] [--works agent,edit,free]
                                 [--draft [--draft-layers 4 | --draft-model GGUF]]
 Needs: pip install xllamacpp (bench only)."""
 
@@ -105,7 +105,11 @@ QUESTIONS = (
     "Tell me about the history of bread.", "What should I pack for a week at the sea?",
     "Why is the sky blue? Explain simply.", "Describe a busy market in the morning.",
     "What are the benefits of learning to cook?", "How do trains stay on their tracks?",
-    "Write a short story about a lost key.", "What makes a city pleasant to live in?")
+    "Write a short story about a lost key.", "What makes a city pleasant to live in?",
+    *(f"Tell me about {topic}. Write a paragraph." for topic in (
+        "the moon", "volcanoes", "coffee", "the ocean tides", "libraries", "bicycles", "rain forests", "chess",
+        "the violin", "glaciers", "lighthouses", "the printing press", "deserts", "kites", "owls", "bridges",
+        "the compass", "snowflakes", "windmills", "penguins", "origami", "submarines", "coral reefs", "canals")))
 # each round its own edit, questions and agent task: an output a server has already produced
 # (greedy, the same prompt) would be drafted from its suffix tree in full, which no real
 # workload gives
@@ -163,7 +167,14 @@ def main() -> None:
     ap.add_argument("--draft", action="store_true", help="also a draft model (it accepted 0-2%% here)")
     ap.add_argument("--draft-layers", type=int, default=4, help="the draft model: the embedded model's first N layers")
     ap.add_argument("--draft-model", help="the draft model's GGUF instead (the embedded model's vocabulary)")
+    ap.add_argument("--works", default="agent,edit,free", help="the workloads, comma-separated (default: all three)")
     a = ap.parse_args()
+    works = tuple(a.works.split(","))
+    fresh = {"agent": len(KINDS), "edit": len(EDIT_KINDS) - 1, "free": len(QUESTIONS) // 3}  # rounds of new work
+    if not works or not set(works) <= set(fresh):
+        ap.error("--works is a list of agent, edit, free")
+    if a.rounds > min(fresh[w] for w in works):
+        ap.error(f"at most {min(fresh[w] for w in works)} rounds of new work for {a.works}")
     n_ctx = 8192
     servers = {name: Daemon("--speculative", name, "--spec-max-tokens", str(a.spec_max_tokens), threads=a.threads,
                             max_context=n_ctx, max_batch=1) for name in ("off", "ngram", "suffix")}
@@ -175,7 +186,6 @@ def main() -> None:
     peer = LlamaServer(embedded_model().path, a.threads, n_ctx, ngram)
     urls["llama-server ngram"] = peer.url
     spec = [name for name in SPEC if name in urls]
-    works = ("agent", "edit", "free")
     rates: dict[tuple[str, str], list[float]] = {}
     drafts = {(work, name): [0.0, 0.0] for work in works for name in spec}
     try:

@@ -17,7 +17,12 @@ from dataclasses import dataclass
 from .jobs import Job
 
 RATE_KEEP = 0.7  # the acceptance-rate average keeps this much of its past per drafted step
-RATE_MIN = 0.25  # below this a lane stops drafting ...
+# below this a lane stops drafting ... A verified row costs about half a decoded token on a
+# CPU (docs/performance.md, bench/verify_cost.py), so drafts accepted less than about that
+# often slow a lane down: measured with suffix drafts (bench/speculative.py), 0.4 made free
+# chat 1.01x of no speculation (0.96x at 0.25) and cost agent replay 1% and edit nothing;
+# 0.55 cost them 7-9%
+RATE_MIN = 0.4
 COOLDOWN = 16  # ... for this many steps, then tries again from RATE_RETRY
 RATE_RETRY = 0.5
 
@@ -43,8 +48,8 @@ class SpecPolicy:
         lane = self._lanes.get(job)
         if lane is not None and step < lane.off_until:
             return 0
-        # as many rows as the lane's recent acceptance pays for: a row costs about a token
-        # here, so a lane whose drafts are half accepted gets half as many (at least one)
+        # as many rows as the lane's recent acceptance pays for: a lane whose drafts are half
+        # accepted gets half as many (at least one)
         if lane is not None:
             cap = max(1, math.ceil(cap * lane.rate))
         room = min(job.max_tokens - job.generated, n_ctx - job.planned_len) - 1 - in_flight

@@ -137,6 +137,32 @@ def test_a_lane_gets_as_many_drafts_as_its_acceptance_pays_for():
     assert s.schedule().runs[0].draft == 6  # acceptance average 0.7 -> ceil(8 x 0.7)
 
 
+def _drafts_while_accepting(share: float, steps: int = 60) -> list[int]:
+    """The drafts granted to one lane over `steps` steps when `share` of each step's drafts
+    are accepted (a step's accepted drafts come back as that many more sampled tokens)."""
+    s = sched(spec=8, n_ctx=4096)
+    j = decoding(s, job("a", max_tokens=100_000))
+    granted = []
+    for _ in range(steps):
+        plan = s.schedule()
+        k = plan.runs[0].draft
+        granted.append(k)
+        kept = round(k * share)
+        s.update(plan, StepResult(plan.step, tuple(Sampled(j.seq, 11) for _ in range(kept + 1)),
+                                  drafted=((j.seq, k),) if k else ()))
+    return granted
+
+
+def test_a_lane_whose_drafts_are_accepted_a_third_of_the_time_mostly_stops_drafting():
+    """A verified row costs about half a decoded token on a CPU: a lane whose drafts are
+    accepted a third of the time (free chat with suffix drafts) is slower drafting, so it
+    stops for a while, again and again; one whose drafts are mostly accepted never stops."""
+    third = _drafts_while_accepting(1 / 3)
+    assert third.count(0) > len(third) / 2, third
+    most = _drafts_while_accepting(0.75)
+    assert 0 not in most, most
+
+
 def test_draft_model_flags_are_checked_before_anything_loads(capsys, tmp_path):
     from superfluid.cli.main import main
     assert main(["serve", "--speculative", "draft", "--port", "1"]) == 2
