@@ -15,6 +15,14 @@ import time
 import httpx
 
 
+def scratch(prefix: str) -> str:
+    """A fresh folder under the system temp dir, removed when the test process ends: daemons'
+    homes (a KV disk tier is GBs), converted models, caches of pulled files."""
+    path = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, path, True)
+    return path
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -24,10 +32,7 @@ def free_port() -> int:
 class Daemon:
     def __init__(self, *args: str, max_context: int = 1024, max_batch: int = 8, home: str | None = None,
                  threads: int = 1, env: dict[str, str] | None = None):
-        if home is None:  # ours: removed when the test process ends (its KV disk tier is GBs)
-            home = tempfile.mkdtemp(prefix="superfluid-home-")
-            atexit.register(shutil.rmtree, home, True)
-        self.home = home
+        self.home = home or scratch("superfluid-home-")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "superfluid.cli", "serve", *args, "--port", str(self.port),

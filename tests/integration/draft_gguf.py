@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import functools
 import struct
-import tempfile
 from pathlib import Path
 
-HOME = Path(tempfile.mkdtemp(prefix="superfluid-draft-"))
+from .daemon import scratch
+
+HOME = Path(scratch("superfluid-draft-"))
 RENAMED = (11, b"<jupyter_start>", b"<jupyter_START>")  # token id, its text, the other text
 SCALAR = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # gguf value type -> bytes
 STRING, ARRAY, UINT32 = 8, 9, 4

@@ -10,14 +10,15 @@ quality: the tests check the mechanics (the prompt, the routes, stops, cancellin
 from __future__ import annotations
 
 import functools
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
+from .daemon import scratch
+
 RENAMED = {11: "<fim_prefix>", 12: "<fim_middle>", 13: "<fim_suffix>", 14: "<fim_pad>"}  # the model's <jupyter_*>
 FIM_PRE, FIM_MID, FIM_SUF, FIM_PAD = 11, 12, 13, 14
-HOME = Path(tempfile.mkdtemp(prefix="superfluid-fim-"))
+HOME = Path(scratch("superfluid-fim-"))
 
 
 @functools.cache

@@ -7,11 +7,10 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 
-from .daemon import free_port
+from .daemon import free_port, scratch
 
 
 class Node:
@@ -19,13 +18,13 @@ class Node:
                  port: int | None = None, join: str | None = None):
         """`node serve` on a loopback port, or with `join` (the head's HOST:PORT) `node join`."""
         self.port = port or free_port()
-        self.home = home or tempfile.mkdtemp(prefix="superfluid-node-")
+        self.home = home or scratch("superfluid-node-")
         how = ["join", join] if join else ["serve", "--listen", f"127.0.0.1:{self.port}"]
         cmd = [sys.executable, "-m", "superfluid.cli", "node", *how,
                "--threads", "1", "--max-context", str(max_context), *args]
         if auth_file:
             cmd += ["--auth-file", auth_file]
-        self.log_path = os.path.join(tempfile.mkdtemp(prefix="superfluid-node-log-"), "node.log")
+        self.log_path = os.path.join(scratch("superfluid-node-log-"), "node.log")
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, text=True,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1", "SUPERFLUID_HOME": self.home})

@@ -3,14 +3,12 @@ test session, a reference `model.generate`, and the chat prompt the daemon would
 
 from __future__ import annotations
 
-import atexit
 import functools
-import shutil
-import tempfile
 from pathlib import Path
 
-HOME = Path(tempfile.mkdtemp(prefix="superfluid-hf-home-"))  # one conversion per test session
-atexit.register(shutil.rmtree, HOME, True)  # its converted weights are half a GB
+from .daemon import scratch
+
+HOME = Path(scratch("superfluid-hf-home-"))  # one conversion per test session (half a GB)
 
 
 @functools.cache

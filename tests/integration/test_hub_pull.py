@@ -9,7 +9,6 @@ import hashlib
 import os
 import subprocess
 import sys
-import tempfile
 import threading
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import pytest
 from superfluid.runtime.registry import embedded_embedding_model, embedded_model
 
 from . import hf
-from .daemon import Daemon, free_port
+from .daemon import Daemon, free_port, scratch
 from .hub_mirror import Mirror, split_gguf
 
 GGUF = Path(embedded_model().path)  # SmolLM2-135M-Instruct.Q4_1.gguf
@@ -41,7 +40,7 @@ def sha256(path: str | Path) -> str:
 @pytest.fixture(scope="module")
 def mirror():
     m = Mirror()
-    parts_dir = Path(tempfile.mkdtemp(prefix="sf-split-"))
+    parts_dir = Path(scratch("sf-split-"))
     parts = split_gguf(GGUF, parts_dir, GGUF.stem)
     m.add(WHOLE, {GGUF.name: GGUF, f"mmproj-{GGUF.stem}.gguf": GGUF})  # a projector is never the model
     m.add(SPLIT, {p.name: p for p in parts})
@@ -56,7 +55,7 @@ def mirror():
 
 @pytest.fixture(scope="module")
 def hf_home():
-    return tempfile.mkdtemp(prefix="sf-hf-home-")
+    return scratch("sf-hf-home-")
 
 
 def env_of(mirror, hf_home: str, **more: str) -> dict[str, str]:
@@ -172,7 +171,7 @@ def test_serve_by_name_with_a_folder_model_then_load_by_name_then_offline(mirror
 
 
 def test_models_lists_the_cache_with_sizes_and_rm_deletes(mirror):
-    home = tempfile.mkdtemp(prefix="sf-hf-home-")
+    home = scratch("sf-hf-home-")
     env = env_of(mirror, home)
     assert superfluid("pull", f"{WHOLE}:Q4_1", env=env).returncode == 0
     assert superfluid("pull", FOLDER, env=env).returncode == 0
@@ -194,7 +193,7 @@ def llm_repo(mirror):
     and the tokenizer.json transformers makes from the GGUF's vocabulary."""
     from transformers import AutoTokenizer
     weights = Path(hf.folder())
-    tok_dir = Path(tempfile.mkdtemp(prefix="sf-hf-tok-"))
+    tok_dir = Path(scratch("sf-hf-tok-"))
     AutoTokenizer.from_pretrained(str(GGUF.parent), gguf_file=GGUF.name).save_pretrained(tok_dir)
     files = {p.name: p for p in weights.iterdir() if p.is_file() and p.name != "superfluid.json"}
     files.update({p.name: p for p in tok_dir.iterdir() if p.is_file()})

@@ -5,7 +5,6 @@ is given, the flag wins over the model, and the request over both, on every API.
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 import httpx
@@ -13,7 +12,7 @@ import numpy as np
 import openai
 import pytest
 
-from .daemon import Daemon
+from .daemon import Daemon, scratch
 
 REPEAT = "Say cat. cat cat cat cat cat"  # greedy goes on with " cat"
 RECOMMENDED = {"general.sampling.temp": 0.0, "general.sampling.penalty_repeat": 5.0,
@@ -49,7 +48,7 @@ def recommending_gguf(out: Path) -> str:
 
 @pytest.fixture(scope="module")
 def d():
-    path = recommending_gguf(Path(tempfile.mkdtemp(prefix="superfluid-sampling-")) / "SmolLM2-recommends.gguf")
+    path = recommending_gguf(Path(scratch("superfluid-sampling-")) / "SmolLM2-recommends.gguf")
     dm = Daemon(path, "--repeat-last-n", "0", max_batch=2, max_context=512)
     yield dm
     dm.stop()
