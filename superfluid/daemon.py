@@ -25,7 +25,6 @@ from .config import EngineConfig, ServeConfig, home, private_dir
 from .engine import NO_HOOKS, Engine, EngineAPI, Hooks, SessionLog
 from .monitor.access import AccessLog
 from .monitor.metrics import Metrics
-from .monitor.tui import Dashboard, LiveMonitor, LogBuffer
 from .net.http import open_files_room, protocol
 from .net.loopback import is_loopback_host
 from .runtime.registry import (available_memory, default_runtime, fit_context, is_hf_folder, kv_bytes_per_token,
@@ -276,7 +275,8 @@ async def serve(daemon: App, sock: socket.socket) -> None:
     print(f"superfluid {__version__}: serving {engine.model_id}{others} on http://{shown}:{port} ({where})",
           flush=True)
     monitor = None
-    if cfg.tui:
+    if cfg.tui:  # imported here: rich adds ~25 ms to the start of a daemon without a terminal
+        from .monitor.tui import Dashboard, LiveMonitor, LogBuffer
         monitor = LiveMonitor(Dashboard(engines, f"http://{shown}:{port}", LogBuffer()))
         monitor.start()
     pidfile = write_pidfile(port)

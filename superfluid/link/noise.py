@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from typing import TYPE_CHECKING
 
-from noise.connection import NoiseConnection
+if TYPE_CHECKING:
+    from noise.connection import NoiseConnection
 
 from ..errors import ProtocolError
 
@@ -42,7 +44,8 @@ class SecureChannel:
         self._buf = bytearray()
         self._got_preamble = initiator  # only the responder reads a preamble
         self._noise: NoiseConnection | None = None
-        if psk is not None:
+        if psk is not None:  # imported here: a plaintext link (and every Link W) never needs it
+            from noise.connection import NoiseConnection
             n = NoiseConnection.from_name(PROTOCOL)
             if initiator:
                 n.set_as_initiator()
