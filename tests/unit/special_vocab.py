@@ -7,7 +7,9 @@ tokenizer (runtime/gguf_vocab.py) do."""
 
 from __future__ import annotations
 
+import atexit
 import functools
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -34,7 +36,9 @@ def special_gguf() -> str:
 
     from superfluid.runtime.registry import embedded_model
 
-    out = Path(tempfile.mkdtemp(prefix="superfluid-special-")) / "vocab.gguf"
+    folder = tempfile.mkdtemp(prefix="superfluid-special-")
+    atexit.register(shutil.rmtree, folder, True)  # removed when the test process ends
+    out = Path(folder) / "vocab.gguf"
     r = gguf.GGUFReader(embedded_model().path)
     w = gguf.GGUFWriter(str(out), str(r.fields["general.architecture"].contents()))
     for name, f in r.fields.items():
