@@ -15,10 +15,10 @@ import hashlib
 import struct
 from typing import TYPE_CHECKING
 
+from ..errors import ProtocolError
+
 if TYPE_CHECKING:
     from noise.connection import NoiseConnection
-
-from ..errors import ProtocolError
 
 PROTOCOL = b"Noise_NNpsk0_25519_ChaChaPoly_BLAKE2s"
 MAGIC = b"SFL1"

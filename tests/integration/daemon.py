@@ -2,25 +2,16 @@
 
 from __future__ import annotations
 
-import atexit
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 
 import httpx
 
-
-def scratch(prefix: str) -> str:
-    """A fresh folder under the system temp dir, removed when the test process ends: daemons'
-    homes (a KV disk tier is GBs), converted models, caches of pulled files."""
-    path = tempfile.mkdtemp(prefix=prefix)
-    atexit.register(shutil.rmtree, path, True)
-    return path
+from ..scratch import scratch
 
 
 def free_port() -> int:

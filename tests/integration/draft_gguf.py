@@ -14,7 +14,7 @@ import functools
 import struct
 from pathlib import Path
 
-from .daemon import scratch
+from ..scratch import scratch
 
 HOME = Path(scratch("superfluid-draft-"))
 RENAMED = (11, b"<jupyter_start>", b"<jupyter_START>")  # token id, its text, the other text

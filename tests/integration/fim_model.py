@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .daemon import scratch
+from ..scratch import scratch
 
 RENAMED = {11: "<fim_prefix>", 12: "<fim_middle>", 13: "<fim_suffix>", 14: "<fim_pad>"}  # the model's <jupyter_*>
 FIM_PRE, FIM_MID, FIM_SUF, FIM_PAD = 11, 12, 13, 14

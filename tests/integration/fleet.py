@@ -10,7 +10,8 @@ import sys
 import time
 from collections.abc import Callable
 
-from .daemon import free_port, scratch
+from ..scratch import scratch
+from .daemon import free_port
 
 
 class Node:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from .daemon import scratch
+from ..scratch import scratch
 
 HOME = Path(scratch("superfluid-hf-home-"))  # one conversion per test session (half a GB)
 

@@ -19,7 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from superfluid.client import Client, iter_sse
 
 from .conftest import MODEL
-from .daemon import Daemon, scratch
+from ..scratch import scratch
+from .daemon import Daemon
 from .fleet import Node, together
 from .proxy import Proxy
 

@@ -20,7 +20,8 @@ import pytest
 from superfluid.runtime.registry import embedded_embedding_model, embedded_model
 
 from . import hf
-from .daemon import Daemon, free_port, scratch
+from ..scratch import scratch
+from .daemon import Daemon, free_port
 from .hub_mirror import Mirror, split_gguf
 
 GGUF = Path(embedded_model().path)  # SmolLM2-135M-Instruct.Q4_1.gguf

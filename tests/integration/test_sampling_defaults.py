@@ -12,7 +12,8 @@ import numpy as np
 import openai
 import pytest
 
-from .daemon import Daemon, scratch
+from ..scratch import scratch
+from .daemon import Daemon
 
 REPEAT = "Say cat. cat cat cat cat cat"  # greedy goes on with " cat"
 RECOMMENDED = {"general.sampling.temp": 0.0, "general.sampling.penalty_repeat": 5.0,

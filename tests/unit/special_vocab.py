@@ -7,11 +7,10 @@ tokenizer (runtime/gguf_vocab.py) do."""
 
 from __future__ import annotations
 
-import atexit
 import functools
-import shutil
-import tempfile
 from pathlib import Path
+
+from ..scratch import scratch
 
 CONTROL, USER_DEFINED = 3, 4  # gguf token types
 # marker -> its token type: added tokens shaped <...> are USER_DEFINED in their models' GGUFs
@@ -36,9 +35,7 @@ def special_gguf() -> str:
 
     from superfluid.runtime.registry import embedded_model
 
-    folder = tempfile.mkdtemp(prefix="superfluid-special-")
-    atexit.register(shutil.rmtree, folder, True)  # removed when the test process ends
-    out = Path(folder) / "vocab.gguf"
+    out = Path(scratch("superfluid-special-")) / "vocab.gguf"
     r = gguf.GGUFReader(embedded_model().path)
     w = gguf.GGUFWriter(str(out), str(r.fields["general.architecture"].contents()))
     for name, f in r.fields.items():
