@@ -21,7 +21,7 @@ new questions and edits and replays the task for another file: an answer a serve
 before would otherwise be drafted whole from its suffix tree.
 
     python bench/speculative.py [--rounds 3] [--threads 1] [--tokens 256] [--works agent,edit,free]
-                                [--draft [--draft-layers 4 | --draft-model GGUF]]
+                                [--draft [--draft-layers 4 | --draft-model GGUF]] [--daemon-arg=ARG ...]
 Needs: pip install xllamacpp (bench only)."""
 
 from __future__ import annotations
@@ -168,6 +168,8 @@ def main() -> None:
     ap.add_argument("--draft-layers", type=int, default=4, help="the draft model: the embedded model's first N layers")
     ap.add_argument("--draft-model", help="the draft model's GGUF instead (the embedded model's vocabulary)")
     ap.add_argument("--works", default="agent,edit,free", help="the workloads, comma-separated (default: all three)")
+    ap.add_argument("--daemon-arg", action="append", default=[],
+                    help="one more argument for every daemon (repeat it: --daemon-arg=--flash-attn --daemon-arg=off)")
     a = ap.parse_args()
     works = tuple(a.works.split(","))
     fresh = {"agent": len(KINDS), "edit": len(EDIT_KINDS) - 1, "free": len(QUESTIONS) // 3}  # rounds of new work
@@ -176,17 +178,18 @@ def main() -> None:
     if a.rounds > min(fresh[w] for w in works):
         ap.error(f"at most {min(fresh[w] for w in works)} rounds of new work for {a.works}")
     n_ctx = 8192
-    servers = {name: Daemon("--speculative", name, "--spec-max-tokens", str(a.spec_max_tokens), threads=a.threads,
-                            max_context=n_ctx, max_batch=1) for name in ("off", "ngram", "suffix")}
+    servers = {name: Daemon("--speculative", name, "--spec-max-tokens", str(a.spec_max_tokens), *a.daemon_arg,
+                            threads=a.threads, max_context=n_ctx, max_batch=1) for name in ("off", "ngram", "suffix")}
     if a.draft:
         draft = a.draft_model or draft_gguf(a.draft_layers)
-        servers["draft"] = Daemon("--speculative", "draft", "--draft-model", draft, threads=a.threads,
+        servers["draft"] = Daemon("--speculative", "draft", "--draft-model", draft, *a.daemon_arg, threads=a.threads,
                                   max_context=n_ctx, max_batch=1)
     urls = {k: d.url for k, d in servers.items()}
     peer = LlamaServer(embedded_model().path, a.threads, n_ctx, ngram)
     urls["llama-server ngram"] = peer.url
     spec = [name for name in SPEC if name in urls]
     rates: dict[tuple[str, str], list[float]] = {}
+    walls: dict[tuple[str, str], list[float]] = {}  # a task's seconds, its prompts' prefill included
     drafts = {(work, name): [0.0, 0.0] for work in works for name in spec}
     try:
         for url in urls.values():  # warm: the edit prompt prefilled and cached everywhere
@@ -195,12 +198,14 @@ def main() -> None:
             for name, url in urls.items():  # interleaved: a noisy moment hits every server alike
                 for work in works:
                     before = acceptance(url) if name in spec else (0.0, 0.0)
+                    t0 = time.perf_counter()
                     if work == "agent":
                         rate = agent_rate(url, KINDS[r % len(KINDS)], a.tokens)[0]
                     else:
                         bodies = [edit(EDIT_KINDS[1 + r % 7])] if work == "edit" else free(r)
                         rate = statistics.median(decode_rate(url, b, a.tokens)[0] for b in bodies)
                     rates.setdefault((work, name), []).append(rate)
+                    walls.setdefault((work, name), []).append(time.perf_counter() - t0)
                     if name in spec:
                         after = acceptance(url)
                         drafts[(work, name)][0] += after[0] - before[0]
@@ -218,6 +223,9 @@ def main() -> None:
         print("      " + ", ".join(f"{name} / off = {med[(work, name)] / med[(work, 'off')]:.2f}x" for name in spec)
               + f", off / {peer_name} = {med[(work, 'off')] / med[(work, peer_name)]:.2f}x, "
               + ", ".join(f"{name} / {peer_name} = {med[(work, name)] / med[(work, peer_name)]:.2f}x" for name in spec))
+        wall = {name: statistics.median(walls[(work, name)]) for name in urls}
+        print("      seconds per task (prefill and decode, median): "
+              + ", ".join(f"{name} {wall[name]:.2f}" for name in urls))
         for name in spec:
             n, ok = drafts[(work, name)]
             print(f"      {name}: drafted {n:.0f}, accepted {ok / max(1.0, n):.0%}")

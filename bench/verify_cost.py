@@ -1,10 +1,11 @@
 """Where a speculative step's time goes, in the worker's runtime on the embedded model: one
-forward of a lane (a ~1,000-token context) with 1 row (a plain decode) and with 1 + k rows
+forward of a lane (a 740-token context, or --context) with 1 row (a plain decode) and with 1 + k rows
 (k drafts verified: a logits row for each), the same 1 + k rows with logits for the last only
 (what the rows cost without the output layer), four lanes at once, and the drafters' own
 time (prompt lookup and suffix trees) for one proposal. Median of --repeats, milliseconds.
 
-    python bench/verify_cost.py [--threads 2] [--repeats 15]"""
+    python bench/verify_cost.py [--threads 2] [--repeats 15] [--context 740] [--flash-attn auto|on|off]
+                                [--model GGUF]"""
 
 from __future__ import annotations
 
@@ -36,12 +37,16 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--model", default=None, help="a GGUF (default: the embedded model)")
+    ap.add_argument("--context", type=int, default=740, help="the lane's context, tokens (default 740)")
+    ap.add_argument("--flash-attn", default="auto", choices=("auto", "on", "off"))
     a = ap.parse_args()
-    path = embedded_model().path
+    path = a.model or embedded_model().path
     tok = Tokenizer(path)
-    ctx = tok.encode(document(1, 700), parse_special=False)[:1000]
+    ctx = tok.encode(document(1, a.context * 2), parse_special=False)[:a.context]
     n = len(ctx)
-    rt = LlamaCppRuntime(path, lanes=4, n_ctx=2048, threads=a.threads, batch_tokens=512)
+    rt = LlamaCppRuntime(path, lanes=4, n_ctx=max(2048, a.context + 64), threads=a.threads, batch_tokens=512,
+                         flash_attn=a.flash_attn)
     lanes = range(4)
     rt.step(StepPlan(1, opens=tuple(LaneOpen(s, SamplingParams(temperature=0)) for s in lanes)))
     step = 2
@@ -58,7 +63,8 @@ def main() -> None:
                 rt.drop_tail(s, n)
         return go
 
-    print(f"one forward, median of {a.repeats}, {a.threads} thread(s), context {n} tokens, ms")
+    print(f"one forward, median of {a.repeats}, {a.threads} thread(s), context {n} tokens, "
+          f"flash attention {a.flash_attn}, ms")
     print("| rows per lane | 1 lane, logits each row | 1 lane, logits last row | 4 lanes, logits each row |")
     print("|---:|---:|---:|---:|")
     base = None
