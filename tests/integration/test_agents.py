@@ -14,6 +14,7 @@ import threading
 import time
 
 import httpx
+import psutil
 import pytest
 
 from .daemon import Daemon
@@ -144,7 +145,26 @@ def homes(tmp_path_factory):
             (made[agent] / "work").mkdir()
             (made[agent] / "work" / "note.txt").write_text(SECRET + "\n")
         return made[agent]
-    return home
+    yield home
+    end_left_behind([str(p) for p in made.values()])
+
+
+def end_left_behind(folders: list[str]) -> None:
+    """Processes an agent left running once it exited (Cline's hub daemon, `--cwd <its work
+    folder>`) end with the agents' tests: any process whose HOME is one of `folders` or whose
+    command line names one."""
+    left = []
+    for p in psutil.process_iter():
+        try:
+            args, home = p.cmdline(), p.environ().get("HOME", "")
+        except psutil.Error:
+            continue
+        if p.pid != os.getpid() and (home in folders or any(f in a for a in args for f in folders)):
+            left.append(p)
+    for p in left:
+        p.terminate()
+    for p in psutil.wait_procs(left, timeout=5)[1]:
+        p.kill()
 
 
 def loop_proxy(d, home, agent: str, *, choose: bool, answer: dict | None) -> ForcingProxy:
