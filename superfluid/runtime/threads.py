@@ -9,7 +9,14 @@ another process has descheduled: with one of two cores busy elsewhere, two threa
 20-30% slower than OpenMP's passive ones. So the worker watches the machine: every
 `PERIOD_S` it reads how much CPU the rest of the machine used (all processes' time from
 /proc/stat, hypervisor steal included, less this process's own) and gives llama.cpp the
-cores that are left: `threads_for`. One thread has no barrier to wait at."""
+cores that are left: `threads_for`. One thread has no barrier to wait at.
+
+Steps ask for the count, so a look taken after the worker was idle (no step for a period,
+and under half a core used since the last look) describes a time it did not compete: another
+server's answer, an agent's test run between two turns. The count is kept and the machine
+looked at again QUICK_S later: otherwise a request that came after another process's burst
+began with one thread for a whole period (measured: a single stream 0.95x llama-server with
+such looks trusted, 1.01x without them, bench/single_stream.py, docs/performance.md)."""
 
 from __future__ import annotations
 
@@ -20,6 +27,8 @@ from collections.abc import Callable
 
 PERIOD_S = 0.5  # how often the machine is looked at
 SPARE = 0.5  # cores of other work tolerated before a thread is given up
+QUICK_S = 0.1  # the next look after one that spanned an idle worker
+IDLE = 0.5  # cores: a worker with no step for a period that used less than this was idle
 
 
 def threads_for(others: float, most: int) -> int:
@@ -53,13 +62,16 @@ class ThreadGovernor:
         self._apply, self._machine, self._own = apply, machine, own
         self._cpus = cpus or os.cpu_count() or 1  # /proc/stat counts every CPU of the machine
         self._last: tuple[float, int, int, int] | None = None
+        self._period = PERIOD_S  # until the next look
+        self._asked: float | None = None  # when a step last asked
         self.others = 0.0  # cores the rest of the machine used in the last period
 
     def threads(self, now: float | None = None) -> int:
         if self.most <= 1:
             return self.most
         now = time.monotonic() if now is None else now
-        if self._last is not None and now - self._last[0] < PERIOD_S:
+        gap, self._asked = (0.0 if self._asked is None else now - self._asked), now
+        if self._last is not None and now - self._last[0] < self._period:
             return self.current
         try:
             busy, total = self._machine()
@@ -69,10 +81,14 @@ class ThreadGovernor:
         if self._last is not None:
             _, busy0, total0, own0 = self._last
             if total > total0:
-                self.others = max(0.0, self._cpus * ((busy - busy0) - (own - own0)) / (total - total0))
-                n = threads_for(self.others, self.most)
-                if n != self.current:
-                    self.current = n
-                    self._apply(n)
+                mine = self._cpus * (own - own0) / (total - total0)
+                self.others = max(0.0, self._cpus * (busy - busy0) / (total - total0) - mine)
+                idle = gap > PERIOD_S and mine < IDLE
+                self._period = QUICK_S if idle else PERIOD_S
+                if not idle:
+                    n = threads_for(self.others, self.most)
+                    if n != self.current:
+                        self.current = n
+                        self._apply(n)
         self._last = (now, busy, total, own)
         return self.current

@@ -1,7 +1,7 @@
 """The thread governor: every core while the machine is quiet, fewer while other processes
 keep cores busy (runtime/threads.py)."""
 
-from superfluid.runtime.threads import PERIOD_S, ThreadGovernor, threads_for
+from superfluid.runtime.threads import PERIOD_S, QUICK_S, ThreadGovernor, threads_for
 
 
 def test_threads_for_gives_up_a_core_per_busy_core_beyond_half_of_one():
@@ -69,3 +69,39 @@ def test_no_proc_keeps_the_current_count():
         raise OSError("no /proc")
     g = ThreadGovernor(4, lambda n: None, machine=broken, own=lambda: 0, cpus=4)
     assert g.threads(0.0) == 4 and g.threads(5.0) == 4
+
+
+def test_a_look_over_an_idle_spell_keeps_the_count_and_looks_again_soon():
+    """While the worker slept, another process's burst (another server's answer, an agent's
+    test run) says little about now: the count is kept and the machine looked at again
+    QUICK_S later, instead of a whole period on one thread."""
+    m = Machine(cpus=2)
+    g, applied = governor(m, 2)
+    t = 0.0
+    g.threads(t)
+    m.run(500, own=0.0, others=2.0)  # the worker idle for five periods, a build on both cores
+    t += 5 * PERIOD_S
+    assert g.threads(t) == 2 and applied == []
+    assert g.threads(t + QUICK_S / 2) == 2  # not yet
+    m.run(10, own=2.0, others=0.0)  # the build is over
+    soon = 1.01 * QUICK_S
+    assert g.threads(t + soon) == 2 and applied == []
+    m.run(500, own=0.0, others=2.0)  # idle again, and this time the build goes on
+    t += soon + 5 * PERIOD_S
+    assert g.threads(t) == 2
+    m.run(10, own=1.0, others=1.0)
+    assert g.threads(t + soon) == 1 and applied == [1]  # a tenth of a second later, it knows
+
+
+def test_a_worker_that_steps_on_a_crowded_machine_is_not_idle():
+    """Steps every 50 ms, the worker held to a third of a core by other work: a thread is
+    given up all the same."""
+    m = Machine(cpus=2)
+    g, applied = governor(m, 2)
+    t = 0.0
+    g.threads(t)
+    for _ in range(12):
+        m.run(5, own=0.3, others=1.7)
+        t += 0.05
+        g.threads(t)
+    assert applied == [1] and g.current == 1
