@@ -15,10 +15,14 @@ lane's context and earlier outputs, runtime/suffix.py), with --draft also draft 
 model: the embedded model cut to its first --draft-layers layers, tests/integration/draft_gguf.py,
 or --draft-model GGUF), and llama-server (the xllamacpp wheel's embedded server) with its
 n-gram speculation (ngram-simple) at its defaults.
-Decode tok/s = (completion tokens - 1) / (last token time - first token time), median of
---rounds (agent replay: all its turns' tokens over all their decode time). Each round asks
-new questions and edits and replays the task for another file: an answer a server gave
-before would otherwise be drafted whole from its suffix tree.
+Decode tok/s = (completion tokens - 1) / (last token time - first token time), the median
+over a workload's items (an agent task: all its turns' tokens over all their decode time; an
+edit; each free-chat question) of --rounds. Each round asks new questions and edits and
+replays the task for another file: an answer a server gave before would otherwise be drafted
+whole from its suffix tree. The servers take turns on each item, in reversed order every
+other item, so that a noisy moment of this shared machine hits them alike (a round's rate
+moved 92-129 tok/s on one server); `paired` is the geometric mean of each item's ratio to
+the same item without speculation.
 
     python bench/speculative.py [--rounds 3] [--threads 1] [--tokens 256] [--works agent,edit,free]
                                 [--draft [--draft-layers 4 | --draft-model GGUF]] [--daemon-arg=ARG ...]
@@ -188,43 +192,48 @@ def main() -> None:
     peer = LlamaServer(embedded_model().path, a.threads, n_ctx, ngram)
     urls["llama-server ngram"] = peer.url
     spec = [name for name in SPEC if name in urls]
-    rates: dict[tuple[str, str], list[float]] = {}
-    walls: dict[tuple[str, str], list[float]] = {}  # a task's seconds, its prompts' prefill included
+    rates: dict[tuple[str, str], list[float]] = {}  # each item's (task, edit, question)
+    walls: dict[tuple[str, str], list[float]] = {}  # an item's seconds, its prompts' prefill included
     drafts = {(work, name): [0.0, 0.0] for work in works for name in spec}
+    items = 0
     try:
         for url in urls.values():  # warm: the edit prompt prefilled and cached everywhere
             decode_rate(url, EDIT, 8)
         for r in range(a.rounds):
-            for name, url in urls.items():  # interleaved: a noisy moment hits every server alike
-                for work in works:
-                    before = acceptance(url) if name in spec else (0.0, 0.0)
-                    t0 = time.perf_counter()
-                    if work == "agent":
-                        rate = agent_rate(url, KINDS[r % len(KINDS)], a.tokens)[0]
-                    else:
-                        bodies = [edit(EDIT_KINDS[1 + r % 7])] if work == "edit" else free(r)
-                        rate = statistics.median(decode_rate(url, b, a.tokens)[0] for b in bodies)
-                    rates.setdefault((work, name), []).append(rate)
-                    walls.setdefault((work, name), []).append(time.perf_counter() - t0)
-                    if name in spec:
-                        after = acceptance(url)
-                        drafts[(work, name)][0] += after[0] - before[0]
-                        drafts[(work, name)][1] += after[1] - before[1]
+            for work in works:
+                for body in ([None] if work == "agent" else [edit(EDIT_KINDS[1 + r % 7])] if work == "edit"
+                             else free(r)):
+                    items += 1
+                    for name in (list(urls) if items % 2 else list(urls)[::-1]):  # the servers take turns
+                        url = urls[name]
+                        before = acceptance(url) if name in spec else (0.0, 0.0)
+                        t0 = time.perf_counter()
+                        rate = (agent_rate(url, KINDS[r % len(KINDS)], a.tokens)[0] if body is None
+                                else decode_rate(url, body, a.tokens)[0])
+                        rates.setdefault((work, name), []).append(rate)
+                        walls.setdefault((work, name), []).append(time.perf_counter() - t0)
+                        if name in spec:
+                            after = acceptance(url)
+                            drafts[(work, name)][0] += after[0] - before[0]
+                            drafts[(work, name)][1] += after[1] - before[1]
     finally:
         for d in servers.values():
             d.stop()
     med = {k: statistics.median(v) for k, v in rates.items()}
-    print(f"decode tok/s, median of {a.rounds} rounds, {a.threads} thread(s), {a.tokens} tokens, greedy, "
-          f"--spec-max-tokens {a.spec_max_tokens}")
+    paired = {k: statistics.geometric_mean(x / y for x, y in zip(v, rates[(k[0], "off")], strict=True))
+              for k, v in rates.items()}
+    print(f"decode tok/s, median over the items of {a.rounds} rounds, {a.threads} thread(s), {a.tokens} tokens, "
+          f"greedy, --spec-max-tokens {a.spec_max_tokens}")
     peer_name = "llama-server ngram"
     for work in works:
         row = "  ".join(f"{name} {med[(work, name)]:.1f}" for name in urls)
         print(f"{work:5s} {row}")
-        print("      " + ", ".join(f"{name} / off = {med[(work, name)] / med[(work, 'off')]:.2f}x" for name in spec)
+        print("      " + ", ".join(f"{name} / off = {med[(work, name)] / med[(work, 'off')]:.2f}x "
+                                   f"(paired {paired[(work, name)]:.2f}x)" for name in spec)
               + f", off / {peer_name} = {med[(work, 'off')] / med[(work, peer_name)]:.2f}x, "
               + ", ".join(f"{name} / {peer_name} = {med[(work, name)] / med[(work, peer_name)]:.2f}x" for name in spec))
         wall = {name: statistics.median(walls[(work, name)]) for name in urls}
-        print("      seconds per task (prefill and decode, median): "
+        print("      seconds per item (prefill and decode, median): "
               + ", ".join(f"{name} {wall[name]:.2f}" for name in urls))
         for name in spec:
             n, ok = drafts[(work, name)]

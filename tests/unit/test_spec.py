@@ -8,7 +8,7 @@ from superfluid.plan import PLACEHOLDER, Sampled, StepResult
 from superfluid.request import FinishReason, Qos, SamplingParams
 from superfluid.runtime.speculate import LaneTokens, NgramDrafter, propose
 from superfluid.sched.scheduler import Job, Scheduler
-from superfluid.sched.spec import COOLDOWN
+from superfluid.sched.spec import COOLDOWN, DOUBLINGS
 
 EOG = 0
 
@@ -172,3 +172,42 @@ def test_draft_model_flags_are_checked_before_anything_loads(capsys, tmp_path):
     assert "--draft-model is used with --speculative draft" in capsys.readouterr().err
     assert main(["serve", "--speculative", "draft", "--draft-model", str(tmp_path / "none.gguf"), "--port", "1"]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def _pauses(s: Scheduler, j: Job, n: int, accept_between: int = 0) -> list[int]:
+    """The lengths of `n` pauses of a lane whose drafts are all rejected (after each pause,
+    `accept_between` steps whose drafts are all accepted first)."""
+    pauses = []
+    plan = s.schedule()
+    for _ in range(n):
+        for _ in range(accept_between):
+            k = plan.runs[0].draft
+            s.update(plan, StepResult(plan.step, tuple(Sampled(j.seq, 11) for _ in range(k + 1)),
+                                      drafted=((j.seq, k),) if k else ()))
+            plan = s.schedule()
+        while plan.runs[0].draft:
+            s.update(plan, StepResult(plan.step, (Sampled(j.seq, 9),), drafted=((j.seq, plan.runs[0].draft),)))
+            plan = s.schedule()
+        off = 0
+        while not plan.runs[0].draft:
+            s.update(plan, StepResult(plan.step, (Sampled(j.seq, 9),)))
+            plan = s.schedule()
+            off += 1
+        pauses.append(off)
+    return pauses
+
+
+def test_a_lane_that_stops_drafting_again_pauses_twice_as_long_until_its_drafts_are_accepted():
+    """Free chat's drafts fail again and again: each pause is twice the last (up to
+    COOLDOWN << DOUBLINGS), so the lane's batch keeps its shape longer (llama.cpp builds a new
+    graph each time drafts come or go); a lane whose drafts were accepted meanwhile pauses
+    COOLDOWN steps again."""
+    s = sched(spec=4, n_ctx=100_000)
+    j = decoding(s, job("a", max_tokens=100_000))
+    expected = [COOLDOWN << min(i, DOUBLINGS) for i in range(DOUBLINGS + 2)]
+    got = _pauses(s, j, DOUBLINGS + 2)
+    assert all(abs(g - e) <= 2 for g, e in zip(got, expected, strict=True)), (got, expected)
+    s = sched(spec=4, n_ctx=100_000)
+    j = decoding(s, job("a", max_tokens=100_000))
+    got = _pauses(s, j, 3, accept_between=4)  # four steps all accepted: the average is over RATE_GOOD again
+    assert all(abs(g - COOLDOWN) <= 2 for g in got), got
