@@ -15,8 +15,9 @@ Steps ask for the count, so a look taken after the worker was idle (no step for 
 and under half a core used since the last look) describes a time it did not compete: another
 server's answer, an agent's test run between two turns. The count is kept and the machine
 looked at again QUICK_S later: otherwise a request that came after another process's burst
-began with one thread for a whole period (measured: a single stream 0.95x llama-server with
-such looks trusted, 1.01x without them, bench/single_stream.py, docs/performance.md)."""
+began with one thread for a whole period (measured: a single stream, each request right
+after llama-server's, 0.89x llama-server with such looks trusted, 0.99x without them,
+docs/performance.md)."""
 
 from __future__ import annotations
 
