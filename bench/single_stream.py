@@ -1,16 +1,19 @@
 """Single-stream decode without speculation: the daemon against llama-server (the xllamacpp
 wheel, no speculation, one slot) in the same run, and where the daemon's time per token goes.
 
-    python bench/single_stream.py [--rounds 5] [--tokens 256] [--threads 2] [--intervals 0,20] [--profile]
+    python bench/single_stream.py [--rounds 5] [--tokens 256] [--threads 2] [--intervals 0,50]
+                                  [--decode-steps 1,4] [--profile]
 
 One greedy stream at a time, EOS ignored, over the same few open questions on each server,
-interleaved round by round; decode tok/s is (tokens - 1) / (last token - first token) as the
-client sees it. Printed: the median per server and the ratio daemon / llama-server, and the
-CPU time per token of each process (the daemon's API process, its worker, llama-server):
-on a machine with as many cores as decode threads, every CPU millisecond the API process
-spends per token is taken from the decode. --intervals: one daemon per --stream-interval-ms
-value. --profile samples the first daemon's processes with py-spy (pip install py-spy)
-through three more streams and prints the functions most sampled.
+each server in turn (reversed every other round); decode tok/s is (tokens - 1) / (last token
+- first token) as the client sees it. Printed: the median per server and the ratio daemon /
+llama-server (and, paired, the geometric mean of the rounds' ratios), and the CPU time per
+token of each process (the daemon's API process, its worker, llama-server): on a machine
+with as many cores as decode threads, every CPU millisecond the API process spends per token
+is taken from the decode. --intervals and --decode-steps: one daemon for each pair of a
+--stream-interval-ms and a --decode-steps value. --profile samples the first daemon's
+processes with py-spy (pip install py-spy) through three more streams and prints the
+functions most sampled.
 
 Needs: pip install xllamacpp (bench only)."""
 
@@ -70,12 +73,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--intervals", default="0", help="the daemons' --stream-interval-ms, comma-separated (default 0)")
+    ap.add_argument("--intervals", default="50", help="the daemons' --stream-interval-ms, comma-separated (default 50)")
+    ap.add_argument("--decode-steps", default="4", help="the daemons' --decode-steps, comma-separated (default 4)")
     ap.add_argument("--profile", action="store_true")
     a = ap.parse_args()
     n_ctx = 4096
-    daemons = {f"daemon {ms}ms": Daemon("--stream-interval-ms", ms, threads=a.threads, max_context=n_ctx, max_batch=1)
-               for ms in a.intervals.split(",")}
+    daemons = {f"daemon {ms}ms x{n}": Daemon("--stream-interval-ms", ms, "--decode-steps", n, threads=a.threads,
+                                             max_context=n_ctx, max_batch=1)
+               for ms in a.intervals.split(",") for n in a.decode_steps.split(",")}
     peer = LlamaServerProcess(embedded_model().path, a.threads, n_ctx)
     urls = {**{k: d.url for k, d in daemons.items()}, "llama-server": peer.url}
     pids = {"llama-server": peer.proc.pid}
@@ -87,8 +92,8 @@ def main() -> None:
     try:
         for url in urls.values():
             decode_rate(url, {"messages": [{"role": "user", "content": "Hello"}], "ignore_eos": True}, 8)
-        for r in range(a.rounds):
-            for name, url in urls.items():
+        for r in range(a.rounds):  # each server in turn, reversed every other round
+            for name, url in (list(urls.items()) if r % 2 == 0 else list(urls.items())[::-1]):
                 body = {"messages": [{"role": "user", "content": QUESTIONS[r % len(QUESTIONS)]}], "ignore_eos": True}
                 mine = [k for k in pids if k == name or k.startswith(name + " ")]
                 before = {k: cpu_s(pids[k]) for k in mine}
@@ -109,7 +114,9 @@ def main() -> None:
           "greedy, no speculation")
     for k in urls:
         own = {p: v for p, v in cpu.items() if p == k or p.startswith(k + " ")}
-        print(f"  {k:18s} {med[k]:6.1f} tok/s  {med[k] / med['llama-server']:.3f}x llama-server  CPU ms/token: "
+        paired = statistics.geometric_mean([x / y for x, y in zip(rates[k], rates["llama-server"], strict=True)])
+        print(f"  {k:18s} {med[k]:6.1f} tok/s  {med[k] / med['llama-server']:.3f}x llama-server "
+              f"(paired {paired:.3f}x)  CPU ms/token: "
               + "  ".join(f"{p[len(k):].strip() or 'process'} {1000 * v / max(1, made[k]):.2f}"
                           for p, v in own.items()))
 

@@ -92,6 +92,7 @@ class EngineConfig:
     # drafts from suffix trees over the lane's context and earlier outputs; "draft": a second, small model's
     spec_max_tokens: int = 8  # most drafts a lane verifies in one step
     stream_interval_ms: int = 50  # a stream's tokens are committed and sent at most this often (engine/delivery.py)
+    decode_steps: int = 4  # most forwards one plan of decodes alone runs (sched/multistep.py); 1: one a plan
     draft_model: str = ""  # --speculative draft: the draft model's GGUF (same vocabulary)
     sampling: tuple[tuple[str, float], ...] = ()  # the operator's sampling defaults (engine/sampling_defaults.py)
     kv_bits: int = 16  # --kv-bits: the KV cache's cells, 16 (f16), 8 (q8_0) or 4 (q4_0); llama.cpp only

@@ -95,6 +95,11 @@ class Run:
     # lane's last token at the lane's end, whatever `pos` says (an earlier step in flight may
     # have accepted drafts), and returns one Sampled per token it keeps.
     draft: int = 0
+    # Multi-step decode: a decode run without drafts may have the runtime decode the lane's
+    # own samples up to this many times more in the same step, each a forward of its own,
+    # ending early where the lane's sampler ends (an end token, a finished grammar). The
+    # runtime then returns one Sampled per forward, as for accepted drafts.
+    more: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +147,7 @@ class StepPlan:
             opens.append([o.seq, sampling, list(o.history), o.keep, list(o.context)])
         return [self.step,
                 opens,
-                [[r.seq, r.pos, list(r.tokens), r.sample, r.draft] for r in self.runs],
+                [[r.seq, r.pos, list(r.tokens), r.sample, r.draft, r.more] for r in self.runs],
                 list(self.closes),
                 [[c.src, c.dst, c.n] for c in self.copies],
                 [[e.key, list(e.tokens), e.pair_at, e.pos, e.last] for e in self.embeds],
@@ -163,7 +168,7 @@ class StepPlan:
         return cls(step,
                    tuple(LaneOpen(o[0], sampling(o[1]), tuple(o[2]), o[3], tuple(o[4] if len(o) > 4 else ()))
                          for o in opens),
-                   tuple(Run(s, p, tuple(t), bool(x), int(d)) for s, p, t, x, d in runs),
+                   tuple(Run(s, p, tuple(t), bool(x), int(d), int(m)) for s, p, t, x, d, m in runs),
                    tuple(closes),
                    tuple(Copy(a, b, n) for a, b, n in copies),
                    tuple(EmbedItem(k, tuple(t), a, p, bool(x)) for k, t, a, p, x in embeds),

@@ -63,7 +63,7 @@ def engine_config(args: argparse.Namespace, src) -> EngineConfig | int:
                         runtime=args.runtime or default_runtime(src.path), pooling=args.pooling,
                         matryoshka=args.matryoshka, speculative=speculative(args.speculative),
                         spec_max_tokens=args.spec_max_tokens, draft_model=draft,
-                        stream_interval_ms=args.stream_interval_ms,
+                        stream_interval_ms=args.stream_interval_ms, decode_steps=args.decode_steps,
                         rope_scaling=args.rope_scaling, rope_scale=args.rope_scale,
                         yarn_orig_ctx=args.yarn_orig_ctx,
                         sampling=sampling_defaults.from_args(args), kv_bits=args.kv_bits,

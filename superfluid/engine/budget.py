@@ -22,20 +22,30 @@ EMBED_STEP_MAX = 16384  # most embedding tokens in one step, however fast the mo
 # (docs/performance.md), so a step never shrinks below it, however slow the measured tokens
 PREFILL_FLOOR = 64
 CHAT_QUIET_S = 60.0  # a chat seen this recently keeps steps short (its next message may come)
+# a plan of decodes alone runs as many forwards as take about this long (sched/multistep.py):
+# a request that arrives waits for the two plans in flight, 100 ms at most
+DECODE_PLAN_S = 0.05
 
 
 class StepBudget:
     """Sets the scheduler's prefill and embedding budgets after each step (`after_step`)."""
 
-    def __init__(self, *, step_target_s: float, step_tokens: int, lanes: int):
+    def __init__(self, *, step_target_s: float, step_tokens: int, lanes: int, decode_steps: int = 1):
         self.step_target_s = step_target_s
+        self.decode_steps = decode_steps  # the most forwards a plan of decodes alone may run
+        self.decode_cost = 0.0  # seconds per forward in such plans (EMA)
         self.step_tokens = step_tokens
         self.lanes = lanes
         self.token_cost = 0.0  # seconds per token in prefill-heavy steps (EMA)
         self.chat_at = float("-inf")  # when an interactive request was last running or waiting
         self.long_steps = False  # the last budget was the whole batch, for a job alone
 
-    def after_step(self, sched, n_tokens: int, elapsed_s: float, now: float) -> None:
+    def after_step(self, sched, n_tokens: int, elapsed_s: float, now: float, forwards: int = 0) -> None:
+        """`forwards`: the decode steps a plan of decodes alone ran (0: another kind of plan)."""
+        if forwards and elapsed_s > 0 and self.decode_steps > 1:
+            cost = elapsed_s / forwards
+            self.decode_cost = cost if not self.decode_cost else 0.8 * self.decode_cost + 0.2 * cost
+            sched.decode_steps = max(1, min(self.decode_steps, round(DECODE_PLAN_S / self.decode_cost)))
         if any(j.qos == Qos.INTERACTIVE for j in sched.running.values()) or sched.waiting.count(Qos.INTERACTIVE):
             self.chat_at = now
         if n_tokens >= 16 and elapsed_s > 0:

@@ -30,6 +30,7 @@ from .stats import RateMeter, local_stats
 from ..errors import SuperfluidError, WorkerCrashed, WorkerUnavailable
 from ..plan import StepPlan
 from ..request import Chunk, FinishReason, GenRequest, Qos, TokenLogprob
+from ..sched import multistep
 from ..sched.embeds import EmbedEvent
 from ..sched.jobs import ProgressEvent, TokenEvent
 from ..sched.scheduler import Job, Scheduler
@@ -69,7 +70,8 @@ class Engine(EngineBase):
                                tail_rows=2 if cfg.deterministic else 1)
         self.respawns = 0
         self.meter = RateMeter()  # prefill and decode tokens/s for stats()
-        self.budget = StepBudget(step_target_s=cfg.step_target_s, step_tokens=cfg.step_tokens, lanes=cfg.max_batch)
+        self.budget = StepBudget(step_target_s=cfg.step_target_s, step_tokens=cfg.step_tokens, lanes=cfg.max_batch,
+                                 decode_steps=cfg.decode_steps)
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._failures = 0
@@ -269,7 +271,8 @@ class Engine(EngineBase):
             self._failures = 0
             self._loop_failures = 0
             self.steps += 1
-            self.budget.after_step(self.sched, plan.n_tokens, result.elapsed_s, self.clock())
+            self.budget.after_step(self.sched, plan.n_tokens, result.elapsed_s, self.clock(),
+                                   multistep.forwards(plan.runs, (s.seq for s in result.sampled)))
             self._fill(inflight)
             self.embedder.deliver([e for e in events if isinstance(e, EmbedEvent)])
             self.out.publish([o for o in map(self._prepare, events) if isinstance(o, tuple)])

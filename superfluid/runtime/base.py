@@ -180,6 +180,8 @@ class Runtime(ABC):
                         continue
                     if run.draft:
                         drafted.append((run.seq, run.draft))
+            if any(r.more and not r.draft for r in runs):
+                self._decode_more(runs, sampled, errors)
         vectors = self._embed(plan.embeds) if plan.embeds else ()
         dropped, evicted = self.kv_store.take_dropped() if self.kv_store is not None else ([], 0)
         return StepResult(plan.step, tuple(sampled), time.perf_counter() - t0, vectors, tuple(failed),
@@ -202,6 +204,28 @@ class Runtime(ABC):
         if run.draft and j < run.draft:  # KV past the last accepted draft goes
             self.drop_tail(run.seq, first + j)
             self.lanes.keep(run.seq, first + j)
+
+    def _decode_more(self, runs: tuple[Run, ...], sampled: list[Sampled], errors: list[LaneError]) -> None:
+        """Multi-step decode (Run.more): the lanes whose decode runs allow it decode their
+        own last samples again, together, one forward at a time, each until its allowance is
+        spent or its sampler ends. The same tokens as one plan a step: a lane's samples are
+        keyed by position, and it keeps the batch it had, less the lanes that ended."""
+        left = {r.seq: (r.pos + len(r.tokens), r.more) for r in runs if r.more and not r.draft and r.sample}
+        while True:
+            left = {q: v for q, v in left.items() if q in self._samplers and v[1] > 0
+                    and not self._samplers[q].ended(self._last[q])}
+            if not left:
+                return
+            more = tuple(Run(q, pos, (self._last[q],), True) for q, (pos, _) in left.items())
+            logits = self.forward(more)
+            for run in more:
+                if self.info.speculate:
+                    self.lanes.fed(run.seq, run.pos, run.tokens)
+                try:
+                    self._sample(run, logits[run.seq], sampled)
+                except Exception as e:  # noqa: BLE001 -- its grammar or sampler failed: it alone
+                    self._fault(run.seq, e, errors)
+            left = {q: (pos + 1, n - 1) for q, (pos, n) in left.items()}
 
     def drop_tail(self, seq: int, n: int) -> None:
         """Keep only the lane's first n positions (speculating runtimes)."""
@@ -257,7 +281,8 @@ class Runtime(ABC):
         if PLACEHOLDER not in run.tokens:
             return run
         last = self._last_of(run.seq)
-        return Run(run.seq, run.pos, tuple(last if t == PLACEHOLDER else t for t in run.tokens), run.sample)
+        return Run(run.seq, run.pos, tuple(last if t == PLACEHOLDER else t for t in run.tokens), run.sample,
+                   run.draft, run.more)
 
     def _last_of(self, seq: int) -> int:
         if seq not in self._last:
@@ -271,7 +296,7 @@ class Runtime(ABC):
         end = self.lane_len(run.seq)
         if run.draft and run.seq in self._samplers:
             wants[run.seq] = run.draft
-        return Run(run.seq, run.pos if end is None else end, (token,), True)
+        return Run(run.seq, run.pos if end is None else end, (token,), True, 0, 0 if run.draft else run.more)
 
     def attach_draft(self, path: str) -> None:
         """Draft with a second, small model of the same vocabulary (--speculative draft)."""

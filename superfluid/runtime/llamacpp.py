@@ -28,6 +28,7 @@ from ..plan import EmbedItem, Run
 from .base import ModelInfo, Runtime
 from .llamacpp_embed import EMBED_WINDOW, POOLING, LlamaEmbedder
 from .rope import Rope, derive
+from . import threadpool
 from .threads import ThreadGovernor
 
 
@@ -196,6 +197,7 @@ class LlamaCppRuntime(Runtime):
         ll.llama_model_desc(self.model, desc, 256)
         self.threads = threads
         self.governor = ThreadGovernor(threads, lambda n: ll.llama_set_n_threads(self.ctx, n, n))
+        self.pool = threadpool.attach(self.ctx, threads)  # as llama-server: its threads wait between steps
         self.pooling = pooling or self._declared_pooling() or "mean"  # a decoder that declares none: mean
         if self.pooling not in POOLING or self.pooling in ("none", "rank"):
             raise ModelLoadError(f"pooling '{self.pooling}' cannot make one vector per input: use mean, cls or last")
@@ -329,6 +331,9 @@ class LlamaCppRuntime(Runtime):
             ll.llama_batch_free(self.batch)
             ll.llama_free(self.ctx)
             self.ctx = None
+        pool, self.pool = getattr(self, "pool", None), None
+        if pool is not None:
+            pool.close()  # after the context that computed on it
         if getattr(self, "model", None):
             ll.llama_model_free(self.model)
             self.model = None

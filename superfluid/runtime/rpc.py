@@ -17,9 +17,9 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-import llama_cpp
 
 from ..errors import ModelLoadError
+from .ggml_libs import loaded
 
 # the fix, in a superfluid checkout (scripts/llama-cmake-args.sh names the options for this CPU)
 REBUILD = "bash scripts/llama-rpc.sh"
@@ -33,31 +33,19 @@ class RpcUnavailable(ModelLoadError):
     code = "rpc_unavailable"
 
 
-def lib_dir() -> Path:
-    return Path(llama_cpp.__file__).parent / "lib"
-
-
-def _loaded(name: str) -> Path:
-    """The file llama.cpp itself loaded for a library: its soname (`.so.0`). The wheel holds
-    copies, not links, under each name, and another copy would be a second ggml, with its
-    own devices and abort hook."""
-    so0 = lib_dir() / f"{name}.so.0"
-    return so0 if so0.exists() else lib_dir() / f"{name}.so"
-
-
 def library() -> tuple[ctypes.CDLL, ctypes.CDLL, ctypes.CDLL]:
     """(libggml-rpc, libggml-base, libggml), typed; RpcUnavailable naming the rebuild when this
     llama-cpp-python has no RPC backend."""
     global _libs
     if _libs is not None:
         return _libs
-    path = _loaded("libggml-rpc")
+    path = loaded("libggml-rpc")
     if not path.exists():
         raise RpcUnavailable(f"this llama-cpp-python was built without llama.cpp's RPC backend "
                              f"(no {path.name} in {path.parent}); rebuild it: {REBUILD}")
     rpc = ctypes.CDLL(str(path))
-    base = ctypes.CDLL(str(_loaded("libggml-base")))
-    ggml = ctypes.CDLL(str(_loaded("libggml")))
+    base = ctypes.CDLL(str(loaded("libggml-base")))
+    ggml = ctypes.CDLL(str(loaded("libggml")))
     try:
         rpc.ggml_backend_rpc_start_server.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t,
                                                       ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p)]

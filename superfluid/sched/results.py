@@ -38,13 +38,16 @@ class Results:
         """The step's samples and lane errors, for the jobs that still own their runs."""
         events: list[TokenEvent] = []
         seen: set[int] = set()
+        drafted = {q for q, _ in result.drafted}
         for s in result.sampled:
             job, inc, _ = owners.get(s.seq, (None, 0, 0))
             if job is None or job.incarnation != inc or job.status not in (JobStatus.PREFILLING,
                                                                            JobStatus.DECODING):
                 continue  # ended or preempted while the step ran
             if s.seq in seen:  # a run's next token: the draft before it was accepted, its KV is in
-                job.scheduled += 1
+                job.scheduled += 1  # (or a further decode of the lane's own sample: Run.more)
+                if s.seq not in drafted:
+                    self.counters.decode_tokens += 1
             else:
                 seen.add(s.seq)
                 job.pending -= 1

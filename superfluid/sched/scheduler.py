@@ -37,7 +37,7 @@ from .jobs import Counters, Job, JobStatus, ProgressEvent, TokenEvent
 from .embeds import EmbedEvent
 from .lanes import KvSlots, Slot
 from .prefix import common_prefix
-from . import rows, seats, srpt
+from . import multistep, rows, seats, srpt
 from .queues import WaitQueue
 from .results import Owners, Results, progress
 from .spec import SpecPolicy
@@ -70,6 +70,7 @@ class Scheduler:
         self.spec = SpecPolicy()  # drafts per decode run (the engine sets max_tokens when the runtime verifies them)
         self.srpt = srpt  # shortest remaining work first within a class (off: first come, first served)
         self.tail_rows = tail_rows  # the fewest rows of a new turn's prefill runs (sched/rows.py)
+        self.decode_steps = 1  # forwards a plan of decodes alone may run (sched/multistep.py; the engine sets it)
         self.waiting = WaitQueue(aging_steps)
         self.embeds = EmbedQueue(embed_window, embed_batch)
         self.running: dict[int, Job] = {}  # seq -> job, in admission order
@@ -230,7 +231,7 @@ class Scheduler:
         if not (opens or runs or closes or embeds or saves or drops or pins):
             return None
         self._step = step
-        self._inflight[step] = {r.seq: (self.running[r.seq], self.running[r.seq].incarnation, r.draft)
+        self._inflight[step] = {r.seq: (self.running[r.seq], self.running[r.seq].incarnation, r.draft + r.more)
                                 for r in runs}  # prefill chunks too: their progress is reported
         if loads:
             self.tiers.loads[step] = {ld.seq: ld.key for ld in loads}
@@ -347,6 +348,8 @@ class Scheduler:
                 break
         if self.srpt:
             srpt.count_passed(prefilling, {r.seq for r in runs})
+        if self.spec.supported and self.tail_rows == 1 and not (embeds or len(self.waiting) or self.embeds.has_work):
+            return multistep.extend(runs, self.running, self.decode_steps, self.n_ctx, self._drafts_in_flight)
         return runs
 
     def _wants_token(self, job: Job) -> bool:
@@ -363,7 +366,7 @@ class Scheduler:
             job.status = JobStatus.DECODING
         return Run(job.seq, start, job.context(start, n), sample, draft)
 
-    def _drafts_in_flight(self, job: Job) -> int:
+    def _drafts_in_flight(self, job: Job) -> int:  # and further decodes (Run.more)
         n = 0
         for plan in self._inflight.values():
             owned = plan.get(job.seq) if job.seq is not None else None
