@@ -54,7 +54,8 @@ class EngineCollector:
         by_class = GaugeMetricFamily("superfluid_lanes_running", "lanes running a job, by class and phase",
                                      labels=["model", "class", "phase"])
         queue = GaugeMetricFamily("superfluid_queue_depth", "jobs waiting for a lane", labels=["model", "class"])
-        steps = CounterMetricFamily("superfluid_steps", "scheduler plans run by the worker (a plan of decodes alone may run several forwards: --decode-steps)", labels=["model"])
+        steps = CounterMetricFamily("superfluid_steps", "scheduler plans run by the worker (a plan of decodes "
+                                    "alone may run several forwards: --decode-steps)", labels=["model"])
         respawns = CounterMetricFamily("superfluid_worker_respawns", "worker processes restarted", labels=["model"])
         kv_used = GaugeMetricFamily("superfluid_kv_tokens_used", "KV tokens held (lanes and cache)", labels=["model"])
         kv_total = GaugeMetricFamily("superfluid_kv_tokens_total", "KV tokens the slots can hold", labels=["model"])

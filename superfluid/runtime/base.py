@@ -210,7 +210,10 @@ class Runtime(ABC):
         own last samples again, together, one forward at a time, each until its allowance is
         spent or its sampler ends. The same tokens as one plan a step: a lane's samples are
         keyed by position, and it keeps the batch it had, less the lanes that ended."""
-        left = {r.seq: (r.pos + len(r.tokens), r.more) for r in runs if r.more and not r.draft and r.sample}
+        # not a lane whose input ended it (a decode planned before its end token came back):
+        # that token's KV is kept, for the next turn's prefix, but nothing after it is wanted
+        left = {r.seq: (r.pos + len(r.tokens), r.more) for r in runs if r.more and not r.draft and r.sample
+                and r.seq in self._samplers and not self._samplers[r.seq].ends_turn(r.tokens[-1])}
         while True:
             left = {q: v for q, v in left.items() if q in self._samplers and v[1] > 0
                     and not self._samplers[q].ended(self._last[q])}

@@ -108,11 +108,15 @@ class LaneSampler:
             top = tuple((int(i), float(lp[i])) for i in idx)
         return Sampled(seq, token, float(lp[token]), top)
 
+    def ends_turn(self, token: int) -> bool:
+        """Is this an end token the lane's request ends at (not one it ignores)?"""
+        return not self.p.ignore_eos and bool(self.eog.size) and token in self.eog
+
     def ended(self, token: int) -> bool:
         """Does this token end the generation (nothing after it is worth verifying)?"""
         if self.matcher is not None and self.matcher.is_stopped():
             return True
-        return not self.p.ignore_eos and bool(self.eog.size) and token in self.eog
+        return self.ends_turn(token)
 
     def _processed(self, logits: np.ndarray) -> np.ndarray:
         p = self.p

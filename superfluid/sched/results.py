@@ -63,7 +63,7 @@ class Results:
                 self.jobs.pop(job.id, None)
                 job.status = JobStatus.FINISHED
             events.append(TokenEvent(job.id, s.token, s.logprob, s.top, reason, job.cached or 0))
-        self._observe_drafts(plan.step, result, owners)
+        self._observe_drafts(result, owners)
         for e in result.errors:  # a lane that failed on its own: its job ends, no other
             owner = owners.get(e.seq)
             job = owner[0] if owner is not None else self.running.get(e.seq)
@@ -78,12 +78,12 @@ class Results:
         return events
 
 
-    def _observe_drafts(self, step: int, result: StepResult, owners: dict) -> None:
+    def _observe_drafts(self, result: StepResult, owners: dict) -> None:
         for seq, n in result.drafted:
             job = owners.get(seq, (None,))[0]
             if job is not None:
                 kept = max(0, min(n, sum(1 for s in result.sampled if s.seq == seq) - 1))
-                self.spec.observe(job, step, n, kept)
+                self.spec.observe(job, n, kept)
                 self.counters.draft_tokens += n
                 self.counters.draft_accepted_tokens += kept
 

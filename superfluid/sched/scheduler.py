@@ -306,7 +306,7 @@ class Scheduler:
         solo = rows.solo(self.running.values(), step, self.tail_rows)
         for job in self.running.values():
             if not solo and job.status == JobStatus.DECODING and self._wants_token(job):
-                draft = self.spec.grant(job, step, self._drafts_in_flight(job), self.n_ctx, chat)
+                draft = self.spec.grant(job, self._drafts_in_flight(job), self.n_ctx, chat)
                 runs.append(self._run(job, 1, draft))
                 self.counters.decode_tokens += 1
         decoded = sum(1 + r.draft for r in runs)  # drafts are verified in the same batch

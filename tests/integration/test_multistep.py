@@ -97,3 +97,18 @@ def test_the_daemon_runs_several_decode_forwards_a_plan(daemon):
     assert got["usage"]["completion_tokens"] == 64
     plans = _metric(daemon, "superfluid_steps_total") - before
     assert plans < 56, plans  # 65 without them: a plan a token, and the prompt's
+
+
+def test_a_decode_fed_the_end_token_its_request_ended_at_runs_once(rt, prompt):
+    """A decode planned before its lane's end token came back feeds that token (its KV is the
+    next turn's prefix) and goes no further; a lane that ignores end tokens goes on."""
+    step = Steps(rt)
+    end = int(rt.eog[0])
+    lanes = {0: SamplingParams(temperature=0), 1: SamplingParams(temperature=0, ignore_eos=True)}
+    step(opens=tuple(LaneOpen(q, sp) for q, sp in lanes.items()))
+    step(runs=tuple(Run(q, 0, tuple(prompt), True) for q in lanes))
+    r = step(runs=tuple(Run(q, len(prompt), (end,), True, 0, 3) for q in lanes))
+    assert [s.seq for s in r.sampled].count(0) == 1
+    assert [s.seq for s in r.sampled].count(1) == 4
+    assert rt.lane_len(0) == len(prompt) + 1
+    step(closes=tuple(lanes))
