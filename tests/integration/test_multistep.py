@@ -11,12 +11,13 @@ import pytest
 from superfluid.codec import grammar as gr
 from superfluid.codec.template import ChatTemplate
 from superfluid.codec.tokenizer import Tokenizer
-from superfluid.plan import PLACEHOLDER, LaneOpen, Run, StepPlan
+from superfluid.plan import PLACEHOLDER, LaneOpen, Run
 from superfluid.request import SamplingParams
 from superfluid.runtime.llamacpp import LlamaCppRuntime
 from superfluid.runtime.registry import embedded_model
 
 from .conftest import MODEL
+from .test_llamacpp_runtime import Stepper
 from .test_speculative import _metric
 
 QUESTION = [{"role": "user", "content": "Name three rivers of Europe and say one thing about each."}]
@@ -35,21 +36,10 @@ def prompt():
     return tok.encode_prompt(ChatTemplate(tok.chat_template).render(QUESTION))
 
 
-class Steps:
-    n = 0
-
-    def __init__(self, rt):
-        self.rt = rt
-
-    def __call__(self, **kw):
-        Steps.n += 1
-        return self.rt.step(StepPlan(Steps.n, **kw))
-
-
 def generate(rt, lanes: dict[int, tuple[tuple[int, ...], SamplingParams]], more: int, total: int):
     """Every lane's tokens, all lanes decoding in each plan as the scheduler plans them, with
     `more` further forwards a plan; and the plans it took."""
-    step = Steps(rt)
+    step = Stepper(rt)
     step(opens=tuple(LaneOpen(q, sp) for q, (_, sp) in lanes.items()))
     r = step(runs=tuple(Run(q, 0, p, True) for q, (p, _) in lanes.items()))
     out = {q: [] for q in lanes}
@@ -102,7 +92,7 @@ def test_the_daemon_runs_several_decode_forwards_a_plan(daemon):
 def test_a_decode_fed_the_end_token_its_request_ended_at_runs_once(rt, prompt):
     """A decode planned before its lane's end token came back feeds that token (its KV is the
     next turn's prefix) and goes no further; a lane that ignores end tokens goes on."""
-    step = Steps(rt)
+    step = Stepper(rt)
     end = int(rt.eog[0])
     lanes = {0: SamplingParams(temperature=0), 1: SamplingParams(temperature=0, ignore_eos=True)}
     step(opens=tuple(LaneOpen(q, sp) for q, sp in lanes.items()))
