@@ -95,11 +95,10 @@ class Run:
     # lane's last token at the lane's end, whatever `pos` says (an earlier step in flight may
     # have accepted drafts), and returns one Sampled per token it keeps.
     draft: int = 0
-    # Multi-step decode: a decode run may have the runtime decode the lane's own samples up
-    # to this many times more in the same step, each a forward of its own (with up to `draft`
-    # drafts each), ending early where the lane's sampler ends (an end token, a finished
-    # grammar); the lane's tokens in the step are at most 1 + draft + more. The runtime
-    # returns every token kept, as for accepted drafts.
+    # Multi-step decode: a decode run without drafts may have the runtime decode the lane's
+    # own samples up to this many times more in the same step, each a forward of its own,
+    # ending early where the lane's sampler ends (an end token, a finished grammar). The
+    # runtime then returns one Sampled per forward, as for accepted drafts.
     more: int = 0
 
 
@@ -223,9 +222,7 @@ class StepResult:
     dropped: tuple[int, ...] = ()  # disk entries gone (evicted for space, unwritable, corrupt)
     kvio: KvIo = KvIo()
     errors: tuple[LaneError, ...] = ()  # lanes that failed on their own: no sample from them
-    # (seq, tokens drafted, of them accepted) for each forward that verified drafts
-    drafted: tuple[tuple[int, int, int], ...] = ()
-    forwards: int = 1  # the model's forwards this step ran (a plan of decodes may run several: Run.more)
+    drafted: tuple[tuple[int, int], ...] = ()  # (seq, tokens drafted) for runs that drafted any
 
     def to_wire(self) -> list:
         return [self.step, [[s.seq, s.token, s.logprob, [list(t) for t in s.top]]
@@ -234,14 +231,14 @@ class StepResult:
                 list(self.failed), list(self.dropped),
                 [self.kvio.saved, self.kvio.restored, self.kvio.evicted],
                 [[e.seq, *e.error.to_wire()] for e in self.errors],
-                [[q, n, k] for q, n, k in self.drafted], self.forwards]
+                [[q, n] for q, n in self.drafted]]
 
     @classmethod
     def from_wire(cls, w: list) -> StepResult:
-        step, sampled, elapsed, vectors, failed, dropped, kvio, errors, drafted, forwards = w
+        step, sampled, elapsed, vectors, failed, dropped, kvio, errors, drafted = w
         return cls(step, tuple(Sampled(q, t, lp, tuple((a, b) for a, b in top))
                                for q, t, lp, top in sampled), elapsed,
                    tuple(Vector(k, bytes(d), str(e), str(c)) for k, d, e, c in vectors),
                    tuple(failed), tuple(dropped), KvIo(*kvio),
                    tuple(LaneError(int(e[0]), ErrorReport.from_wire(e[1:])) for e in errors),
-                   tuple((int(q), int(n), int(k)) for q, n, k in drafted), int(forwards))
+                   tuple((int(q), int(n)) for q, n in drafted))

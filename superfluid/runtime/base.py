@@ -163,41 +163,29 @@ class Runtime(ABC):
             for key in plan.drops:  # after the loads: an entry superseded in this plan is still read
                 self.kv_store.drop(key)
         sampled: list[Sampled] = []
-        drafted: list[tuple[int, int, int]] = []
+        drafted: list[tuple[int, int]] = []
         wants: dict[int, int] = {}  # seq -> drafts the scheduler allows its decode run
         runs = self._drafted(tuple(self._resolve(r, wants) for r in plan.runs
                                    if r.seq not in self._broken and r.seq not in self._faulted), wants)
-        forwards = 0
         if runs:
-            kept = self._compute(runs, sampled, errors, drafted)
-            forwards = 1
-            if any(r.more for r in runs):
-                forwards += self._decode_more(runs, kept, wants, sampled, errors, drafted)
+            logits = self.forward(runs)
+            for run in runs:
+                if self.info.speculate:
+                    self.lanes.fed(run.seq, run.pos, run.tokens)
+                if run.sample:
+                    try:
+                        self._sample(run, logits[run.seq], sampled)
+                    except Exception as e:  # noqa: BLE001 -- its grammar or sampler failed: it alone
+                        self._fault(run.seq, e, errors)
+                        continue
+                    if run.draft:
+                        drafted.append((run.seq, run.draft))
+            if any(r.more and not r.draft for r in runs):
+                self._decode_more(runs, sampled, errors)
         vectors = self._embed(plan.embeds) if plan.embeds else ()
         dropped, evicted = self.kv_store.take_dropped() if self.kv_store is not None else ([], 0)
         return StepResult(plan.step, tuple(sampled), time.perf_counter() - t0, vectors, tuple(failed),
-                          tuple(dropped), KvIo(saved, restored, evicted), tuple(errors), tuple(drafted), forwards)
-
-    def _compute(self, runs: tuple[Run, ...], sampled: list[Sampled], errors: list[LaneError],
-                 drafted: list[tuple[int, int, int]]) -> dict[int, int]:
-        """One forward over the runs; each run that samples is sampled (its drafts verified):
-        the tokens each kept."""
-        logits = self.forward(runs)
-        kept: dict[int, int] = {}
-        for run in runs:
-            if self.info.speculate:
-                self.lanes.fed(run.seq, run.pos, run.tokens)
-            if run.sample:
-                before = len(sampled)
-                try:
-                    self._sample(run, logits[run.seq], sampled)
-                except Exception as e:  # noqa: BLE001 -- its grammar or sampler failed: it alone
-                    self._fault(run.seq, e, errors)
-                    continue
-                kept[run.seq] = n = len(sampled) - before
-                if run.draft:
-                    drafted.append((run.seq, run.draft, min(run.draft, n - 1)))
-        return kept
+                          tuple(dropped), KvIo(saved, restored, evicted), tuple(errors), tuple(drafted))
 
     def _sample(self, run: Run, logits: np.ndarray, out: list[Sampled]) -> None:
         """The run's token, or (a run with drafts: one logits row per fed token from its last
@@ -217,37 +205,30 @@ class Runtime(ABC):
             self.drop_tail(run.seq, first + j)
             self.lanes.keep(run.seq, first + j)
 
-    def _decode_more(self, runs: tuple[Run, ...], kept: dict[int, int], wants: dict[int, int],
-                     sampled: list[Sampled], errors: list[LaneError], drafted: list[tuple[int, int, int]]) -> int:
-        """Multi-step decode (Run.more): the lanes whose decode runs allow it decode their own
-        last samples again, together, one forward at a time (each drafting as its run may),
-        each until its forwards or its tokens (1 + draft + more in the step) are spent or its
-        sampler ends: the forwards run. The same tokens as one plan a step: a lane's samples
-        are keyed by position, and it keeps the batch it had, less the lanes that ended."""
-        left: dict[int, tuple[int, int, int]] = {}  # seq -> (next position, forwards, tokens) left
-        for r in runs:
-            fed = r.tokens[len(r.tokens) - r.draft - 1]  # the run's own input token
-            # not a lane whose input ended it (a decode planned before its end token came back):
-            # that token's KV is kept, for the next turn's prefix, but nothing after it is wanted
-            if r.more and r.seq in kept and r.seq in self._samplers and not self._samplers[r.seq].ends_turn(fed):
-                n = kept[r.seq]
-                left[r.seq] = (r.pos + len(r.tokens) - r.draft + n - 1, r.more, wants.get(r.seq, 0) + r.more + 1 - n)
-        done = 0
+    def _decode_more(self, runs: tuple[Run, ...], sampled: list[Sampled], errors: list[LaneError]) -> None:
+        """Multi-step decode (Run.more): the lanes whose decode runs allow it decode their
+        own last samples again, together, one forward at a time, each until its allowance is
+        spent or its sampler ends. The same tokens as one plan a step: a lane's samples are
+        keyed by position, and it keeps the batch it had, less the lanes that ended."""
+        # not a lane whose input ended it (a decode planned before its end token came back):
+        # that token's KV is kept, for the next turn's prefix, but nothing after it is wanted
+        left = {r.seq: (r.pos + len(r.tokens), r.more) for r in runs if r.more and not r.draft and r.sample
+                and r.seq in self._samplers and not self._samplers[r.seq].ends_turn(r.tokens[-1])}
         while True:
-            left = {q: v for q, v in left.items() if v[1] > 0 and v[2] > 0 and q in self._samplers
+            left = {q: v for q, v in left.items() if q in self._samplers and v[1] > 0
                     and not self._samplers[q].ended(self._last[q])}
             if not left:
-                return done
-            want = {q: min(wants[q], t - 1) for q, (_, _, t) in left.items() if wants.get(q) and t > 1}
-            batch = self._drafted(tuple(Run(q, pos, (self._last[q],), True) for q, (pos, _, _) in left.items()), want)
-            kept = self._compute(batch, sampled, errors, drafted)
-            done += 1
-            for run in batch:
-                if run.seq in kept:
-                    n, (_, f, t) = kept[run.seq], left[run.seq]
-                    left[run.seq] = (run.pos + len(run.tokens) - run.draft + n - 1, f - 1, t - n)
-                else:
-                    left.pop(run.seq)
+                return
+            more = tuple(Run(q, pos, (self._last[q],), True) for q, (pos, _) in left.items())
+            logits = self.forward(more)
+            for run in more:
+                if self.info.speculate:
+                    self.lanes.fed(run.seq, run.pos, run.tokens)
+                try:
+                    self._sample(run, logits[run.seq], sampled)
+                except Exception as e:  # noqa: BLE001 -- its grammar or sampler failed: it alone
+                    self._fault(run.seq, e, errors)
+            left = {q: (pos + 1, n - 1) for q, (pos, n) in left.items()}
 
     def drop_tail(self, seq: int, n: int) -> None:
         """Keep only the lane's first n positions (speculating runtimes)."""
@@ -318,7 +299,7 @@ class Runtime(ABC):
         end = self.lane_len(run.seq)
         if run.draft and run.seq in self._samplers:
             wants[run.seq] = run.draft
-        return Run(run.seq, run.pos if end is None else end, (token,), True, 0, run.more)
+        return Run(run.seq, run.pos if end is None else end, (token,), True, 0, 0 if run.draft else run.more)
 
     def attach_draft(self, path: str) -> None:
         """Draft with a second, small model of the same vocabulary (--speculative draft)."""
@@ -337,5 +318,5 @@ class Runtime(ABC):
             if drafts:
                 sampler = self._samplers.get(r.seq)
                 drafts = within_grammar(list(drafts)[:wants[r.seq]], sampler.matcher if sampler else None)
-            out.append(Run(r.seq, r.pos, (*r.tokens, *drafts), True, len(drafts), r.more) if drafts else r)
+            out.append(Run(r.seq, r.pos, (*r.tokens, *drafts), True, len(drafts)) if drafts else r)
         return tuple(out)

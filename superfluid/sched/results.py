@@ -38,7 +38,7 @@ class Results:
         """The step's samples and lane errors, for the jobs that still own their runs."""
         events: list[TokenEvent] = []
         seen: set[int] = set()
-        extra = 0  # tokens beyond a run's first: accepted drafts, and further forwards' own
+        drafted = {q for q, _ in result.drafted}
         for s in result.sampled:
             job, inc, _ = owners.get(s.seq, (None, 0, 0))
             if job is None or job.incarnation != inc or job.status not in (JobStatus.PREFILLING,
@@ -46,7 +46,8 @@ class Results:
                 continue  # ended or preempted while the step ran
             if s.seq in seen:  # a run's next token: the draft before it was accepted, its KV is in
                 job.scheduled += 1  # (or a further decode of the lane's own sample: Run.more)
-                extra += 1
+                if s.seq not in drafted:
+                    self.counters.decode_tokens += 1
             else:
                 seen.add(s.seq)
                 job.pending -= 1
@@ -62,7 +63,7 @@ class Results:
                 self.jobs.pop(job.id, None)
                 job.status = JobStatus.FINISHED
             events.append(TokenEvent(job.id, s.token, s.logprob, s.top, reason, job.cached or 0))
-        self.counters.decode_tokens += max(0, extra - self._observe_drafts(result, owners))
+        self._observe_drafts(result, owners)
         for e in result.errors:  # a lane that failed on its own: its job ends, no other
             owner = owners.get(e.seq)
             job = owner[0] if owner is not None else self.running.get(e.seq)
@@ -77,17 +78,14 @@ class Results:
         return events
 
 
-    def _observe_drafts(self, result: StepResult, owners: dict) -> int:
-        """Each verifying forward's drafts to the speculation policy: the drafts accepted."""
-        accepted = 0
-        for seq, n, kept in result.drafted:
+    def _observe_drafts(self, result: StepResult, owners: dict) -> None:
+        for seq, n in result.drafted:
             job = owners.get(seq, (None,))[0]
             if job is not None:
+                kept = max(0, min(n, sum(1 for s in result.sampled if s.seq == seq) - 1))
                 self.spec.observe(job, n, kept)
                 self.counters.draft_tokens += n
                 self.counters.draft_accepted_tokens += kept
-                accepted += kept
-        return accepted
 
     def _finish_reason(self, job: Job, token: int) -> FinishReason | None:
         if token in self.eog and not job.sampling.ignore_eos:

@@ -41,7 +41,7 @@ def test_a_decode_run_gets_drafts_within_max_tokens_and_in_flight_drafts():
     assert second.runs[0].draft == 1 and second.runs[0].tokens == (PLACEHOLDER,)
     # the first comes back with three tokens (two drafts kept): they are the job's output
     s.update(first, StepResult(first.step, (Sampled(j.seq, 11), Sampled(j.seq, 12), Sampled(j.seq, 13)),
-                               drafted=((j.seq, 4, 2),)))
+                               drafted=((j.seq, 4),)))
     assert j.output == [7, 11, 12, 13] and j.pending == 1
     assert s.counters.draft_tokens == 4 and s.counters.draft_accepted_tokens == 2
     s.update(second, StepResult(second.step, (Sampled(j.seq, 14),)))
@@ -87,7 +87,7 @@ def test_a_token_that_ends_the_job_drops_the_rest_of_the_run():
     j = decoding(s, job("a", max_tokens=20))
     plan = s.schedule()
     events = s.update(plan, StepResult(plan.step, (Sampled(j.seq, 11), Sampled(j.seq, EOG), Sampled(j.seq, 12)),
-                                       drafted=((j.seq, 4, 2),)))
+                                       drafted=((j.seq, 4),)))
     assert j.output == [7, 11, EOG] and j.finish == FinishReason.END_OF_TURN
     assert [e.token for e in events] == [11, EOG] and events[-1].finish == FinishReason.END_OF_TURN
 
@@ -100,7 +100,7 @@ def test_a_lane_whose_drafts_are_rejected_stops_drafting_for_a_while():
         plan = s.schedule()
         if plan.runs[0].draft == 0:
             break
-        s.update(plan, StepResult(plan.step, (Sampled(j.seq, 9),), drafted=((j.seq, 4, 0),)))  # none kept
+        s.update(plan, StepResult(plan.step, (Sampled(j.seq, 9),), drafted=((j.seq, 4),)))  # none kept
         step += 1
         assert step < 10
     off = 0
@@ -133,7 +133,7 @@ def test_a_lane_gets_as_many_drafts_as_its_acceptance_pays_for():
     j = decoding(s, job("a", max_tokens=10_000))
     plan = s.schedule()
     assert plan.runs[0].draft == 8  # no history yet: the whole allowance
-    s.update(plan, StepResult(plan.step, (Sampled(j.seq, 11),), drafted=((j.seq, 8, 0),)))  # none accepted
+    s.update(plan, StepResult(plan.step, (Sampled(j.seq, 11),), drafted=((j.seq, 8),)))  # none accepted
     assert s.schedule().runs[0].draft == 6  # acceptance average 0.7 -> ceil(8 x 0.7)
 
 
@@ -149,7 +149,7 @@ def _drafts_while_accepting(share: float, steps: int = 60) -> list[int]:
         granted.append(k)
         kept = round(k * share)
         s.update(plan, StepResult(plan.step, tuple(Sampled(j.seq, 11) for _ in range(kept + 1)),
-                                  drafted=((j.seq, k, kept),) if k else ()))
+                                  drafted=((j.seq, k),) if k else ()))
     return granted
 
 
@@ -183,10 +183,10 @@ def _pauses(s: Scheduler, j: Job, n: int, accept_between: int = 0) -> list[int]:
         for _ in range(accept_between):
             k = plan.runs[0].draft
             s.update(plan, StepResult(plan.step, tuple(Sampled(j.seq, 11) for _ in range(k + 1)),
-                                      drafted=((j.seq, k, k),) if k else ()))
+                                      drafted=((j.seq, k),) if k else ()))
             plan = s.schedule()
         while plan.runs[0].draft:
-            s.update(plan, StepResult(plan.step, (Sampled(j.seq, 9),), drafted=((j.seq, plan.runs[0].draft, 0),)))
+            s.update(plan, StepResult(plan.step, (Sampled(j.seq, 9),), drafted=((j.seq, plan.runs[0].draft),)))
             plan = s.schedule()
         off = 0
         while not plan.runs[0].draft:
