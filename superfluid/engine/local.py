@@ -272,7 +272,7 @@ class Engine(EngineBase):
             self._loop_failures = 0
             self.steps += 1
             self.budget.after_step(self.sched, plan.n_tokens, result.elapsed_s, self.clock(),
-                                   multistep.forwards(plan.runs, (s.seq for s in result.sampled)))
+                                   multistep.forwards(plan.runs, (s.seq for s in result.sampled), bool(result.drafted)))
             self._fill(inflight)
             self.embedder.deliver([e for e in events if isinstance(e, EmbedEvent)])
             self.out.publish([o for o in map(self._prepare, events) if isinstance(o, tuple)])

@@ -299,7 +299,7 @@ class Runtime(ABC):
         end = self.lane_len(run.seq)
         if run.draft and run.seq in self._samplers:
             wants[run.seq] = run.draft
-        return Run(run.seq, run.pos if end is None else end, (token,), True, 0, 0 if run.draft else run.more)
+        return Run(run.seq, run.pos if end is None else end, (token,), True, 0, run.more)
 
     def attach_draft(self, path: str) -> None:
         """Draft with a second, small model of the same vocabulary (--speculative draft)."""

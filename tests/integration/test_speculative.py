@@ -65,13 +65,16 @@ class Lane:
         Lane.n += 1
         return self.rt.step(StepPlan(Lane.n, **kw))
 
-    def generate(self, prompt, sp: SamplingParams, draft: int, total: int) -> tuple[list[int], int, int]:
-        """(tokens, steps, drafted)"""
+    def generate(self, prompt, sp: SamplingParams, draft: int, total: int,
+                 more: int = 0) -> tuple[list[int], int, int]:
+        """(tokens, steps, drafted); `more`: further forwards a plan (Run.more)"""
         self.step(opens=(LaneOpen(self.seq, sp),))
         r = self.step(runs=(Run(self.seq, 0, tuple(prompt), True),))
         out, steps, drafted = [s.token for s in r.sampled], 0, 0
         while len(out) < total and out[-1] not in self.rt.eog:
-            r = self.step(runs=(Run(self.seq, len(prompt) + len(out) - 1, (PLACEHOLDER,), True, draft),))
+            left = total - len(out) - 1  # the scheduler's room: never past the request's end
+            r = self.step(runs=(Run(self.seq, len(prompt) + len(out) - 1, (PLACEHOLDER,), True,
+                                    min(draft, left), max(0, min(more, left - draft))),))
             assert not r.errors, r.errors
             out += [s.token for s in r.sampled]
             drafted += sum(n for _, n in r.drafted)
@@ -85,6 +88,18 @@ def test_greedy_speculation_gives_the_same_tokens_in_fewer_steps(rt, prompt):
     spec, spec_steps, drafted = Lane(rt, 1).generate(prompt, SamplingParams(temperature=0), 8, 64)
     assert spec == plain
     assert drafted > 0 and spec_steps < plain_steps  # the code is repeated: drafts are accepted
+
+
+@pytest.mark.parametrize("sp", [SamplingParams(temperature=0), SamplingParams(temperature=0.9, seed=5)],
+                         ids=["greedy", "sampled"])
+def test_a_plan_with_drafts_and_more_forwards_gives_the_same_tokens(rt, prompt, sp):
+    """A decode run granted drafts and further forwards (Run.more): drafts where the drafter
+    proposes any (one forward), several forwards where it proposes none; the lane's tokens
+    are those of no speculation."""
+    plain, plain_steps, _ = Lane(rt, 0).generate(prompt, sp, 0, 64)
+    spec, spec_steps, drafted = Lane(rt, 1).generate(prompt, sp, 6, 64, more=3)
+    assert spec == plain
+    assert drafted > 0 and spec_steps < plain_steps / 2
 
 
 @pytest.mark.parametrize("seed", range(3))

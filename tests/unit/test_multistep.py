@@ -44,7 +44,7 @@ def test_decodes_alone_get_more_forwards_within_max_tokens_and_what_is_in_flight
     assert {r.seq: r.more for r in third.runs if r.seq == a.seq} == {a.seq: 0}
 
 
-def test_no_more_forwards_beside_a_prefill_a_waiting_job_or_drafts():
+def test_no_more_forwards_beside_a_prefill_or_a_waiting_job_and_drafts_share_the_room():
     s = sched(steps=4, lanes=1)
     a = job("a")
     decoding(s, a)
@@ -58,10 +58,12 @@ def test_no_more_forwards_beside_a_prefill_a_waiting_job_or_drafts():
     plan = s2.schedule()
     assert len(plan.runs) == 2 and all(r.more == 0 for r in plan.runs)
     s3 = sched(steps=4)
-    s3.spec.max_tokens = 4  # speculation: the decode run verifies drafts instead
-    decoding(s3, job("e"))
+    s3.spec.max_tokens = 4  # speculation: more forwards where the drafter proposes none, in the same room
+    decoding(s3, job("e", max_tokens=12))
     (run,) = s3.schedule().runs
-    assert run.draft == 4 and run.more == 0
+    assert run.draft == 4 and run.more == 3  # 1 generated, this run's token: 10 more, 4 + 3 of them here
+    (run,) = s3.schedule().runs  # 2 planned, 7 in flight: 12 - 9 = 3 left, drafts first
+    assert run.draft == 2 and run.more == 0
 
 
 def test_not_where_the_runtime_cannot_place_decodes_or_rows_must_be_deterministic():
@@ -92,11 +94,11 @@ def test_a_plans_several_tokens_are_folded_in_and_a_token_that_ends_the_job_drop
     assert run.seq == a.seq and run.more == 3
 
 
-def test_forwards_counts_a_plain_decode_plans_forwards():
-    runs = (Run(0, 5, (1,), True, 0, 3), Run(1, 9, (1,), True, 0, 3))
-    assert multistep.forwards(runs, [0, 1, 0, 1, 0]) == 3
-    assert multistep.forwards((Run(0, 0, (1, 2, 3), True),), [0]) == 0  # a prefill
-    assert multistep.forwards((Run(0, 5, (1, 4), True, 1),), [0, 0]) == 0  # drafts
+def test_forwards_counts_the_forwards_of_a_plan_of_decodes_that_verified_no_drafts():
+    runs = (Run(0, 5, (1,), True, 0, 3), Run(1, 9, (1,), True, 4, 3))
+    assert multistep.forwards(runs, [0, 1, 0, 1, 0], drafted=False) == 3
+    assert multistep.forwards(runs, [0, 1, 1, 1], drafted=True) == 0  # tokens of drafts, not of forwards
+    assert multistep.forwards((Run(0, 0, (1, 2, 3), True),), [0], drafted=False) == 0  # a prefill
 
 
 def test_the_budget_sizes_plans_of_decodes_from_the_measured_forward():
