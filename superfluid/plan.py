@@ -95,10 +95,11 @@ class Run:
     # lane's last token at the lane's end, whatever `pos` says (an earlier step in flight may
     # have accepted drafts), and returns one Sampled per token it keeps.
     draft: int = 0
-    # Multi-step decode: a decode run without drafts may have the runtime decode the lane's
-    # own samples up to this many times more in the same step, each a forward of its own,
-    # ending early where the lane's sampler ends (an end token, a finished grammar). The
-    # runtime then returns one Sampled per forward, as for accepted drafts.
+    # Multi-step decode: a decode run may have the runtime decode the lane's own samples up
+    # to this many times more in the same step, each a forward of its own, ending early
+    # where the lane's sampler ends (an end token, a finished grammar); not where its drafts
+    # were verified (a run that drafts is one forward). The runtime then returns one Sampled
+    # per forward, as for accepted drafts.
     more: int = 0
 
 

@@ -17,7 +17,6 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-
 from ..errors import ModelLoadError
 from .ggml_libs import loaded
 

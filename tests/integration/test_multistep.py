@@ -1,7 +1,8 @@
 """Multi-step decode (Run.more, sched/multistep.py) on the embedded model: a plan that lets
 each lane decode its own samples several times gives token for token what a plan a step
 gives, greedy and sampled, two lanes side by side; a lane whose sampler ends (its grammar is
-done) stops there while the other goes on; and the daemon runs such plans by default."""
+done) stops there while the other goes on; and the daemon runs such plans by default. And
+llama.cpp computes on a persistent threadpool."""
 
 from __future__ import annotations
 
@@ -102,3 +103,9 @@ def test_a_decode_fed_the_end_token_its_request_ended_at_runs_once(rt, prompt):
     assert [s.seq for s in r.sampled].count(1) == 4
     assert rt.lane_len(0) == len(prompt) + 1
     step(closes=tuple(lanes))
+
+
+def test_the_runtime_computes_on_a_persistent_threadpool(rt):
+    """Attached as llama-server attaches one (runtime/threadpool.py): a llama.cpp whose
+    parameters are laid out otherwise would leave it off with a warning, and this fails."""
+    assert rt.pool is not None and rt.pool.pool
