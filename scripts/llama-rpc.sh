@@ -13,7 +13,8 @@ args="$(bash "$here/llama-cmake-args.sh") ${CMAKE_ARGS:-}"
 wanted() {
   LLAMA_WANTED="$args" python - <<'PY'
 import ctypes, os, re, sys
-from superfluid.runtime.rpc import library, lib_dir
+from superfluid.runtime.ggml_libs import lib_dir
+from superfluid.runtime.rpc import library
 library()  # raises without the RPC backend
 cpu = ctypes.CDLL(str(lib_dir() / "libggml-cpu.so.0"))
 opts = dict(re.findall(r"-DGGML_(\w+)=(\w+)", os.environ["LLAMA_WANTED"]))  # the last of each wins
