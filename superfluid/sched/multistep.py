@@ -5,13 +5,13 @@ A plan's round trip costs the daemon's API process the same work whatever it car
 (receiving the result, the scheduler's update and next plan, the frames), and on a machine
 whose cores all run the decode that work is taken from the decode: a single stream on two
 cores spent 0.6 ms of it per token, 6% of a token (docs/performance.md). A plan of several
-decode steps pays it once. It is given only where nothing else could use the step: every run
-is a decode (no prompt prefills; a lane whose drafter proposes drafts verifies them in the
-first forward and runs no more), no job or
-embedding input waits for a lane, the rows need not be deterministic (--deterministic keeps
-its own row rules), and the runtime places decodes at the lane's end (ModelInfo.speculate:
-a plan in flight may not know where an earlier one left a lane). The engine sizes `steps`
-from the measured decode step so that a plan takes about DECODE_PLAN_S: a request that arrives
+decode steps pays it once. It is given only where nothing else could use the step: every
+run is a decode (no prompt prefills; a lane whose drafter proposes drafts verifies them in
+the first forward and runs no more), no job or embedding input waits for a lane, the rows
+need not be deterministic (--deterministic keeps its own row rules), and the runtime places
+decodes at the lane's end (ModelInfo.speculate: a plan in flight may not know where an
+earlier one left a lane). The engine sizes `steps` from the measured decode step so that a
+plan takes about DECODE_PLAN_S: a request that arrives
 waits for the plans in flight before its own."""
 
 from __future__ import annotations
