@@ -11,8 +11,8 @@ the first forward and runs no more), no job or embedding input waits for a lane,
 need not be deterministic (--deterministic keeps its own row rules), and the runtime places
 decodes at the lane's end (ModelInfo.speculate: a plan in flight may not know where an
 earlier one left a lane). The engine sizes `steps` from the measured decode step so that a
-plan takes about DECODE_PLAN_S: a request that arrives
-waits for the plans in flight before its own."""
+plan takes about DECODE_PLAN_S: a request that arrives waits for the plans in flight
+before its own."""
 
 from __future__ import annotations
 
