@@ -31,6 +31,7 @@ class LaneOpen:
     # empty when no penalty applies): sent, not mirrored, so a cached prefix counts the same
     context: tuple[int, ...] = ()
     ns: str = ""  # the request's prefix-cache namespace: suffix drafts come only from text of the same one
+    persist: bool = True  # False (store: false): its output is never kept on disk (the suffix store)
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +146,7 @@ class StepPlan:
             sampling = o.sampling.to_wire()
             if o.sampling.grammar:
                 sampling[GRAMMAR_AT] = grammars.setdefault(o.sampling.grammar, len(grammars))
-            opens.append([o.seq, sampling, list(o.history), o.keep, list(o.context)])
+            opens.append([o.seq, sampling, list(o.history), o.keep, list(o.context), o.ns, o.persist])
         return [self.step,
                 opens,
                 [[r.seq, r.pos, list(r.tokens), r.sample, r.draft, r.more] for r in self.runs],
@@ -167,7 +168,8 @@ class StepPlan:
                 p = [*p[:GRAMMAR_AT], str(grammars[p[GRAMMAR_AT]]), *p[GRAMMAR_AT + 1:]]
             return SamplingParams.from_wire(p)
         return cls(step,
-                   tuple(LaneOpen(o[0], sampling(o[1]), tuple(o[2]), o[3], tuple(o[4] if len(o) > 4 else ()))
+                   tuple(LaneOpen(o[0], sampling(o[1]), tuple(o[2]), o[3], tuple(o[4] if len(o) > 4 else ()),
+                                  str(o[5]) if len(o) > 5 else "", bool(o[6]) if len(o) > 6 else True)
                          for o in opens),
                    tuple(Run(s, p, tuple(t), bool(x), int(d), int(m)) for s, p, t, x, d, m in runs),
                    tuple(closes),

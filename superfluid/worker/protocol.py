@@ -15,7 +15,8 @@ from ..link.conn import HELLO, HELLO_ACK, Protocol
 from ..link.records import Record, Table
 from ..plan import StepPlan, StepResult
 
-VERSION = 1
+# 2: a lane open carries its prefix-cache namespace and whether its output may be kept on disk
+VERSION = 2
 
 
 class Msg(enum.IntEnum):

@@ -10,7 +10,8 @@ SP = SamplingParams(temperature=0.7, top_p=0.9, top_k=40, min_p=0.05, seed=2**40
                     top_logprobs=5, ignore_eos=True)
 PLAN = StepPlan(
     step=17,
-    opens=(LaneOpen(0, SP, (5, 6, 5)), LaneOpen(3, SamplingParams())),
+    # a namespace and a store:false open: the wire must carry both (an empty ns hid their loss)
+    opens=(LaneOpen(0, SP, (5, 6, 5), ns="key-a\x00salt-\u00e9"), LaneOpen(3, SamplingParams(), persist=False)),
     runs=(Run(0, 0, (1, 2, 3, 4), False), Run(3, 12, (9,), True)),
     closes=(1, 2),
 )
@@ -58,8 +59,16 @@ def test_n_tokens_counts_every_run():
 
 
 def test_lane_open_context_roundtrip_and_an_older_four_field_open():
-    p = StepPlan(3, opens=(LaneOpen(0, SP, (5,), 2, (7, 8, 9)),))
+    p = StepPlan(3, opens=(LaneOpen(0, SP, (5,), 2, (7, 8, 9), "ns"),))
     assert StepPlan.from_wire(through_msgpack(p.to_wire())) == p
     w = p.to_wire()
     w[1][0] = w[1][0][:4]
     assert StepPlan.from_wire(w).opens[0].context == ()
+
+
+def test_a_lane_opens_namespace_and_persist_cross_the_wire():
+    """The suffix drafter files a lane's output under LaneOpen.ns and keeps it on disk only
+    when persist: a plan that dropped them put every key's text in one shared tree and file."""
+    opens = (LaneOpen(0, SP, ns="key-a"), LaneOpen(1, SP, ns="key-b", persist=False), LaneOpen(2, SP))
+    back = StepPlan.from_wire(through_msgpack(StepPlan(1, opens=opens).to_wire())).opens
+    assert [(o.ns, o.persist) for o in back] == [("key-a", True), ("key-b", False), ("", True)]

@@ -19,7 +19,8 @@ MESSAGES = [
     Hello((VERSION,), SETTINGS),
     HelloAck(VERSION, {"n_vocab": 49152, "name": "m"}, ((7, b"\x01\x00\x00\x00"),)),
     HelloAck(VERSION, {"n_vocab": 1}),
-    StepPlan(3, opens=(LaneOpen(1, SamplingParams()),), runs=(Run(1, 0, (5, 6), True),)),
+    StepPlan(3, opens=(LaneOpen(1, SamplingParams(), ns="key-a"), LaneOpen(2, SamplingParams(), persist=False)),
+             runs=(Run(1, 0, (5, 6), True),)),
     StepResult(3, (Sampled(1, 9, -0.5, ((9, -0.5),)),)),
     WorkerError("boom", "stage_unavailable"),
     Shutdown(),
@@ -61,7 +62,7 @@ def test_unknown_optional_type_is_dropped():
     assert c.next_event() is None and c.dropped == 1
 
 
-@pytest.mark.parametrize("version", [0, 2, 0xFFFF])
+@pytest.mark.parametrize("version", [0, VERSION - 1, VERSION + 1, 0xFFFF])
 def test_unsupported_version_is_a_protocol_error(version):
     with pytest.raises(ProtocolError):
         Connection(LINK_W).receive_data(Frame(version, int(Msg.HELLO), body=msgpack.packb({})).encode())
