@@ -100,7 +100,8 @@ class Engine(EngineBase):
         self.sched.embeds.window = self.info.embed_window
         self.sched.embeds.chunks = self.info.embed_chunks
         self.sched.spec.supported = bool(self.info.speculate)  # the runtime verifies drafted rows
-        self.sched.spec.max_tokens = self.cfg.spec_tokens
+        self.sched.spec.max_tokens = self.cfg.spec_tokens if self.info.rollback else 0
+        self.sched.slots.checkpoints = self.info.prefix_cache == "checkpoints"  # cut lanes only where saved
         self._task = asyncio.create_task(self._supervised(), name="engine-loop")
 
     async def close(self, error: SuperfluidError | None = None) -> None:

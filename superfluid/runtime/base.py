@@ -35,7 +35,12 @@ class ModelInfo:
     embed_chunks: bool = False  # an input may be embedded in chunks over several steps (causal models)
     pooling: str = ""  # how an input's token states become one vector
     kind: str = "generate"  # or "embedding" (embeds only), "cross-encoder" (scores pairs only)
-    speculate: bool = False  # runs may carry drafts (Run.draft): the runtime verifies them
+    speculate: bool = False  # decodes go at the lane's end (Run.draft, Run.more): the runtime places them
+    rollback: bool = True  # a rejected draft can be taken back (not a recurrent state): drafts may be verified
+    memory: str = "kv"  # how a sequence is kept: kv, swa, recurrent, hybrid (runtime/llamacpp.memory_kind)
+    # how a cached prefix is reused: "kv" (cut anywhere) or "checkpoints" (only where the runtime
+    # saved the lane's state: runtime/checkpoints.py, mirrored by sched/lanes.Slot.marks)
+    prefix_cache: str = "kv"
 
     def to_wire(self) -> dict:
         return self.__dict__.copy()
@@ -118,6 +123,7 @@ class Runtime(ABC):
     def step(self, plan: StepPlan) -> StepResult:
         t0 = time.perf_counter()
         failed: list[int] = []
+        kept: list[tuple[int, int]] = []  # failed lanes that still hold a prefix: (seq, tokens)
         errors: list[LaneError] = []
         for seq in plan.closes:
             self._faulted.discard(seq)
@@ -137,7 +143,7 @@ class Runtime(ABC):
             self.drafter.begin(o.seq, o.ns)
             held = self.lane_len(o.seq) if o.keep else None
             if held is not None and held < o.keep:
-                self._break(o.seq, failed)  # the cache entry it was seeded from is not there
+                self._short(o.seq, held, failed, kept)  # the cache entry it was seeded from is not all there
             try:
                 matcher = self.grammar_matcher(o.sampling.grammar) if o.sampling.grammar else None
                 self._samplers[o.seq] = LaneSampler(o.sampling, o.history, self.eog, matcher, o.context)
@@ -151,6 +157,9 @@ class Runtime(ABC):
                 self.copy_lane(c.src, c.dst, c.n)
                 self.lanes.copy(c.src, c.dst, c.n)
                 self.drafter.copy(c.src, c.dst, c.n)
+                got = self.lane_len(c.dst) if c.n else None
+                if got is not None and got < c.n:
+                    self._short(c.dst, got, failed, kept)  # a recurrent state without a checkpoint at n
         restored = 0
         for ld in plan.loads:
             data = self.kv_store.get(ld.key) if self.kv_store is not None else None
@@ -185,7 +194,8 @@ class Runtime(ABC):
         vectors = self._embed(plan.embeds) if plan.embeds else ()
         dropped, evicted = self.kv_store.take_dropped() if self.kv_store is not None else ([], 0)
         return StepResult(plan.step, tuple(sampled), time.perf_counter() - t0, vectors, tuple(failed),
-                          tuple(dropped), KvIo(saved, restored, evicted), tuple(errors), tuple(drafted))
+                          tuple(dropped), KvIo(saved, restored, evicted), tuple(errors), tuple(drafted),
+                          tuple(kept))
 
     def _sample(self, run: Run, logits: np.ndarray, out: list[Sampled]) -> None:
         """The run's token, or (a run with drafts: one logits row per fed token from its last
@@ -239,6 +249,19 @@ class Runtime(ABC):
         self._faulted.add(seq)
         self._samplers.pop(seq, None)
         errors.append(LaneError(seq, ErrorReport.of(e)))  # a LINKED error reaches its client typed
+
+    def _short(self, seq: int, held: int, failed: list[int], kept: list[tuple[int, int]]) -> None:
+        """The lane holds only its first `held` tokens, fewer than the plan counted on. With
+        checkpoints (a recurrent state cut back to the deepest one it could) they are kept and
+        reported, its runs skipped until it is opened again; otherwise it is emptied (_break)."""
+        if self.info.prefix_cache != "checkpoints" or held <= 0:
+            self._break(seq, failed)
+            return
+        self.lanes.keep(seq, held)
+        self._broken.add(seq)
+        if seq not in failed:
+            failed.append(seq)
+            kept.append((seq, held))
 
     def _break(self, seq: int, failed: list[int]) -> None:
         """The lane's KV is lost: empty it, skip its runs until it is opened again, and tell

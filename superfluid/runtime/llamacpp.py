@@ -26,6 +26,7 @@ from ..codec.tokenizer import quiet_llama_logs
 from ..errors import EmbeddingUnsupported, ModelLoadError
 from ..plan import EmbedItem, Run
 from .base import ModelInfo, Runtime
+from .checkpoints import Checkpoints
 from .llamacpp_embed import EMBED_WINDOW, POOLING, LlamaEmbedder
 from .rope import Rope, derive
 from . import threadpool
@@ -149,6 +150,18 @@ class _BuftOverride(ctypes.Structure):
     _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
 
 
+def memory_kind(model) -> str:
+    """How the model's memory keeps a sequence: "kv" (attention only: any prefix can be cut),
+    "swa" (sliding-window attention; llama.cpp's default full-size SWA cache keeps every
+    position, so it is cut as "kv" is), "recurrent" (Mamba: one state a sequence) or "hybrid"
+    (recurrent or linear-attention layers beside attention: LFM2, Qwen3.5, Granite 4)."""
+    if ll.llama_model_is_hybrid(model):
+        return "hybrid"
+    if ll.llama_model_is_recurrent(model):
+        return "recurrent"
+    return "swa" if ll.llama_model_n_swa(model) > 0 else "kv"
+
+
 class LlamaCppRuntime(Runtime):
     def __init__(self, path: str, *, lanes: int, n_ctx: int, threads: int, batch_tokens: int,
                  pooling: str | None = None, rpc_nodes: list | None = None, rpc_psk: bytes | None = None,
@@ -188,6 +201,9 @@ class LlamaCppRuntime(Runtime):
                                  f"({lanes} lanes x {n_ctx} tokens)")
         self.kv_bits = kv_bits
         self.mem = ll.llama_get_memory(self.ctx)
+        self.memory = memory_kind(self.model)
+        # a recurrent state cannot be cut anywhere: its prefix cache is checkpoints (runtime/checkpoints.py)
+        self.checkpoints = Checkpoints(self.ctx) if self.memory in ("recurrent", "hybrid") else None
         self.n_batch = batch_tokens
         self.batch = ll.llama_batch_init(batch_tokens, 0, 1)
         n_vocab = ll.llama_vocab_n_tokens(self.vocab)
@@ -222,7 +238,10 @@ class LlamaCppRuntime(Runtime):
                               description=desc.value.decode(errors="replace"),
                               n_embd=self.n_embd,
                               embed_window=window, embed_chunks=chunked, pooling=self.pooling,
-                              speculate=True)
+                              speculate=True, memory=self.memory,
+                              prefix_cache="checkpoints" if self.checkpoints else "kv",
+                              # a rejected draft's state cannot be taken back from a recurrent layer
+                              rollback=self.checkpoints is None)
 
     def _meta(self, key: str) -> str | None:
         buf = ctypes.create_string_buffer(256)
@@ -249,17 +268,38 @@ class LlamaCppRuntime(Runtime):
         return lltokenizer_from_vocab(self.vocab)
 
     def open_lane(self, seq: int, keep: int) -> None:
-        ll.llama_memory_seq_rm(self.mem, seq, keep, -1)
+        self._cut(seq, keep)
+
+    def _cut(self, seq: int, n: int) -> None:
+        """The lane keeps its first n tokens. A recurrent memory refuses a cut anywhere but at
+        its end (llama_memory_seq_rm returns false): the lane then goes back to its deepest
+        checkpoint at or below n, or is emptied, and holds less than n (lane_len says how much;
+        the caller reports it). Never left in a state the next decode would fail on."""
+        if n > 0 and ll.llama_memory_seq_rm(self.mem, seq, n, -1):
+            if self.checkpoints is not None:
+                self.checkpoints.keep(seq, n)
+            return
+        if n > 0 and self.checkpoints is not None:
+            for p in self.checkpoints.below(seq, n):
+                if self.checkpoints.restore(seq, p) and ll.llama_memory_seq_rm(self.mem, seq, p, -1):
+                    self.checkpoints.keep(seq, p)
+                    return
+        ll.llama_memory_seq_rm(self.mem, seq, -1, -1)  # a whole sequence: every memory allows it
+        if self.checkpoints is not None:
+            self.checkpoints.keep(seq, -1)
 
     def close_lane(self, seq: int) -> None:
         pass  # the KV stays: a prefix-cache entry until the slot is opened again
 
     def copy_lane(self, src: int, dst: int, n: int) -> None:
         # lanes live in separate KV streams: llama.cpp copies src's whole stream into dst's
-        # (applied before the next decode), then dst drops everything from position n on
+        # (applied before the next decode), then dst drops everything from position n on (a
+        # recurrent state: dst's goes back to src's checkpoint at n)
         ll.llama_memory_seq_rm(self.mem, dst, -1, -1)
         ll.llama_memory_seq_cp(self.mem, src, dst, -1, -1)
-        ll.llama_memory_seq_rm(self.mem, dst, n, -1)
+        if self.checkpoints is not None:
+            self.checkpoints.copy(src, dst, n)
+        self._cut(dst, n)
 
     def lane_len(self, seq: int) -> int | None:
         return ll.llama_memory_seq_pos_max(self.mem, seq) + 1
@@ -275,11 +315,13 @@ class LlamaCppRuntime(Runtime):
 
     def load_state(self, seq: int, data: bytes, n: int) -> bool:
         src = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        if self.checkpoints is not None:
+            self.checkpoints.keep(seq, -1)  # what the lane held before is gone
         if ll.llama_state_seq_set_data(self.ctx, src, len(data), seq) != len(data):
             ll.llama_memory_seq_rm(self.mem, seq, -1, -1)
             return False
-        ll.llama_memory_seq_rm(self.mem, seq, n, -1)
-        if self.lane_len(seq) != n:
+        # a recurrent state refuses a cut: an entry holding more than n is no use here
+        if not ll.llama_memory_seq_rm(self.mem, seq, n, -1) or self.lane_len(seq) != n:
             ll.llama_memory_seq_rm(self.mem, seq, -1, -1)
             return False
         return True
@@ -308,13 +350,18 @@ class LlamaCppRuntime(Runtime):
         rc = ll.llama_decode(self.ctx, b)
         if rc != 0:
             raise RuntimeError(f"llama_decode failed with code {rc}")
+        if self.checkpoints is not None:  # the rule sched/lanes.Slot.marks mirrors
+            for run in runs:
+                if len(run.tokens) > 1 and not run.draft:
+                    self.checkpoints.take(run.seq, run.pos + len(run.tokens))
         n_vocab = self.info.n_vocab
         row = lambda k: np.ctypeslib.as_array(ll.llama_get_logits_ith(self.ctx, k), shape=(n_vocab,))  # noqa: E731
         return {seq: np.stack([row(k) for k in range(last - draft, last + 1)]) if draft else row(last)
                 for seq, (last, draft) in out_index.items()}
 
     def drop_tail(self, seq: int, n: int) -> None:
-        ll.llama_memory_seq_rm(self.mem, seq, n, -1)
+        if not ll.llama_memory_seq_rm(self.mem, seq, n, -1):  # (speculation is refused where it would be)
+            raise RuntimeError(f"llama.cpp refused to drop lane {seq}'s rejected drafts")
 
     def attach_draft(self, path: str) -> None:
         from .draft_model import DraftModel

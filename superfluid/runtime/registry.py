@@ -162,6 +162,10 @@ def load_runtime(s: Any):
     """The runtime a worker's settings name (worker.protocol.WorkerSettings): the one place
     runtimes are chosen by name; with its draft model (--speculative draft) attached."""
     rt = _runtime(s)
+    if getattr(s, "speculative", "off") not in ("off", "") and not rt.info.rollback:
+        rt.close()
+        raise ModelLoadError(f"--speculative {s.speculative}: this model keeps a recurrent state ({rt.info.memory}), "
+                             f"which cannot take back a rejected draft; serve it with --speculative off")
     if getattr(s, "speculative", "") == "suffix":
         from .suffix import SuffixDrafter
         try:

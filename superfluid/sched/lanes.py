@@ -23,6 +23,7 @@ from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..plan import CHECKPOINTS
 from .prefix import common_prefix
 
 
@@ -35,6 +36,17 @@ class Slot:
     last_used: int = 0
     persist: bool = True  # False: the KV is a store:false job's, never saved to the disk tier
     ns: str = ""  # the prefix-cache namespace of the job that left the KV
+    # where the runtime checkpointed the lane's state (a model whose prefix cache is
+    # "checkpoints": plan.CHECKPOINTS, runtime/checkpoints.py), by the rule it follows: the end of
+    # every run of more than one token, the last CHECKPOINTS of them
+    marks: list[int] = field(default_factory=list)
+
+    def mark(self, pos: int) -> None:
+        self.marks = sorted({*self.marks, pos})[-CHECKPOINTS:]
+
+    def keep_marks(self, n: int) -> None:
+        """The lane keeps its first n tokens: its checkpoints past them go."""
+        self.marks = [p for p in self.marks if p <= n]
 
     def namespace(self) -> str:
         """The namespace of the KV it holds: its running job's, else its last job's."""
@@ -46,6 +58,17 @@ class KvSlots:
         if n < 1:
             raise ValueError("need at least one KV slot")
         self.slots = [Slot(i) for i in range(n)]
+        # the runtime's prefix cache is "checkpoints" (ModelInfo.prefix_cache): a lane is cut
+        # only where its state was saved, or at a free lane's end
+        self.checkpoints = False
+
+    def cut(self, s: Slot, n: int) -> int:
+        """The longest prefix of at most n tokens that slot s's lane can be cut to: n for a KV
+        cache; with checkpoints, the deepest checkpoint at or below n, or a free lane's end."""
+        if not self.checkpoints or n <= 0:
+            return n
+        end = len(s.kv) if s.job is None and len(s.kv) <= n else 0
+        return max([end, *(p for p in s.marks if p <= n)])
 
     def clear(self) -> None:
         """Every slot empty (the worker and its KV are gone)."""
@@ -70,7 +93,7 @@ class KvSlots:
             if s.seq == exclude or s.namespace() != ns:
                 continue
             kv = held(s.job) if s.job is not None else s.kv
-            m = common_prefix(tokens, kv)
+            m = self.cut(s, common_prefix(tokens, kv))
             if m > n or (m == n and m > 0 and best is not None and best.job is not None and s.job is None):
                 best, n = s, m  # on a tie, a free slot (used in place, no copy) wins
         return best, n

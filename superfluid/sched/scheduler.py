@@ -158,18 +158,22 @@ class Scheduler:
         owners = self._inflight.pop(plan.step, {})
         loads = self.tiers.loads.pop(plan.step, {})
         self.tiers.result(result, loads)
+        held = dict(result.held)
         for seq in result.failed:
-            self._lost(seq, seq in loads)
+            self._lost(seq, seq in loads, held.get(seq, 0))
         events: list[TokenEvent | EmbedEvent | ProgressEvent] = list(self.embeds.update(plan.step, result.vectors))
         events += progress(plan, owners)
         events += self.results.tokens(plan, result, owners)
         return events
 
-    def _lost(self, seq: int, restoring: bool) -> None:
-        """The lane's KV is gone (a restore that failed): its job goes back to the front of its
-        queue, to be prefilled from what it knows; as a preempted job, it draws the same tokens."""
+    def _lost(self, seq: int, restoring: bool, held: int = 0) -> None:
+        """The lane's KV is gone (a restore that failed), or all but its first `held` tokens (a
+        recurrent state cut back to a checkpoint): its job goes back to the front of its queue, to
+        be prefilled from what it knows; as a preempted job, it draws the same tokens."""
         slot = self.slots[seq]
-        job, slot.kv = slot.job, []
+        job = slot.job
+        slot.kv = (job.known() if job is not None else slot.kv)[:held]
+        slot.keep_marks(held)
         if job is None:
             return
         self.running.pop(seq, None)
@@ -360,6 +364,8 @@ class Scheduler:
         assert job.seq is not None
         start = job.scheduled
         job.scheduled += n
+        if n > 1 and self.slots.checkpoints:  # the runtime checkpoints the lane after it (plan.CHECKPOINTS)
+            self.slots[job.seq].mark(job.scheduled)
         sample = job.scheduled == job.planned_len
         if sample:
             job.pending += 1
@@ -395,6 +401,7 @@ class Scheduler:
         seq = job.seq
         self._release(job)
         self.slots[seq].kv = []
+        self.slots[seq].marks = []
 
     def _chat_prefilling(self) -> bool:
         return any(j.qos == Qos.INTERACTIVE and j.status == JobStatus.PREFILLING for j in self.running.values())

@@ -24,6 +24,8 @@ def seat(job: Job, slots: KvSlots, tiers: Tiers, counters: Counters, tail_rows: 
     tokens = job.known()
     src, n = slots.best_match(tokens, Job.kv_tokens, ns=job.cache_ns)
     n = rows.cached(job, n, tail_rows)  # the last token is fed again: its logits are needed
+    if src is not None:
+        n = slots.cut(src, n)  # (a recurrent state: where the lane was checkpointed)
     pins = tiers.pins
     guard = pins.guarded(slots) if pins else {}  # {seq: pinned length}
     if src is not None and n < MIN_COPY and (src.job is not None or 2 * n < len(src.kv)):
@@ -60,4 +62,7 @@ def seat(job: Job, slots: KvSlots, tiers: Tiers, counters: Counters, tail_rows: 
             tiers.save(slot.seq, slot.kv, slot.ns, step, saves, drops)  # before the open wipes it
     if slot is src:
         slot.hits += 1
+        slot.keep_marks(keep)
+    else:  # a copy takes its source's checkpoints up to n; a restored or cold lane has none
+        slot.marks = [p for p in src.marks if p <= n] if src is not None and restore is None else []
     return slot, keep, n

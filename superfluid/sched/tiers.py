@@ -56,6 +56,8 @@ class Tiers:
         n = rows.cached(job, n, tail_rows)  # the last token is fed again: its logits are needed
         if key is None or n < self.slots.best_match(tokens, Job.kv_tokens, ns=job.cache_ns)[1] + MIN_RESTORE:
             return None
+        if self.slots.checkpoints and n != len(self.disk.entries[key].tokens):
+            return None  # a recurrent state is restored whole: an entry the job does not hold all of is no use
         return key, n
 
     def save(self, seq: int, tokens: list[int], ns: str, step: int, saves: list[Save], drops: list[int]) -> None:

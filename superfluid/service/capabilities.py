@@ -77,6 +77,12 @@ def record(eng: Any) -> dict[str, Any]:
                            "sampling": dict(eng.sampling_defaults), "quantization": quantization(eng)}
     if caps["tools"] is True:
         out["tool_dialect"] = eng.tool_format.name or "template"
+    info = getattr(eng, "info", None)
+    if info is not None and caps["chat"] is True:
+        # how a shared prefix is reused: "kv" (cut anywhere), "checkpoints" (a recurrent state,
+        # restored where it was saved: docs/models.md), and the memory that decides it
+        out["prefix_cache"] = info.prefix_cache
+        out["memory"] = info.memory
     return out
 
 
