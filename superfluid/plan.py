@@ -80,6 +80,12 @@ GRAMMAR_AT = 10
 STEP_OPEN_BYTES = 4 << 20
 TOKEN_BYTES = 5
 
+# A runtime whose prefix cache is "checkpoints" (runtime/checkpoints.py: recurrent and hybrid
+# models) saves a lane's state after every run of more than one token that verifies no drafts,
+# keeping this many a lane (the oldest go first); the scheduler keeps the same positions
+# (sched/lanes.Slot.marks) to know where a lane can be cut.
+CHECKPOINTS = 8
+
 # A restored token costs about this fraction of a prefilled one (a 1,500-token entry of the
 # embedded model: 37 ms to load against 17 s to prefill): the step budget counts it so
 RESTORE_COST = 64
@@ -226,6 +232,9 @@ class StepResult:
     kvio: KvIo = KvIo()
     errors: tuple[LaneError, ...] = ()  # lanes that failed on their own: no sample from them
     drafted: tuple[tuple[int, int], ...] = ()  # (seq, tokens drafted) for runs that drafted any
+    # (seq, n) for failed lanes that still hold their first n tokens (a recurrent state cut back
+    # to a checkpoint below the planned cut): the scheduler seats their jobs from there
+    held: tuple[tuple[int, int], ...] = ()
 
     def to_wire(self) -> list:
         return [self.step, [[s.seq, s.token, s.logprob, [list(t) for t in s.top]]
@@ -234,14 +243,15 @@ class StepResult:
                 list(self.failed), list(self.dropped),
                 [self.kvio.saved, self.kvio.restored, self.kvio.evicted],
                 [[e.seq, *e.error.to_wire()] for e in self.errors],
-                [[q, n] for q, n in self.drafted]]
+                [[q, n] for q, n in self.drafted],
+                [[q, n] for q, n in self.held]]
 
     @classmethod
     def from_wire(cls, w: list) -> StepResult:
-        step, sampled, elapsed, vectors, failed, dropped, kvio, errors, drafted = w
+        step, sampled, elapsed, vectors, failed, dropped, kvio, errors, drafted, held = w
         return cls(step, tuple(Sampled(q, t, lp, tuple((a, b) for a, b in top))
                                for q, t, lp, top in sampled), elapsed,
                    tuple(Vector(k, bytes(d), str(e), str(c)) for k, d, e, c in vectors),
                    tuple(failed), tuple(dropped), KvIo(*kvio),
                    tuple(LaneError(int(e[0]), ErrorReport.from_wire(e[1:])) for e in errors),
-                   tuple((int(q), int(n)) for q, n in drafted))
+                   tuple((int(q), int(n)) for q, n in drafted), tuple((int(q), int(n)) for q, n in held))
