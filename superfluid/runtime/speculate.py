@@ -85,8 +85,8 @@ class Drafter:
         then its last sampled one, the token the target is about to feed."""
         raise NotImplementedError
 
-    def begin(self, seq: int, ns: str) -> None:
-        pass
+    def begin(self, seq: int, ns: str, persist: bool = True) -> None:
+        """`persist` False (store: false): nothing the lane produces may be kept on disk."""
 
     def produced(self, seq: int, token: int) -> None:
         pass

@@ -10,7 +10,8 @@ Two kinds of tree, each searched with the lane's last tokens:
   draft never carries one key's text into another's generation), fed as tokens are produced
   and bounded: the oldest outputs leave first past MAX_OUTPUTS or MAX_TOKENS. Outputs are
   kept in a file beside the KV disk tier (runtime/suffix_store.py): a new worker starts
-  with them.
+  with them. A store:false request's output (LaneOpen.persist False) drafts from memory
+  only: it never reaches the file.
 
 A tree answers with the most frequent continuation of the longest match, token by token while
 the continuation's estimated probability stays over MIN_PROB, and no longer than the match
@@ -64,6 +65,7 @@ class _Lane:
     held: int = 0  # the tokens its tree holds: the lane's first `held`
     last: int = PLACEHOLDER  # the last of them
     ns: str = ""
+    persist: bool = True  # False (store: false): its output never reaches the file
     out: int = -1  # its output's id in the global tree of its namespace (-1: none yet)
     pending: list[int] = field(default_factory=list)  # produced, not yet in the global tree
 
@@ -75,6 +77,7 @@ class SuffixDrafter(Drafter):
         self.lanes: dict[int, _Lane] = {}
         self.globals: dict[str, Any] = {}  # namespace -> the tree of its outputs
         self.outputs: OrderedDict[tuple[str, int], array] = OrderedDict()  # (ns, id) -> its tokens, oldest first
+        self.volatile: set[tuple[str, int]] = set()  # outputs of store:false lanes: never written
         self.tokens = 0
         self.next_id = 0
         self.file = OutputFile(path) if path else None
@@ -91,9 +94,9 @@ class SuffixDrafter(Drafter):
                 self._add(ns, self._new_id(ns), tokens)
             self.file.rewrite(kept)
 
-    def begin(self, seq: int, ns: str) -> None:
+    def begin(self, seq: int, ns: str, persist: bool = True) -> None:
         self.end(seq)
-        self.lanes[seq] = _Lane(self.Tree(DEPTH), ns=ns)
+        self.lanes[seq] = _Lane(self.Tree(DEPTH), ns=ns, persist=persist)
 
     def produced(self, seq: int, token: int) -> None:
         lane = self.lanes.get(seq)
@@ -106,10 +109,11 @@ class SuffixDrafter(Drafter):
             return
         self._flush(lane)
         tokens = self.outputs.get((lane.ns, lane.out))
-        if self.file is not None and tokens:
+        if self.file is not None and tokens and lane.persist:
             self.file.append(lane.ns, tokens)
             if self.file.size > 2 * (4 * self.tokens + 8 * len(self.outputs)) + (1 << 20):
-                self.file.rewrite(list((ns, t) for (ns, _), t in self.outputs.items()))
+                self.file.rewrite(list((ns, t) for (ns, oid), t in self.outputs.items()
+                                       if (ns, oid) not in self.volatile))
 
     def close(self) -> None:
         if self.file is not None:
@@ -160,6 +164,8 @@ class SuffixDrafter(Drafter):
             return
         if lane.out < 0:
             lane.out = self._new_id(lane.ns)
+            if not lane.persist:
+                self.volatile.add((lane.ns, lane.out))
         if (lane.ns, lane.out) in self.outputs:  # (it may have been evicted while the lane ran)
             self._add(lane.ns, lane.out, array("i", lane.pending))
         lane.pending = []
@@ -179,6 +185,7 @@ class SuffixDrafter(Drafter):
         self.tokens += len(tokens)
         while len(self.outputs) > MAX_OUTPUTS or (self.tokens > MAX_TOKENS and len(self.outputs) > 1):
             (old_ns, old), gone = self.outputs.popitem(last=False)
+            self.volatile.discard((old_ns, old))
             self.tokens -= len(gone)
             if gone and old_ns in self.globals:  # (an output with no tokens yet is in no tree)
                 self.globals[old_ns].remove(old)

@@ -6,7 +6,7 @@ An append-only file of records, one per output when its lane is retired: the cac
 and the tokens (`<HI` lengths, the namespace in UTF-8, int32 tokens). It is a cache, not the
 truth (the session log is): written without fsync, read leniently (a torn or garbled record
 ends the read, never the worker), and rewritten with only the live outputs when it has grown
-to twice their size."""
+to twice their size. A file of another version (MAGIC) is read as empty and rewritten."""
 
 from __future__ import annotations
 
@@ -16,7 +16,9 @@ import sys
 from array import array
 from typing import BinaryIO
 
-MAGIC = b"SFXOUT1\n"
+# 2: written since lane opens carry their namespace across Link W (worker/protocol.py, 2).
+# A file of version 1 filed every key's outputs under the shared namespace "": it is discarded.
+MAGIC = b"SFXOUT2\n"
 HEAD = struct.Struct("<HI")
 MAX_NS = 1024  # bytes of a namespace (they are short digests)
 MAX_RECORD = 1 << 22  # tokens in one output

@@ -4,6 +4,7 @@ runtime drives it: a lane's own context, other lanes' outputs by namespace, the 
 from __future__ import annotations
 
 import os
+from array import array
 
 import pytest
 
@@ -160,3 +161,47 @@ def test_the_file_keeps_only_the_newest_outputs_within_the_bounds(tmp_path, monk
     assert again.tokens == 60
     again.close()
     assert len(suffix_store.OutputFile(path).load()) == 2  # rewritten with what was kept
+
+
+def test_a_store_false_lanes_output_drafts_from_memory_and_never_reaches_the_file(tmp_path):
+    path = str(tmp_path / "m.bin")
+    d = suffix.SuffixDrafter(path)
+    private = list(range(500, 530))
+    d.begin(0, "key-a", persist=False)  # a store:false request (LaneOpen.persist)
+    for t in private:
+        d.produced(0, t)
+    d.end(0)
+    run(d, 1, "key-a", [1], ANSWER)
+    d.begin(2, "key-a")
+    assert d.propose({2: ([9] + private[:10], 8)})[2] == private[10:18]  # this worker's memory only
+    d.close()
+    assert [list(t) for _, t in suffix_store.OutputFile(path).load()] == [ANSWER]
+    again = suffix.SuffixDrafter(path)
+    again.begin(0, "key-a")
+    assert again.propose({0: ([9] + private[:10], 8)}) == {}
+
+
+def test_a_rewrite_leaves_store_false_outputs_out(tmp_path):
+    path = str(tmp_path / "m.bin")
+    d = suffix.SuffixDrafter(path)
+    d.begin(0, "ns", persist=False)
+    for t in range(500, 530):
+        d.produced(0, t)
+    d.end(0)
+    d.file.size = 1 << 30  # the next retired lane finds the file grown: it is rewritten from memory
+    run(d, 1, "ns", [1], ANSWER)
+    d.close()
+    assert [list(t) for _, t in suffix_store.OutputFile(path).load()] == [ANSWER]
+
+
+def test_a_file_written_before_namespaces_crossed_the_link_is_discarded(tmp_path):
+    """Version 1 files filed every key's outputs under the shared namespace: none is read."""
+    path = tmp_path / "m.bin"
+    old = suffix_store.MAGIC.replace(b"2", b"1")
+    path.write_bytes(old + suffix_store._record("", array("i", ANSWER)))
+    d = suffix.SuffixDrafter(str(path))
+    assert d.tokens == 0
+    d.begin(0, "")
+    assert d.propose({0: ([5] + ANSWER[:10], 8)}) == {}
+    d.close()
+    assert path.read_bytes() == suffix_store.MAGIC  # rewritten empty, in this version

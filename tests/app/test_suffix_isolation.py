@@ -1,0 +1,64 @@
+"""Suffix drafts never carry one key's output into another's generation (issue 54): in one
+process (tests/harness.py), the real engine, scheduler and Link W codec feeding the suffix
+drafter (runtime/suffix.py) as a worker's runtime feeds it. Key A's answer, once produced,
+drafts for A's next request and for nobody else: not key B, not A under a `cache_salt`. Before
+the fix a lane open crossed Link W without its namespace, so every key shared one tree."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from superfluid.api import cache_ns
+from superfluid.api.policy import KeyPolicy
+from superfluid.runtime import suffix_store
+
+from ..fakes import FakeModel
+from ..harness import MODEL, run
+
+try:
+    from superfluid.runtime import suffix
+    suffix.suffix_tree_class()
+except Exception:  # noqa: BLE001 -- arctic-inference not installed: CI installs it (.ci/run)
+    if os.environ.get("CI"):
+        raise
+    pytest.skip("arctic-inference is not installed (pip install --no-build-isolation arctic-inference)",
+                allow_module_level=True)
+
+A = {"authorization": "Bearer sk-key-a-000"}
+B = {"authorization": "Bearer sk-key-b-000"}
+KEYS = (KeyPolicy("a", "sk-key-a-000"), KeyPolicy("b", "sk-key-b-000"))
+SECRET = "Account 4417-QX paid 93.20 EUR on 9 May; the PIN reset code is 660-281-ZK."
+
+
+def drafts(d, ns: str, ctx: list[int]) -> list[int]:
+    """What the drafter proposes to a lane of namespace `ns` that has begun `ctx`."""
+    d.begin(999, ns)
+    try:
+        return d.propose({999: (ctx, 8)}).get(999, [])
+    finally:
+        d.lanes.pop(999, None)
+
+
+def test_a_keys_output_drafts_for_that_key_alone(tmp_path):
+    m = FakeModel()
+    answer = m.vocab.script(SECRET)
+    m.reply = lambda prompt: answer
+    path = str(tmp_path / "suffix" / "m.bin")
+
+    async def body(h):
+        d = h.model.runtime.drafter = suffix.SuffixDrafter(path)  # as registry.load_runtime attaches it
+        r = await h.client.post("/v1/chat/completions", headers=A, json={
+            "model": MODEL, "max_tokens": 200, "messages": [{"role": "user", "content": "my statement?"}]})
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == SECRET, r.text
+        begun = [7, 8] + answer[:12]  # a later lane that has begun A's answer
+        return {"a": drafts(d, cache_ns.of_key("a"), begun), "b": drafts(d, cache_ns.of_key("b"), begun),
+                "a salted": drafts(d, cache_ns._hash(f"{cache_ns.of_key('a')}\0salt\0s1"), begun),
+                "shared": drafts(d, "", begun), "namespaces": set(d.globals)}
+    out = run(body, m, policies=KEYS)
+    assert out["a"] == answer[12:20], out  # A's own next request drafts its earlier answer
+    assert out["b"] == [] and out["a salted"] == [] and out["shared"] == [], out
+    assert out["namespaces"] == {cache_ns.of_key("a")}, out
+    on_disk = suffix_store.OutputFile(path).load()
+    assert [ns for ns, _ in on_disk] == [cache_ns.of_key("a")]  # the file files it under A's namespace too
