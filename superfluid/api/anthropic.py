@@ -214,9 +214,9 @@ def add_routes(app: FastAPI, models, qos_for, body_of) -> None:
         req = gen_request(body, cp.prompt, eng.new_seed(), qos_for(request), cp.grammar, cp.channels,
                           hint, eng.sampling_defaults)
         marked = hint[0] if hint else 0
+        response.headers.update(dropped)  # before the submit: nothing after it may fail the request
         run = await Run.submit(request, models.service, eng, [req], cp.bodies, api="anthropic.messages",
                                params={"response_id": req.id, "marked": marked})
-        response.headers.update(dropped)
         if body.get("stream"):
             out = run.stream(events(req.id, eng.model_id, len(cp.prompt), run.streams[0], req.session, marked),
                              keepalive=PING)

@@ -33,7 +33,7 @@ from .policy import KeyPolicy, key_of
 from .prompt import prompt_cache_hint, request_grammar
 from .schema import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, ModelRequest, PruneRequest,
                      TokenizeRequest, json_object, parse)
-from .runner import Run
+from .runner import Run, RunsEnd
 from .streams import (ClientGone, chat_events, completion_events, session_header)
 
 log = logging.getLogger("superfluid.api")
@@ -338,8 +338,9 @@ def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Q
         return resp
 
     llama.add_unprefixed(app)  # /chat/completions, /completions, /models, as llama-server serves them
-    guarded = Guard(BodyLimit(app, max_body), policies=policies or [], loopback_bind=loopback_bind, ip_rpm=ip_rpm,
-                    cors_origins=cors_origins, cache_isolation=cache_isolation)
+    # RunsEnd: a generation its handler left (raised after the submit) is cancelled, not left running
+    guarded = Guard(BodyLimit(RunsEnd(app), max_body), policies=policies or [], loopback_bind=loopback_bind,
+                    ip_rpm=ip_rpm, cors_origins=cors_origins, cache_isolation=cache_isolation)
     if ui:  # the web app at / and /monitor (--no-ui: none)
         return web_ui.install(app, models, guarded, loopback_bind=loopback_bind)
     return guarded

@@ -285,6 +285,7 @@ def add_routes(app: FastAPI, models, qos_for, body_of, store: ResponseStore) -> 
                 "store": stored, "background": bool(background), "tools": body.get("tools") or [],
                 "tool_choice": body.get("tool_choice") or "auto", "parallel_tool_calls": parallel,
                 "text": {"format": text_opts.get("format") or {"type": "text"}}, "metadata": metadata}
+        response.headers.update(headers)  # before the submit: nothing after it may fail the request
         run = await Run.submit(request, models.service, eng, [req], cp.bodies, api="responses",
                                params={"response_id": rid, "base": base, "input_items": new_items,
                                        "store": base["store"]}, salt=salt)
@@ -292,12 +293,12 @@ def add_routes(app: FastAPI, models, qos_for, body_of, store: ResponseStore) -> 
         async def finished(text: str, reasoning: str, calls: list, c) -> dict:
             return await finish(store, base, record, req.session, text, reasoning, calls, c)
 
-        response.headers.update(headers)
         if background:  # not tied to this connection: a task reads it; the stream reads the log
             pending = {**base, "output": [], "usage": None, "error": None, "incomplete_details": None}
             slots = request.scope.get("state", {}).get("slots")  # the key's max_concurrent counts it (guard.Slots)
             queued = await bg.start({**record, "session": req.session, "response": pending}, run.streams[0], finished,
                                     release=slots.hold() if slots is not None else None)
+            run.take()  # its task reads it now (had the start failed, the generation would be cancelled)
             if body.get("stream"):
                 return _with(sse(await bg.stream(rid, -1), lambda: None, [req]), headers)
             return queued
