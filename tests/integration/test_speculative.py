@@ -6,6 +6,7 @@ the uncut text, and the drafts counted in /metrics."""
 
 from __future__ import annotations
 
+import json
 import math
 import signal
 import time
@@ -263,6 +264,44 @@ def test_suffix_drafts_answer_as_one_without_them_and_an_answer_given_before_is_
         assert after >= 32 and after > 2 * accepted[0], (after, accepted)
     finally:
         again.stop()
+
+
+def test_suffix_drafts_never_carry_one_keys_answer_into_anothers(tmp_path):
+    """Issue 54: a lane open crossed Link W without its cache namespace, so every key shared
+    one suffix tree: key B's answer, repeating key A's, had nearly every draft accepted. Now
+    B (and A under a cache_salt) drafts as little as a first answer does; A's own repeat is
+    drafted from its first answer. /metrics counts the accepted drafts."""
+    need_suffix_tree()
+    p = tmp_path / "keys.json"
+    p.write_text(json.dumps({"keys": [{"name": "a", "key": "sk-key-a-0000"}, {"name": "b", "key": "sk-key-b-0000"}]}))
+    admin = {"authorization": "Bearer sk-admin-0000"}
+    d = Daemon("--api-key", "sk-admin-0000", "--key-policy", str(p), "--speculative", "suffix",
+               "--spec-max-tokens", "8")
+
+    def accepted_drafts() -> float:
+        for line in httpx.get(d.url + "/metrics", headers=admin, timeout=10).text.splitlines():
+            if line.startswith("superfluid_draft_accepted_tokens_total"):
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+    def ask(key: str, **extra) -> tuple[str, float]:
+        before = accepted_drafts()
+        r = httpx.post(d.url + "/v1/chat/completions", headers={"authorization": f"Bearer {key}"}, timeout=120,
+                       json={"model": MODEL, "max_tokens": 64, "temperature": 0, **extra, "messages": [
+                           {"role": "user", "content": "Describe a walk through a forest in autumn."}]})
+        r.raise_for_status()
+        return r.json()["choices"][0]["message"]["content"], accepted_drafts() - before
+    try:
+        a_text, a_first = ask("sk-key-a-0000")
+        b_text, b = ask("sk-key-b-0000")
+        _, a_salted = ask("sk-key-a-0000", cache_salt="team-x")
+        _, a_again = ask("sk-key-a-0000")
+    finally:
+        d.stop()
+    assert a_text == b_text  # the same answer: before the fix B's was drafted from A's
+    assert a_again >= 32 and a_again > 2 * a_first, (a_first, a_again)
+    assert b < 32 and a_again > 2 * b, (b, a_again)
+    assert a_salted < 32 and a_again > 2 * a_salted, (a_salted, a_again)
 
 
 @pytest.mark.parametrize("node_args", [(), ("--speculative", "suffix")], ids=["default", "suffix"])
