@@ -75,7 +75,7 @@ class Job:
         """The lane opened for it: its sampling, what it generated before (penalties count
         it), the KV prefix kept, and its cache namespace (drafts stay within it)."""
         return LaneOpen(seq, self.sampling, self.prior + tuple(self.output), keep, self.penalty_context(),
-                        self.cache_ns)
+                        self.cache_ns, self.persist)
 
     def penalty_context(self) -> tuple[int, ...]:
         """What the lane's penalties count before this turn's tokens (LaneOpen.context): the

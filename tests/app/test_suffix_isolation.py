@@ -64,8 +64,6 @@ def test_a_keys_output_drafts_for_that_key_alone(tmp_path):
     assert [ns for ns, _ in on_disk] == [cache_ns.of_key("a")]  # the file files it under A's namespace too
 
 
-@pytest.mark.xfail(strict=True, reason="sched/jobs.py does not put Job.persist in LaneOpen, nor runtime/base.py "
-                                       "LaneOpen.persist in Drafter.begin, yet")
 def test_a_store_false_output_never_reaches_the_suffix_file(tmp_path):
     m = FakeModel()
     answer = m.vocab.script(SECRET)
