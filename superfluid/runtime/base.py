@@ -112,6 +112,11 @@ class Runtime(ABC):
         (the lane is left as it is: it may be running). None: this runtime has no disk tier."""
         return None
 
+    def state_marks(self, seq: int, n: int) -> tuple[int, ...]:
+        """Where a saved lane of n tokens can be cut when it is restored, for a runtime whose
+        prefix cache is checkpoints (runtime/checkpoints.py); () for a KV cache (anywhere)."""
+        return ()
+
     def load_state(self, seq: int, data: bytes, n: int) -> bool:
         """Put saved KV into the lane and keep its first n tokens; False if it does not fit
         this runtime (the lane is then left empty)."""
@@ -140,7 +145,7 @@ class Runtime(ABC):
             self._faulted.discard(o.seq)
             self.open_lane(o.seq, o.keep)
             self.lanes.keep(o.seq, o.keep)
-            self.drafter.begin(o.seq, o.ns)
+            self.drafter.begin(o.seq, o.ns, o.persist)
             held = self.lane_len(o.seq) if o.keep else None
             if held is not None and held < o.keep:
                 self._short(o.seq, held, failed, kept)  # the cache entry it was seeded from is not all there
@@ -281,7 +286,7 @@ class Runtime(ABC):
         data = None
         if sv.seq not in self._broken and (held is None or held >= n):
             data = self.save_state(sv.seq, n)
-        if data is None or not store.put(sv.key, sv.tokens, data, ns=sv.ns):
+        if data is None or not store.put(sv.key, sv.tokens, data, ns=sv.ns, marks=self.state_marks(sv.seq, n)):
             if data is None:
                 store.reject(sv.key)
             return 0

@@ -145,7 +145,6 @@ def test_a_lane_open_that_crossed_link_w_tells_the_drafter_its_namespace():
     assert [(q, ns) for q, ns, _ in rt.drafter.begun] == [(0, "key-a"), (1, "key-b"), (2, "")]
 
 
-@pytest.mark.xfail(strict=True, reason="runtime/base.py passes LaneOpen.persist to Drafter.begin: not yet")
 def test_a_store_false_lane_open_tells_the_drafter_to_keep_its_output_off_disk():
     rt = EchoRuntime()
     rt.drafter = RecordingDrafter()
