@@ -16,12 +16,53 @@ how much the lane holds (StepResult.held)."""
 from __future__ import annotations
 
 import ctypes
+import struct
 
 import llama_cpp as ll
 
 from ..plan import CHECKPOINTS
 
 PARTIAL = 1  # LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY: the recurrent (or SWA) part only
+PACKED = b"SFCP"  # a disk entry of such a lane: its whole state and its checkpoints
+
+
+def pack(full: bytes, cps: dict[int, bytes]) -> bytes:
+    """A lane's whole state and its checkpoints, as one disk-tier entry's bytes."""
+    head = PACKED + struct.pack("<I", len(cps)) + b"".join(struct.pack("<IQ", p, len(d)) for p, d in cps.items())
+    return head + struct.pack("<Q", len(full)) + full + b"".join(cps.values())
+
+
+def unpack(data: bytes) -> tuple[bytes, dict[int, bytes]]:
+    """(whole state, {position: checkpoint}); ValueError for bytes pack did not make."""
+    try:
+        if data[:4] != PACKED:
+            raise ValueError("not a checkpointed state")
+        (n,) = struct.unpack_from("<I", data, 4)
+        at = 8 + 12 * n
+        sizes = [struct.unpack_from("<IQ", data, 8 + 12 * i) for i in range(n)]
+        (size,) = struct.unpack_from("<Q", data, at)
+        at += 8
+        full, at = data[at:at + size], at + size
+        cps = {}
+        for p, k in sizes:
+            cps[p], at = data[at:at + k], at + k
+        if at != len(data) or len(full) != size:
+            raise ValueError("truncated")
+        return full, cps
+    except struct.error as e:
+        raise ValueError(f"a bad checkpointed state: {e}") from None
+
+
+def memory_kind(model) -> str:
+    """How the model's memory keeps a sequence: "kv" (attention only: any prefix can be cut),
+    "swa" (sliding-window attention; llama.cpp's default full-size SWA cache keeps every
+    position, so it is cut as "kv" is), "recurrent" (Mamba: one state a sequence) or "hybrid"
+    (recurrent or linear-attention layers beside attention: LFM2, Qwen3.5, Granite 4)."""
+    if ll.llama_model_is_hybrid(model):
+        return "hybrid"
+    if ll.llama_model_is_recurrent(model):
+        return "recurrent"
+    return "swa" if ll.llama_model_n_swa(model) > 0 else "kv"
 
 
 class Checkpoints:
@@ -63,9 +104,15 @@ class Checkpoints:
         for p in [p for p in lane if p > n]:
             self.bytes -= len(lane.pop(p))
 
+    def up_to(self, seq: int, n: int) -> dict[int, bytes]:
+        return {p: d for p, d in self.lanes.get(seq, {}).items() if p <= n}
+
+    def put(self, seq: int, cps: dict[int, bytes]) -> None:
+        """The lane's checkpoints are these (restored from the disk tier with its state)."""
+        self.keep(seq, -1)
+        self.lanes[seq] = dict(sorted(cps.items())[-self.limit:])
+        self.bytes += sum(len(d) for d in self.lanes[seq].values())
+
     def copy(self, src: int, dst: int, n: int) -> None:
         """dst holds src's first n tokens: it has src's checkpoints up to n."""
-        self.keep(dst, -1)
-        lane = {p: d for p, d in self.lanes.get(src, {}).items() if p <= n}
-        self.bytes += sum(len(d) for d in lane.values())
-        self.lanes[dst] = lane
+        self.put(dst, self.up_to(src, n))

@@ -3,9 +3,10 @@ computed once is restored, not prefilled again, after an eviction, a respawn or 
 
 Files live in `<home>/kv/<fingerprint>/<key>.kv`; the fingerprint ties them to the model file
 and the runtime's KV format. A file is MAGIC, a u32 header length, a msgpack header
-{fp, tokens (int32 LE), size, crc, hcrc, and ns: the prefix-cache namespace, when not the
-shared one} and the runtime's state bytes. The key is plan.kv_key(tokens, ns). A file whose
-header, key, fingerprint, size or checksum does not match is deleted, never loaded.
+{fp, tokens (int32 LE), size, crc, hcrc, ns: the prefix-cache namespace, when not the
+shared one, and marks: where a checkpointed state can be cut (runtime/checkpoints.py), when
+any} and the runtime's state bytes. The key is plan.kv_key(tokens, ns). A file whose header,
+key, fingerprint, size or checksum does not match is deleted, never loaded.
 
 Writes go through one writer thread (never the decode path): `put` queues the bytes (a load
 of a queued entry is served from memory meanwhile) and returns. The writer keeps the total
@@ -81,10 +82,10 @@ class KvStore:
         self._thread.start()
 
     # -- the index at start ----------------------------------------------------------------
-    def scan(self) -> list[tuple[int, tuple[int, ...], str]]:
-        """(key, tokens, namespace) of every valid entry, least recently used first; bad
+    def scan(self) -> list[tuple[int, tuple[int, ...], str, tuple[int, ...]]]:
+        """(key, tokens, namespace, marks) of every valid entry, least recently used first; bad
         files go."""
-        found: list[tuple[float, int, tuple[int, ...], str]] = []
+        found: list[tuple[float, int, tuple[int, ...], str, tuple[int, ...]]] = []
         for p in self.dir.glob("*.kv"):
             try:
                 with open(p, "rb") as f:
@@ -94,12 +95,12 @@ class KvStore:
                 log.warning("KV entry %s is unusable (%s): deleted", p.name, e)  # as get() treats one
                 self._unlink(p)
                 continue
-            key, tokens, size, ns = head
+            key, tokens, size, ns, marks = head
             if p.name != f"{key:016x}.kv":
                 self._unlink(p)
                 continue
             self._entries[key] = _Entry(st.st_size, st.st_mtime)
-            found.append((st.st_mtime, key, tokens, ns))
+            found.append((st.st_mtime, key, tokens, ns, marks))
         for p in self.dir.glob("*.tmp"):
             try:
                 if time.time() - p.stat().st_mtime > 600:
@@ -108,16 +109,16 @@ class KvStore:
                 pass
         found.sort(reverse=True)  # the most recently used first: they fit the index
         kept, total = [], 0
-        for _, key, tokens, ns in found:
+        for _, key, tokens, ns, marks in found:
             total += len(tokens)
             if total > MAX_INDEX_TOKENS:  # the index travels in one Link W frame: the oldest go
                 self._forget(key, self._path(key), report=False)
             else:
-                kept.append((key, tokens, ns))
+                kept.append((key, tokens, ns, marks))
         self._evict_over_cap()
         return [e for e in reversed(kept) if e[0] in self._entries]
 
-    def _read_header(self, f, file_size: int) -> tuple[int, tuple[int, ...], int, str]:
+    def _read_header(self, f, file_size: int) -> tuple[int, tuple[int, ...], int, str, tuple[int, ...]]:
         if f.read(len(MAGIC)) != MAGIC:
             raise ValueError("not a KV entry")
         (hlen,) = struct.unpack("<I", f.read(4))
@@ -136,10 +137,15 @@ class KvStore:
         if not isinstance(ns, str) or len(ns) > 64:
             raise ValueError("bad namespace")
         tokens = tuple(array("i", tb))
-        return kv_key(tokens, ns), tokens, size, ns
+        marks = h.get("marks", [])
+        if not isinstance(marks, list) or len(marks) > 64 or not all(
+                isinstance(m, int) and 0 < m <= len(tokens) for m in marks):
+            raise ValueError("bad checkpoint marks")
+        return kv_key(tokens, ns), tokens, size, ns, tuple(marks)
 
     # -- the step's calls (the worker's main thread) ----------------------------------------
-    def put(self, key: int, tokens, data: bytes, pinned: bool = False, ns: str = "") -> bool:
+    def put(self, key: int, tokens, data: bytes, pinned: bool = False, ns: str = "",
+            marks: tuple[int, ...] = ()) -> bool:
         """Queue an entry for writing; False (and reported dropped) when the writer is too
         far behind or the entry alone exceeds the cap."""
         with self._lock:
@@ -149,7 +155,7 @@ class KvStore:
             old = self._pending.pop(key, None)
             self._pending_bytes += len(data) - (len(old) if old is not None else 0)
             self._pending[key] = data
-        self._queue.put(("put", key, _tokens_bytes(tokens), data, pinned, ns))
+        self._queue.put(("put", key, _tokens_bytes(tokens), data, pinned, ns, marks))
         return True
 
     def get(self, key: int) -> bytes | None:
@@ -241,12 +247,14 @@ class KvStore:
             except Exception:  # noqa: BLE001 -- the writer thread must outlive any one entry
                 log.exception("KV writer failed on %s", item[0])
 
-    def _write(self, key: int, tb: bytes, data: bytes, pinned: bool, ns: str = "") -> None:
+    def _write(self, key: int, tb: bytes, data: bytes, pinned: bool, ns: str = "", marks: tuple[int, ...] = ()) -> None:
         size = len(data)
         fields = {"fp": self.fp, "tokens": tb, "size": size, "crc": zlib.crc32(data),
                   "hcrc": zlib.crc32(tb + struct.pack("<Q", size))}
         if ns:
             fields["ns"] = ns
+        if marks:
+            fields["marks"] = list(marks)
         header = msgpack.packb(fields, use_bin_type=True)
         p = self._path(key)
         tmp = p.with_suffix(f".{os.getpid()}.tmp")  # two processes may share a home

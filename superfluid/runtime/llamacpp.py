@@ -26,7 +26,7 @@ from ..codec.tokenizer import quiet_llama_logs
 from ..errors import EmbeddingUnsupported, ModelLoadError
 from ..plan import EmbedItem, Run
 from .base import ModelInfo, Runtime
-from .checkpoints import Checkpoints
+from .checkpoints import Checkpoints, memory_kind, pack, unpack
 from .llamacpp_embed import EMBED_WINDOW, POOLING, LlamaEmbedder
 from .rope import Rope, derive
 from . import threadpool
@@ -148,18 +148,6 @@ HEAD_TENSORS = rb"^(output|token_embd)\.weight$"  # kept on this host's CPU in a
 class _BuftOverride(ctypes.Structure):
     """llama_model_tensor_buft_override: a tensor-name regex and the buffer type it goes to."""
     _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
-
-
-def memory_kind(model) -> str:
-    """How the model's memory keeps a sequence: "kv" (attention only: any prefix can be cut),
-    "swa" (sliding-window attention; llama.cpp's default full-size SWA cache keeps every
-    position, so it is cut as "kv" is), "recurrent" (Mamba: one state a sequence) or "hybrid"
-    (recurrent or linear-attention layers beside attention: LFM2, Qwen3.5, Granite 4)."""
-    if ll.llama_model_is_hybrid(model):
-        return "hybrid"
-    if ll.llama_model_is_recurrent(model):
-        return "recurrent"
-    return "swa" if ll.llama_model_n_swa(model) > 0 else "kv"
 
 
 class LlamaCppRuntime(Runtime):
@@ -311,18 +299,33 @@ class LlamaCppRuntime(Runtime):
         buf = (ctypes.c_uint8 * size)()
         if ll.llama_state_seq_get_data(self.ctx, buf, size, seq) != size:
             return None
+        if self.checkpoints is not None:  # a recurrent state is cut only where it was saved: they go along
+            return pack(bytes(buf), self.checkpoints.up_to(seq, n))
         return bytes(buf)
 
+    def state_marks(self, seq: int, n: int) -> tuple[int, ...]:
+        if self.checkpoints is None:
+            return ()
+        return tuple(sorted({*self.checkpoints.up_to(seq, n), *((n,) if self.lane_len(seq) == n else ())}))
+
     def load_state(self, seq: int, data: bytes, n: int) -> bool:
-        src = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        cps: dict[int, bytes] = {}
         if self.checkpoints is not None:
             self.checkpoints.keep(seq, -1)  # what the lane held before is gone
+            try:
+                data, cps = unpack(data)
+            except ValueError:
+                return False
+            self.checkpoints.put(seq, {p: d for p, d in cps.items() if p <= n})
+        src = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
         if ll.llama_state_seq_set_data(self.ctx, src, len(data), seq) != len(data):
             ll.llama_memory_seq_rm(self.mem, seq, -1, -1)
             return False
+        if self.checkpoints is not None and self.lane_len(seq) != n:
+            self._cut(seq, n)  # back to its checkpoint at n
         # a recurrent state refuses a cut: an entry holding more than n is no use here
         if not ll.llama_memory_seq_rm(self.mem, seq, n, -1) or self.lane_len(seq) != n:
-            ll.llama_memory_seq_rm(self.mem, seq, -1, -1)
+            self._cut(seq, 0)
             return False
         return True
 

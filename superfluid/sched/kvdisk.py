@@ -49,6 +49,7 @@ class DiskEntry:
     used: int = 0  # the step it was last saved or restored
     pinned: bool = False
     ns: str = ""  # the prefix cache's namespace
+    marks: tuple[int, ...] = ()  # where a checkpointed state can be cut (sched/lanes.Slot.marks)
 
 
 class DiskIndex:
@@ -67,7 +68,8 @@ class DiskIndex:
     def tokens(self) -> int:
         return sum(len(e.tokens) for e in self.entries.values())
 
-    def add(self, key: int, tokens: Sequence[int], step: int = 0, ns: str = "") -> list[int]:
+    def add(self, key: int, tokens: Sequence[int], step: int = 0, ns: str = "",
+            marks: tuple[int, ...] = ()) -> list[int]:
         """Index an entry (of namespace `ns`); returns the keys of entries it supersedes
         (removed here): only its own namespace's, as the hash chain finds only those."""
         if key in self.entries:
@@ -82,7 +84,7 @@ class DiskIndex:
         pinned = any(self.entries[k].pinned for k in older)
         for k in older:
             self.remove(k)
-        self.entries[key] = DiskEntry(key, array("i", tokens), blocks, step, pinned, ns)
+        self.entries[key] = DiskEntry(key, array("i", tokens), blocks, step, pinned, ns, marks)
         for b in blocks:
             self._by_block.setdefault(b, set()).add(key)
         self._by_last.setdefault(blocks[-1], set()).add(key)

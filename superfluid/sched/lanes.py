@@ -62,6 +62,12 @@ class KvSlots:
         # only where its state was saved, or at a free lane's end
         self.checkpoints = False
 
+    def ran(self, seq: int, n: int, end: int) -> None:
+        """A run of n tokens ending at `end` was planned in lane seq: with checkpoints, the
+        runtime saves the lane's state there when n > 1 (plan.CHECKPOINTS), and so it is marked."""
+        if n > 1 and self.checkpoints:
+            self.slots[seq].mark(end)
+
     def cut(self, s: Slot, n: int) -> int:
         """The longest prefix of at most n tokens that slot s's lane can be cut to: n for a KV
         cache; with checkpoints, the deepest checkpoint at or below n, or a free lane's end."""

@@ -32,9 +32,8 @@ from __future__ import annotations
 from ..plan import (RESTORE_COST, STEP_OPEN_BYTES, TOKEN_BYTES, Copy, EmbedItem, LaneOpen, Load, Run, Save, StepPlan,
                     StepResult)
 from ..request import FinishReason, Qos
-from .embeds import EmbedJob, EmbedQueue
+from .embeds import EmbedEvent, EmbedJob, EmbedQueue
 from .jobs import Counters, Job, JobStatus, ProgressEvent, TokenEvent
-from .embeds import EmbedEvent
 from .lanes import KvSlots, Slot
 from .prefix import common_prefix
 from . import multistep, rows, seats, srpt
@@ -158,29 +157,26 @@ class Scheduler:
         owners = self._inflight.pop(plan.step, {})
         loads = self.tiers.loads.pop(plan.step, {})
         self.tiers.result(result, loads)
-        held = dict(result.held)
         for seq in result.failed:
-            self._lost(seq, seq in loads, held.get(seq, 0))
+            self._lost(seq, seq in loads, dict(result.held).get(seq, 0))
         events: list[TokenEvent | EmbedEvent | ProgressEvent] = list(self.embeds.update(plan.step, result.vectors))
         events += progress(plan, owners)
         events += self.results.tokens(plan, result, owners)
         return events
 
     def _lost(self, seq: int, restoring: bool, held: int = 0) -> None:
-        """The lane's KV is gone (a restore that failed), or all but its first `held` tokens (a
-        recurrent state cut back to a checkpoint): its job goes back to the front of its queue, to
-        be prefilled from what it knows; as a preempted job, it draws the same tokens."""
+        """The lane's KV is gone (a failed restore) but for its first `held` tokens (a recurrent state back at a
+        checkpoint): its job goes back to the front of its queue, to be prefilled from what it knows; as a
+        preempted job, it draws the same tokens."""
         slot = self.slots[seq]
-        job = slot.job
-        slot.kv = (job.known() if job is not None else slot.kv)[:held]
+        job, slot.kv = slot.job, (slot.job.known() if slot.job else slot.kv)[:held]
         slot.keep_marks(held)
         if job is None:
             return
         self.running.pop(seq, None)
         self._to_close.append(seq)
         slot.job = None
-        if restoring:
-            job.cached = None  # it was not restored after all
+        job.cached = None if restoring else job.cached  # (a restore: it was not restored after all)
         job.status, job.pending, job.seq = JobStatus.WAITING, 0, None
         self.waiting.push_front(job, self._step)
 
@@ -364,8 +360,7 @@ class Scheduler:
         assert job.seq is not None
         start = job.scheduled
         job.scheduled += n
-        if n > 1 and self.slots.checkpoints:  # the runtime checkpoints the lane after it (plan.CHECKPOINTS)
-            self.slots[job.seq].mark(job.scheduled)
+        self.slots.ran(job.seq, n, job.scheduled)  # (the runtime may checkpoint the lane there)
         sample = job.scheduled == job.planned_len
         if sample:
             job.pending += 1
@@ -395,13 +390,11 @@ class Scheduler:
             self.tiers.keep_pinned(job, slot.kv)
 
     def _fail(self, job: Job) -> None:
-        """The job leaves a lane that failed on its own: what the lane holds is not known, so
-        its slot keeps no cache entry."""
+        """The job leaves a lane that failed on its own: what the lane holds is not known, so no cache entry."""
         assert job.seq is not None
         seq = job.seq
         self._release(job)
-        self.slots[seq].kv = []
-        self.slots[seq].marks = []
+        self.slots[seq].kv, self.slots[seq].marks = [], []
 
     def _chat_prefilling(self) -> bool:
         return any(j.qos == Qos.INTERACTIVE and j.status == JobStatus.PREFILLING for j in self.running.values())

@@ -63,6 +63,8 @@ def seat(job: Job, slots: KvSlots, tiers: Tiers, counters: Counters, tail_rows: 
     if slot is src:
         slot.hits += 1
         slot.keep_marks(keep)
-    else:  # a copy takes its source's checkpoints up to n; a restored or cold lane has none
-        slot.marks = [p for p in src.marks if p <= n] if src is not None and restore is None else []
+    elif restore is not None:  # a restored lane has the entry's checkpoints up to n
+        slot.marks = [p for p in tiers.disk.entries[restore[0]].marks if p <= n]  # type: ignore[union-attr]
+    else:  # a copy takes its source's checkpoints up to n; a cold lane has none
+        slot.marks = [p for p in src.marks if p <= n] if src is not None else []
     return slot, keep, n

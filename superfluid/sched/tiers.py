@@ -56,8 +56,10 @@ class Tiers:
         n = rows.cached(job, n, tail_rows)  # the last token is fed again: its logits are needed
         if key is None or n < self.slots.best_match(tokens, Job.kv_tokens, ns=job.cache_ns)[1] + MIN_RESTORE:
             return None
-        if self.slots.checkpoints and n != len(self.disk.entries[key].tokens):
-            return None  # a recurrent state is restored whole: an entry the job does not hold all of is no use
+        if self.slots.checkpoints:  # a recurrent state is cut only where it was checkpointed
+            n = max([0, *(m for m in self.disk.entries[key].marks if m <= n)])
+            if n < self.slots.best_match(tokens, Job.kv_tokens, ns=job.cache_ns)[1] + MIN_RESTORE:
+                return None
         return key, n
 
     def save(self, seq: int, tokens: list[int], ns: str, step: int, saves: list[Save], drops: list[int]) -> None:
@@ -67,8 +69,17 @@ class Tiers:
             return
         key = kv_key(tokens, ns)
         saves.append(Save(seq, key, tuple(tokens), ns))
-        drops.extend(self.disk.add(key, tokens, step, ns))
+        drops.extend(self.disk.add(key, tokens, step, ns, self._marks(seq, len(tokens))))
         self.counters.kv_saves += 1
+
+    def _marks(self, seq: int, n: int) -> tuple[int, ...]:
+        """Where the saved state of slot seq's first n tokens can be cut (checkpoints; () for KV):
+        its checkpoints, and n where the lane ends there (runtime/llamacpp.state_marks)."""
+        if not self.slots.checkpoints:
+            return ()
+        s = self.slots[seq]
+        end = (n,) if s.job is None and len(s.kv) == n else ()
+        return tuple(sorted({*(p for p in s.marks if p <= n), *end}))
 
     def save_due(self, step: int, saves: list[Save], drops: list[int]) -> None:
         """The saves due (turns that ended, long prompts prefilled), into this plan."""
@@ -76,17 +87,17 @@ class Tiers:
             self.save(seq, tokens, ns, step, saves, drops)
         self.to_save.clear()
 
-    def seed_disk(self, entries: list[tuple[int, tuple[int, ...], str]] | None) -> None:
-        """A (new) worker's disk tier: index what it holds, (key, tokens, namespace) per entry
+    def seed_disk(self, entries: list[tuple[int, tuple[int, ...], str, tuple[int, ...]]] | None) -> None:
+        """A (new) worker's disk tier: index what it holds, (key, tokens, namespace, marks) per entry
         (None: it has none). Its store knows no pins: the pinned prefixes are pinned again
         with the next plan."""
         if entries is None:
             self.disk = None
             return
         self.disk = DiskIndex()
-        for i, (key, tokens, ns) in enumerate(entries):  # least recently used first
+        for i, (key, tokens, ns, marks) in enumerate(entries):  # least recently used first
             if len(tokens) >= MIN_ENTRY:
-                self.disk.add(key, tokens, -len(entries) + i, ns)
+                self.disk.add(key, tokens, -len(entries) + i, ns, marks)
         for pin in self.pins.by_name.values():
             pin.disk = None
             if pin.tokens:

@@ -33,17 +33,17 @@ def _die_with_parent() -> None:
         pass
 
 
-def _attach_kv_store(runtime, s: WorkerSettings) -> tuple[tuple | None, tuple | None]:
+def _attach_kv_store(runtime, s: WorkerSettings) -> tuple[tuple | None, tuple | None, tuple | None]:
     """The disk tier, where the runtime has one and the daemon asked for it: its entries
-    (key, int32 tokens) and their namespaces go to the scheduler's index in HELLO_ACK
-    (None: no tier)."""
+    (key, int32 tokens), their namespaces and their checkpoint marks go to the scheduler's
+    index in HELLO_ACK (None: no tier)."""
     if not (s.kv_dir and s.kv_disk_mb > 0 and runtime.kv_format):
-        return None, None
+        return None, None, None
     from ..runtime.kvstore import KvStore, file_fingerprint
     runtime.kv_store = KvStore(s.kv_dir, file_fingerprint(s.model, runtime.kv_format), int(s.kv_disk_mb * (1 << 20)))
     entries = runtime.kv_store.scan()
-    return (tuple((key, array("i", tokens).tobytes()) for key, tokens, _ in entries),
-            tuple(ns for _, _, ns in entries))
+    return (tuple((key, array("i", tokens).tobytes()) for key, tokens, _, _ in entries),
+            tuple(ns for _, _, ns, _ in entries), tuple(marks for *_, marks in entries))
 
 
 class _Failed(Exception):
@@ -114,8 +114,8 @@ async def serve(sock: socket.socket) -> int:
             return 3
         if getattr(runtime, "rpc", None) is not None:
             _watch_rpc(runtime.rpc, link)
-        kv, kv_ns = _attach_kv_store(runtime, hello.settings)
-        link.send(HelloAck(VERSION, runtime.info.to_wire(), kv, kv_ns))
+        kv, kv_ns, kv_marks = _attach_kv_store(runtime, hello.settings)
+        link.send(HelloAck(VERSION, runtime.info.to_wire(), kv, kv_ns, kv_marks))
 
         def on_message(kind: int, body: Any) -> None:
             if kind == Msg.STEP:

@@ -73,6 +73,7 @@ class HelloAck(Record):
     info: dict  # runtime.base.ModelInfo.to_wire()
     kv: tuple[tuple[int, bytes], ...] | None = None  # the disk tier's entries (key, int32 tokens); None: no tier
     kv_ns: tuple[str, ...] | None = None  # each entry's prefix-cache namespace (None: all the shared one)
+    kv_marks: tuple[tuple[int, ...], ...] | None = None  # each entry's checkpoint marks (runtime/checkpoints.py)
 
 
 @dataclass(frozen=True, slots=True)

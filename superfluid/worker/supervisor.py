@@ -39,7 +39,8 @@ class WorkerProcess:
         self.spec = spec
         self.proc: subprocess.Popen | None = None
         self.info: ModelInfo | None = None
-        self.kv_entries: list[tuple[int, tuple[int, ...], str]] | None = None  # the disk tier's index (None: no tier)
+        # the disk tier's index: (key, tokens, namespace, checkpoint marks) an entry (None: no tier)
+        self.kv_entries: list[tuple[int, tuple[int, ...], str, tuple[int, ...]]] | None = None
         self._link: Link | None = None
 
     @property
@@ -67,8 +68,11 @@ class WorkerProcess:
             raise self._crashed(e) from None
         self.info = ModelInfo(**ack.info)
         ns = ack.kv_ns if ack.kv is not None and ack.kv_ns is not None and len(ack.kv_ns) == len(ack.kv) else None
+        marks = ack.kv_marks if ack.kv is not None and ack.kv_marks is not None and len(
+            ack.kv_marks) == len(ack.kv) else None
         self.kv_entries = None if ack.kv is None else [
-            (k, tuple(array("i", t)), ns[i] if ns else "") for i, (k, t) in enumerate(ack.kv)]
+            (k, tuple(array("i", t)), ns[i] if ns else "", tuple(int(m) for m in marks[i]) if marks else ())
+            for i, (k, t) in enumerate(ack.kv)]
         return self.info
 
     def _crashed(self, e: Exception) -> WorkerCrashed:

@@ -117,7 +117,7 @@ def test_a_finished_turn_is_saved_and_its_next_turn_restored_when_ram_lost_it():
     assert kv_key(kv) in s.tiers.disk
     # the worker is replaced (RAM slots are empty); the disk index is what it reports
     s.reset()
-    s.tiers.seed_disk([(kv_key(kv), tuple(kv), "")])
+    s.tiers.seed_disk([(kv_key(kv), tuple(kv), "", ())])
     nxt = kv + [7] + toks(11, 40)  # the next turn carries the whole conversation
     s.add(Job("b", list(nxt), SamplingParams(), 2))
     plan = s.schedule()
@@ -140,7 +140,7 @@ def test_a_namespaced_turn_is_saved_in_its_namespace_and_restored_only_in_it():
     kv = prompt + [7, 7]
     assert (save.key, save.ns) == (kv_key(kv, "key-a"), "key-a")
     s.reset()
-    s.tiers.seed_disk([(save.key, save.tokens, "key-a")])  # what the worker's store reports after a restart
+    s.tiers.seed_disk([(save.key, save.tokens, "key-a", ())])  # what the worker's store reports after a restart
     s.add(Job("b", kv + [7] + toks(11, 40), SamplingParams(), 2, cache_ns="key-b"))
     assert s.schedule().loads == () and s.jobs["b"].cached == 0
     s.add(Job("c", kv + [7] + toks(12, 40), SamplingParams(), 2, cache_ns="key-a"))
@@ -178,7 +178,7 @@ def test_an_evicted_slot_is_saved_before_its_new_job_opens_it():
 def test_a_failed_restore_requeues_the_job_to_prefill_from_scratch():
     s = sched()
     kv = toks(15, 300)
-    s.tiers.seed_disk([(kv_key(kv), tuple(kv), "")])
+    s.tiers.seed_disk([(kv_key(kv), tuple(kv), "", ())])
     s.add(Job("a", kv + [5, 6], SamplingParams(), 2))
     plan = s.schedule()
     seq = plan.loads[0].seq
@@ -194,7 +194,7 @@ def test_a_failed_restore_requeues_the_job_to_prefill_from_scratch():
 def test_a_background_restore_waits_while_a_chat_prefills():
     s = sched(lanes=3, slots=3, n_ctx=2048)
     kv = toks(16, 300)
-    s.tiers.seed_disk([(kv_key(kv), tuple(kv), "")])
+    s.tiers.seed_disk([(kv_key(kv), tuple(kv), "", ())])
     s.add(Job("chat", toks(17, 1100), SamplingParams(), 2, Qos.INTERACTIVE))  # over 2 steps of 512
     s.add(Job("bg", kv + [5], SamplingParams(), 2, Qos.BACKGROUND))
     plan = s.schedule()
@@ -215,7 +215,7 @@ def test_a_background_restore_waits_while_a_chat_prefills():
 def test_dropped_entries_leave_the_index_and_no_tier_means_no_saves():
     s = sched()
     kv = toks(18, 100)
-    s.tiers.seed_disk([(kv_key(kv), tuple(kv), "")])
+    s.tiers.seed_disk([(kv_key(kv), tuple(kv), "", ())])
     s.add(Job("a", toks(19, 70), SamplingParams(), 2))
     plan = s.schedule()
     s.update(plan, result(plan, dropped=(kv_key(kv),)))

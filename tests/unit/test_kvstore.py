@@ -30,7 +30,7 @@ def test_a_namespaced_entry_keeps_its_namespace_across_a_restart(tmp_path, store
     store.flush()
     again = KvStore(tmp_path, "fp-a", 1 << 20)
     try:
-        assert again.scan() == [(key, tokens, "0123abcd")]
+        assert again.scan() == [(key, tokens, "0123abcd", ())]
     finally:
         again.close()
     os.rename(tmp_path / "fp-a" / f"{key:016x}.kv", tmp_path / "fp-a" / f"{kv_key(tokens):016x}.kv")
@@ -49,7 +49,7 @@ def test_put_get_and_a_restart_finds_the_entries(tmp_path, store):
     assert store.get(key) == data
     again = KvStore(tmp_path, "fp-a", 1 << 20)
     try:
-        assert again.scan() == [(key, tokens, "")]
+        assert again.scan() == [(key, tokens, "", ())]
         assert again.get(key) == data
     finally:
         again.close()
@@ -165,7 +165,7 @@ def test_a_malformed_entry_is_deleted_at_start_and_the_rest_load(tmp_path, body)
     bad.write_bytes(body)
     s = KvStore(tmp_path, "fp-a", 1 << 20)
     try:
-        assert [k for k, _, _ in s.scan()] == [key]
+        assert [k for k, *_ in s.scan()] == [key]
         assert not bad.exists()
     finally:
         s.close()

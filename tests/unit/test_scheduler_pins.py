@@ -173,7 +173,7 @@ def test_a_new_worker_gets_the_pins_again():
     s.tiers.pin_session("A", kv)
     s.update(p := s.schedule(), StepResult(p.step, ()))
     s.reset()
-    s.tiers.seed_disk([(kv_key(kv), tuple(kv), "")])  # the new worker's store knows no pins
+    s.tiers.seed_disk([(kv_key(kv), tuple(kv), "", ())])  # the new worker's store knows no pins
     plan = s.schedule()
     assert plan.pins == ((kv_key(kv), True),)
 
