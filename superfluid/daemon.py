@@ -12,7 +12,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -27,8 +27,9 @@ from .monitor.access import AccessLog
 from .monitor.metrics import Metrics
 from .net.http import open_files_room, protocol
 from .net.loopback import is_loopback_host
+from .runtime import suffix_store
 from .runtime.registry import (available_memory, default_runtime, fit_context, is_hf_folder, kv_bytes_per_token,
-                               model_bytes)
+                               model_bytes, suffix_dir)
 from .runtime.rope import derive, describe, trained_window
 from .service import Sessions
 from .service.registry import Models
@@ -213,6 +214,8 @@ def build(cfg: ServeConfig, *, store: Store, engine_factory: EngineFactory | Non
     store.open(on_commit=metrics.commit.observe)
     try:
         sessions = Sessions(store, grace=cfg.resume_grace, clock=clock)
+        if cfg.engine.kv_dir:
+            sessions.forget_outputs = forgetter(suffix_dir(cfg.engine.kv_dir))
         if engine_factory is None:
             engine_factory = fleet_engines(cfg, store) if cfg.fleet or cfg.fleet_listen else local_engines(cfg)
         make = engine_factory
@@ -243,6 +246,20 @@ def build(cfg: ServeConfig, *, store: Store, engine_factory: EngineFactory | Non
         raise
     return App(cfg, logged, models, sessions, metrics, store, retention)
 
+
+
+def forgetter(folder) -> Callable[[float], Awaitable[None]]:
+    """An erasure's reach into the suffix drafter's files (every model's, in `folder`): the
+    outputs of lanes opened before the time given (runtime/suffix_store.forget_before)."""
+    async def forget(cutoff: float) -> None:
+        try:
+            n = await asyncio.to_thread(suffix_store.forget_before, folder, cutoff)
+        except OSError as e:
+            log.error("an erasure could not reach the suffix drafter's files in %s: %s", folder, e)
+            return
+        if n:
+            log.info("erased %d kept output(s) from the suffix drafter's files", n)
+    return forget
 
 
 async def serve(daemon: App, sock: socket.socket) -> None:

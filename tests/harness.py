@@ -58,8 +58,8 @@ class Harness:
     access: list[dict] = field(default_factory=list)  # the access log's JSON lines, parsed
 
 
-def config(*, max_batch: int = 4, **serve) -> ServeConfig:
-    ec = EngineConfig(model_path="fake.gguf", model_id=MODEL, max_batch=max_batch, threads=1)
+def config(*, max_batch: int = 4, kv_dir: str = "", **serve) -> ServeConfig:
+    ec = EngineConfig(model_path="fake.gguf", model_id=MODEL, max_batch=max_batch, threads=1, kv_dir=kv_dir)
     serve = {"models": (ModelSource("fake.gguf", MODEL),), **serve}
     return ServeConfig(ec, host="127.0.0.1", sessions_cache=True, log_format="json", tui=False, **serve)
 

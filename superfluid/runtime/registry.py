@@ -190,9 +190,15 @@ def suffix_file(s: Any) -> str | None:
     from ..config import private_dir
     from .kvstore import file_fingerprint
     try:
-        return str(private_dir(Path(s.kv_dir) / "suffix") / f"{file_fingerprint(s.model, 'suffix')}.bin")
+        return str(private_dir(suffix_dir(s.kv_dir)) / f"{file_fingerprint(s.model, 'suffix')}.bin")
     except OSError:
         return None  # drafts from this run's outputs only
+
+
+def suffix_dir(kv_dir: str) -> Path:
+    """The folder of the suffix drafter's files under a KV disk tier's folder (the daemon
+    erases from it: runtime/suffix_store.forget_before)."""
+    return Path(kv_dir) / "suffix"
 
 
 def _runtime(s: Any):

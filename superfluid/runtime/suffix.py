@@ -11,7 +11,9 @@ Two kinds of tree, each searched with the lane's last tokens:
   and bounded: the oldest outputs leave first past MAX_OUTPUTS or MAX_TOKENS. Outputs are
   kept in a file beside the KV disk tier (runtime/suffix_store.py): a new worker starts
   with them. A store:false request's output (LaneOpen.persist False) drafts from memory
-  only: it never reaches the file.
+  only: it never reaches the file. An erasure (a session purged, a retention pass:
+  suffix_store.forget_before) reaches both: the outputs of lanes opened before it leave the
+  file and, at the next lane open or retirement, this memory.
 
 A tree answers with the most frequent continuation of the longest match, token by token while
 the continuation's estimated probability stays over MIN_PROB, and no longer than the match
@@ -21,8 +23,10 @@ drafted: free chat pays no rows. Drafts are verified as every drafter's are (run
 
 from __future__ import annotations
 
+import time
 from array import array
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,37 +70,44 @@ class _Lane:
     last: int = PLACEHOLDER  # the last of them
     ns: str = ""
     persist: bool = True  # False (store: false): its output never reaches the file
+    opened: float = 0.0  # when it was opened (wall clock): an erasure after it reaches its output
     out: int = -1  # its output's id in the global tree of its namespace (-1: none yet)
     pending: list[int] = field(default_factory=list)  # produced, not yet in the global tree
 
 
 class SuffixDrafter(Drafter):
-    def __init__(self, path: str | None = None) -> None:
-        """`path`: where outputs are kept across restarts (runtime/suffix_store.py)."""
+    def __init__(self, path: str | None = None, clock: Callable[[], float] = time.time) -> None:
+        """`path`: where outputs are kept across restarts (runtime/suffix_store.py); `clock`:
+        the wall clock an erasure's time is read against."""
         self.Tree = suffix_tree_class()
+        self.clock = clock
         self.lanes: dict[int, _Lane] = {}
         self.globals: dict[str, Any] = {}  # namespace -> the tree of its outputs
         self.outputs: OrderedDict[tuple[str, int], array] = OrderedDict()  # (ns, id) -> its tokens, oldest first
         self.volatile: set[tuple[str, int]] = set()  # outputs of store:false lanes: never written
+        self.opened: dict[tuple[str, int], float] = {}  # when each output's lane opened
+        self.forgotten = 0.0  # the last erasure applied to memory: outputs of lanes opened before it are gone
         self.tokens = 0
         self.next_id = 0
         self.file = OutputFile(path) if path else None
         if self.file is not None:
-            kept: list[tuple[str, array]] = []
+            kept: list[tuple[str, array, float]] = []
             n = 0
-            for ns, tokens in reversed(self.file.load()):  # the newest that fit the bounds
+            for ns, tokens, opened in reversed(self.file.load()):  # the newest that fit the bounds
                 if len(kept) >= MAX_OUTPUTS or n + len(tokens) > MAX_TOKENS:
                     break
-                kept.append((ns, tokens))
+                kept.append((ns, tokens, opened))
                 n += len(tokens)
             kept.reverse()
-            for ns, tokens in kept:
-                self._add(ns, self._new_id(ns), tokens)
+            for ns, tokens, opened in kept:
+                self._add(ns, self._new_id(ns, opened), tokens)
             self.file.rewrite(kept)
+            self.forgotten = self.file.cutoff()
 
     def begin(self, seq: int, ns: str, persist: bool = True) -> None:
         self.end(seq)
-        self.lanes[seq] = _Lane(self.Tree(DEPTH), ns=ns, persist=persist)
+        self._erasures()
+        self.lanes[seq] = _Lane(self.Tree(DEPTH), ns=ns, persist=persist, opened=self.clock())
 
     def produced(self, seq: int, token: int) -> None:
         lane = self.lanes.get(seq)
@@ -108,12 +119,26 @@ class SuffixDrafter(Drafter):
         if lane is None:
             return
         self._flush(lane)
+        self._erasures()
         tokens = self.outputs.get((lane.ns, lane.out))
         if self.file is not None and tokens and lane.persist:
-            self.file.append(lane.ns, tokens)
+            self.file.append(lane.ns, tokens, lane.opened)  # (not if an erasure came since it opened)
             if self.file.size > 2 * (4 * self.tokens + 8 * len(self.outputs)) + (1 << 20):
-                self.file.rewrite(list((ns, t) for (ns, oid), t in self.outputs.items()
+                self.file.rewrite(list((ns, t, self.opened[(ns, oid)]) for (ns, oid), t in self.outputs.items()
                                        if (ns, oid) not in self.volatile))
+
+    def _erasures(self) -> None:
+        """An erasure since the last look (suffix_store.forget_before): the outputs of lanes
+        opened before it leave memory too, running lanes' included (what they produce from
+        now on is dropped, and never written)."""
+        if self.file is None:
+            return
+        cut = self.file.cutoff()
+        if cut <= self.forgotten:
+            return
+        self.forgotten = cut
+        for key in [k for k, t in self.opened.items() if t < cut]:
+            self._drop(key)
 
     def close(self) -> None:
         if self.file is not None:
@@ -163,17 +188,30 @@ class SuffixDrafter(Drafter):
         if not lane.pending:
             return
         if lane.out < 0:
-            lane.out = self._new_id(lane.ns)
+            lane.out = self._new_id(lane.ns, lane.opened)
             if not lane.persist:
                 self.volatile.add((lane.ns, lane.out))
         if (lane.ns, lane.out) in self.outputs:  # (it may have been evicted while the lane ran)
             self._add(lane.ns, lane.out, array("i", lane.pending))
         lane.pending = []
 
-    def _new_id(self, ns: str) -> int:
+    def _new_id(self, ns: str, opened: float) -> int:
         oid, self.next_id = self.next_id, (self.next_id + 1) & 0x7FFFFFFF
         self.outputs[(ns, oid)] = array("i")
+        self.opened[(ns, oid)] = opened
         return oid
+
+    def _drop(self, key: tuple[str, int]) -> None:
+        """An output out of memory and its namespace's tree."""
+        gone = self.outputs.pop(key)
+        self.volatile.discard(key)
+        self.opened.pop(key, None)
+        self.tokens -= len(gone)
+        ns, oid = key
+        if gone and ns in self.globals:  # (an output with no tokens yet is in no tree)
+            self.globals[ns].remove(oid)
+            if self.globals[ns].num_seqs() == 0:
+                del self.globals[ns]
 
     def _add(self, ns: str, oid: int, tokens: array) -> None:
         """Tokens onto an output, then the oldest outputs out while over the bounds."""
@@ -184,10 +222,4 @@ class SuffixDrafter(Drafter):
         self.outputs[(ns, oid)].extend(tokens)
         self.tokens += len(tokens)
         while len(self.outputs) > MAX_OUTPUTS or (self.tokens > MAX_TOKENS and len(self.outputs) > 1):
-            (old_ns, old), gone = self.outputs.popitem(last=False)
-            self.volatile.discard((old_ns, old))
-            self.tokens -= len(gone)
-            if gone and old_ns in self.globals:  # (an output with no tokens yet is in no tree)
-                self.globals[old_ns].remove(old)
-                if self.globals[old_ns].num_seqs() == 0:
-                    del self.globals[old_ns]
+            self._drop(next(iter(self.outputs)))

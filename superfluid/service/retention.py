@@ -8,7 +8,10 @@ go; the id stays, answering 404):
 
 Never a session that is generating, in use by a verb, pinned (`kept`), or that a kept
 session was forked from. When only such sessions remain, the store fills and answers the
-typed 507 `store_full` until room is freed. `once()` is one pass (also
+typed 507 `store_full` until room is freed. A pass that erased sessions also erases the
+suffix drafter's kept outputs of lanes opened before the newest of them could have been
+written (Sessions.forget_outputs): by age, those older than `max_age`; by size, all of them
+(it cannot tell which were the erased sessions'). `once()` is one pass (also
 `POST /v1/sessions/prune`, `superfluid sessions prune`); `run()` makes one a minute."""
 
 from __future__ import annotations
@@ -50,15 +53,20 @@ class Retention:
         """One pass, by the configured policy or the one given; the sessions erased."""
         age = max_age if max_age is not None else self.max_age
         cap = max_bytes if max_bytes is not None else self.max_bytes
-        n = 0
+        n, forget = 0, None
         if age is not None:
-            n += await self._erase(self.clock() - age, lambda: _true())
+            now = self.clock()
+            if k := await self._erase(now - age, lambda: _true()):
+                n, forget = k, now - age
         if cap is not None:
             store = self.sessions.store
             high = cap if max_bytes is not None else HIGH * cap  # asked for a size: down to it
             if await store.used_bytes() > high:
                 low = cap if max_bytes is not None else LOW * cap
-                n += await self._erase(None, lambda: _over(store, low))
+                if k := await self._erase(None, lambda: _over(store, low)):
+                    n, forget = n + k, self.clock()
+        if forget is not None:
+            await self.sessions.forget_outputs(forget)
         if n:
             log.info("session retention: erased %d idle session(s)", n)
             self.on_erased(n)

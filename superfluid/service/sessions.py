@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from ..codec.channels import spec_to_wire
 from ..ids import new_id
@@ -37,6 +37,9 @@ class Sessions:
         self.commits = commits = Commits(store, folds, live, self.finished)
         self.verbs = verbs = Verbs(store, folds, commits, live)
         self._erasing: set[asyncio.Task] = set()
+        # what else an erasure reaches: given a wall-clock time, the generations' leftovers of
+        # every lane opened before it (the suffix drafter's files: daemon.build wires it)
+        self.forget_outputs: Callable[[float], Awaitable[object]] = _nothing
         # reading
         self.state, self.row, self.turn = folds.state, folds.row, folds.turn
         self.busy, self.watch, self.unwatch, self.expire = live.busy, live.watch, live.unwatch, live.expire
@@ -46,7 +49,7 @@ class Sessions:
         # the native verbs
         self.create, self.append_message, self.next_turn = verbs.create, verbs.append_message, verbs.next_turn
         self.begin, self.fork, self.trim = verbs.begin, verbs.fork, verbs.trim
-        self.set_meta, self.purge = verbs.set_meta, verbs.purge
+        self.set_meta = verbs.set_meta
 
     async def open_requests(self, model: str, reqs: list[GenRequest], bodies: list[Body], *, api: str,
                             params: dict, cancel: Callable[[GenRequest], Callable[[], bool]],
@@ -70,6 +73,12 @@ class Sessions:
             r.session = spec["sid"]
             self.started(r, cancel(r), evs[-1].id + 1).ephemeral = params.get("store") is False
 
+    async def purge(self, sid: str) -> None:
+        """A session erased for good (DELETE /v1/sessions/ID), and with it every kept output of
+        a lane opened before now: the suffix drafter cannot tell which were this session's."""
+        await self.verbs.purge(sid)
+        await self.forget_outputs(time.time())
+
     async def erase_idle(self, sids: list[str], kept: Callable[[str], bool]) -> int:
         """Erase these sessions (retention), but for those generating, in use by a verb, or
         `kept` (pinned); how many were erased."""
@@ -90,3 +99,7 @@ class Sessions:
             task = asyncio.get_running_loop().create_task(self.store.erase(gen.sid))
             self._erasing.add(task)
             task.add_done_callback(self._erasing.discard)
+
+
+async def _nothing(cutoff: float) -> None:
+    return None

@@ -83,3 +83,33 @@ def test_a_capped_store_is_pruned_oldest_first_and_a_full_one_takes_writes_again
             store.close()
 
     asyncio.run(go())
+
+
+def test_a_pass_that_erases_reaches_the_suffix_files_by_age_or_all_by_size(tmp_path):
+    """Issue 54: retention erased sessions but not their outputs kept by the suffix drafter:
+    a pass that erases now tells Sessions.forget_outputs from when (runtime/suffix_store.py)."""
+    async def go():
+        store = Store(tmp_path / "s").open()
+        try:
+            await turn(store, "old")
+            sessions = Sessions(store)
+            told: list[float] = []
+
+            async def forget(cutoff: float) -> None:
+                told.append(cutoff)
+            sessions.forget_outputs = forget
+            import time
+            now = time.time() + 8 * DAY
+            r = Retention(sessions, kept=lambda sid: False, max_age=7 * DAY, clock=lambda: now)
+            assert await r.once() == 1 and told == [now - 7 * DAY]
+            assert await r.once() == 0 and told == [now - 7 * DAY]  # nothing erased: nothing to reach
+            await turn(store, "big", size=4000)
+            r.max_age = None
+            assert await r.once(max_bytes=1) == 1 and told[-1] == now  # by size: every earlier output
+            await turn(store, "purged")
+            await sessions.purge("purged")
+            assert len(told) == 3 and told[-1] <= time.time()
+        finally:
+            store.close()
+
+    asyncio.run(go())

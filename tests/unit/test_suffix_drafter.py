@@ -145,7 +145,7 @@ def test_a_torn_or_garbled_file_is_read_up_to_its_last_sound_record(tmp_path):
     path.write_bytes(b"not a suffix file at all")
     assert suffix.SuffixDrafter(str(path)).tokens == 0
     with open(path, "wb") as f:  # a record cut short by a crash
-        f.write(suffix_store.MAGIC + suffix_store.HEAD.pack(0, 1000) + b"\x01\x00\x00\x00" * 10)
+        f.write(suffix_store.MAGIC + suffix_store.HEAD.pack(0, 1000, 0.0) + b"\x01\x00\x00\x00" * 10)
     assert suffix.SuffixDrafter(str(path)).tokens == 0
 
 
@@ -175,7 +175,7 @@ def test_a_store_false_lanes_output_drafts_from_memory_and_never_reaches_the_fil
     d.begin(2, "key-a")
     assert d.propose({2: ([9] + private[:10], 8)})[2] == private[10:18]  # this worker's memory only
     d.close()
-    assert [list(t) for _, t in suffix_store.OutputFile(path).load()] == [ANSWER]
+    assert [list(t) for _, t, _ in suffix_store.OutputFile(path).load()] == [ANSWER]
     again = suffix.SuffixDrafter(path)
     again.begin(0, "key-a")
     assert again.propose({0: ([9] + private[:10], 8)}) == {}
@@ -191,17 +191,97 @@ def test_a_rewrite_leaves_store_false_outputs_out(tmp_path):
     d.file.size = 1 << 30  # the next retired lane finds the file grown: it is rewritten from memory
     run(d, 1, "ns", [1], ANSWER)
     d.close()
-    assert [list(t) for _, t in suffix_store.OutputFile(path).load()] == [ANSWER]
+    assert [list(t) for _, t, _ in suffix_store.OutputFile(path).load()] == [ANSWER]
 
 
 def test_a_file_written_before_namespaces_crossed_the_link_is_discarded(tmp_path):
     """Version 1 files filed every key's outputs under the shared namespace: none is read."""
     path = tmp_path / "m.bin"
-    old = suffix_store.MAGIC.replace(b"2", b"1")
-    path.write_bytes(old + suffix_store._record("", array("i", ANSWER)))
+    path.write_bytes(b"SFXOUT1\n" + suffix_store.HEAD.pack(0, len(ANSWER), 0.0)[:6] + array("i", ANSWER).tobytes())
     d = suffix.SuffixDrafter(str(path))
     assert d.tokens == 0
     d.begin(0, "")
     assert d.propose({0: ([5] + ANSWER[:10], 8)}) == {}
     d.close()
     assert path.read_bytes() == suffix_store.MAGIC  # rewritten empty, in this version
+
+
+class Clock:
+    def __init__(self, t: float = 1000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def on_disk(path) -> list[list[int]]:
+    return [list(t) for _, t, _ in suffix_store.OutputFile(str(path)).load()]
+
+
+def raw_tokens_in(path, tokens: list[int]) -> bool:
+    """Whether the file's bytes hold these tokens anywhere (not only as a sound record)."""
+    return array("i", tokens).tobytes() in path.read_bytes()
+
+
+def test_an_erasure_removes_earlier_outputs_from_the_file_and_from_memory(tmp_path):
+    """Issue 54: a session purged or a retention pass (suffix_store.forget_before) reaches the
+    suffix file: before, its outputs stayed on disk whatever was erased."""
+    path = tmp_path / "suffix" / "m.bin"
+    clock = Clock()
+    d = suffix.SuffixDrafter(str(path), clock=clock)
+    run(d, 0, "key-a", [1], ANSWER)
+    assert raw_tokens_in(path, ANSWER)
+    clock.t = 2000.0
+    assert suffix_store.forget_before(path.parent, 1500.0) == 1
+    assert not raw_tokens_in(path, ANSWER) and on_disk(path) == []  # gone from the disk at once
+    later = list(range(300, 330))
+    run(d, 1, "key-a", [1], later)  # the worker's next lane sees the erasure: memory lets go too
+    d.begin(2, "key-a")
+    assert d.propose({2: ([9] + ANSWER[:10], 8)}) == {}
+    assert d.propose({2: ([9] + later[:10], 8)})[2] == later[10:18]  # what came after stays
+    d.close()
+    assert on_disk(path) == [later]
+    assert suffix.SuffixDrafter(str(path), clock=clock).tokens == len(later)
+
+
+def test_a_lane_running_across_an_erasure_never_reaches_the_file(tmp_path):
+    path = tmp_path / "m.bin"
+    clock = Clock()
+    d = suffix.SuffixDrafter(str(path), clock=clock)
+    d.begin(0, "ns")
+    for t in ANSWER[:20]:
+        d.produced(0, t)
+    d.propose({0: ([1] + ANSWER[:20], 4)})  # (its first tokens reach the shared tree)
+    clock.t = 1001.0
+    suffix_store.forget_before(tmp_path, 1000.5)
+    for t in ANSWER[20:]:
+        d.produced(0, t)
+    d.end(0)
+    assert on_disk(path) == []
+    assert d.tokens == 0 and d.globals == {}
+
+
+def test_a_rewrite_and_a_new_worker_keep_erased_outputs_out(tmp_path):
+    """A worker that compacts its file from memory it has not yet cleared, or starts on a file
+    the erasure could not rewrite, still leaves erased outputs out."""
+    path = tmp_path / "m.bin"
+    clock = Clock()
+    d = suffix.SuffixDrafter(str(path), clock=clock)
+    run(d, 0, "ns", [1], ANSWER)
+    clock.t = 1001.0
+    suffix_store.forget_before(tmp_path, 1000.5)
+    d.file.size = 1 << 30  # the next retired lane rewrites the file from memory
+    d.forgotten = 2e9  # as if this worker had not looked at the erasure yet
+    run(d, 1, "ns", [1], [7, 7, 8, 8])
+    assert on_disk(path) == [[7, 7, 8, 8]]
+    d.close()
+    with open(path, "ab") as f:  # an erased record the rewrite could not reach (a copy put back)
+        f.write(suffix_store._record("ns", array("i", ANSWER), 999.0))
+    assert suffix.SuffixDrafter(str(path), clock=clock).tokens == 4
+
+
+def test_an_erasure_rewrites_a_file_of_an_older_version(tmp_path):
+    path = tmp_path / "m.bin"
+    path.write_bytes(b"SFXOUT2\n" + b"\x00\x00" + array("I", [3]).tobytes() + array("i", [5, 6, 7]).tobytes())
+    suffix_store.forget_before(tmp_path, 1.0)
+    assert path.read_bytes() == suffix_store.MAGIC
