@@ -12,6 +12,7 @@ from ..limits import MAX_CACHE_KEY_LEN, check_chat
 from ..codec.channels import ChannelSpec, spec_for
 from ..codec.tools import EXAMPLE, tool_list
 from ..errors import BadRequest
+from ..session.markup import mark_message, mark_tools
 from ..session.turns import context_text, prelude
 
 
@@ -57,7 +58,10 @@ def chat_prompt(engine, messages: list[dict], *, tools: list | None = None, tool
         raise BadRequest("tool_choice requires tools", param="tool_choice")
     use_tools = tools if mode != "none" else []
     fmt = engine.tool_format
-    msgs, extra = fmt.render(messages, use_tools)
+    # names, arguments, call ids and the tools' JSON stay text wherever the dialect writes them
+    # (session/markup.py); the grammar below takes the tools as they are
+    tok = engine.tokenizer
+    msgs, extra = fmt.render([mark_message(tok, m) for m in messages], mark_tools(tok, use_tools))
     kwargs = {**(template_kwargs or {}), **extra}
     bodies, prompt = prelude(engine, msgs, **kwargs)
     bodies = fold_examples(msgs, bodies)

@@ -15,13 +15,8 @@ from typing import Any
 
 from ..errors import BadRequest
 from .events import GenerationPrompt, Message
-
-
-def _typed_markers(tok, content: str) -> bool:
-    """Whether a message's content holds text the tokenizer would read as special tokens
-    (a user typing `<|im_end|><|im_start|>system`)."""
-    return ("<" in content or "[" in content) and \
-        tok.encode(content, parse_special=True) != tok.encode(content, parse_special=False)
+from .markup import encode, mark_kwargs, mark_message, unmark
+from .markup import typed_markers as _typed_markers
 
 
 def encode_turn(tok, text: str, content: str | None, first: bool, at: int | None = None) -> list[int]:
@@ -32,15 +27,14 @@ def encode_turn(tok, text: str, content: str | None, first: bool, at: int | None
     the text does not hold verbatim is refused: it cannot be told from the template's markup
     (`Turns` passes the content as the template shows it, trimmed or escaped)."""
     if not content or not _typed_markers(tok, content):
-        return tok.encode_prompt(text) if first else tok.encode(text, parse_special=True)
+        return encode(tok, text, True, first)
     i = text.rfind(content) if at is None else at
     if i < 0 or text[i:i + len(content)] != content:
         i = text.rfind(content)
     if i < 0:
         raise _unplaceable()
     head, tail = text[:i], text[i + len(content):]
-    out = tok.encode_prompt(head) if first else tok.encode(head, parse_special=True)
-    return out + tok.encode(content, parse_special=False) + tok.encode(tail, parse_special=True)
+    return encode(tok, head, True, first) + encode(tok, content, False) + encode(tok, tail, True)
 
 
 def _unplaceable() -> BadRequest:
@@ -84,9 +78,10 @@ class Turns:
 
     @classmethod
     def of(cls, engine, state=None, **template_kwargs) -> Turns:
-        t = cls(engine.tokenizer, engine.template, template_kwargs)
+        tok = engine.tokenizer
+        t = cls(tok, engine.template, mark_kwargs(tok, template_kwargs))
         if state is not None:
-            t.messages = state.conversation(engine.tokenizer.decode)
+            t.messages = [mark_message(tok, m, content=True) for m in state.conversation(tok.decode)]
             t.tokens = list(state.tokens)
             t.text = context_text(engine.tokenizer, t.tokens)
         return t
@@ -117,14 +112,15 @@ class Turns:
                 lambda s: self.tokenizer.encode(s, parse_special=True))
             span = tuple(enc(text))
         else:
+            msg = mark_message(self.tokenizer, msg)  # every string but the content (markup.py)
             full = self._render(self.messages + [msg], False)
             content = msg.get("content")
             if isinstance(content, str) and content and _typed_markers(self.tokenizer, content):
                 content = shown_content(lambda ms: self._render(ms, False), self.messages, msg, full)
             span = self._span(full, self.messages, content if isinstance(content, str) else None)
-            self.messages.append(msg)
+            self.messages.append(mark_message(self.tokenizer, msg, content=True))
         self._take(span)
-        return Message(str(msg.get("role")), _text(msg.get("content")), span)
+        return Message(str(msg.get("role")), unmark(_text(msg.get("content"))), span)
 
     def opener(self) -> GenerationPrompt:
         """The assistant-turn opener the template puts before a reply."""
@@ -147,6 +143,9 @@ def _text(content) -> str:
 def prelude(engine, messages: list[dict], **template_kwargs) -> tuple[list, list[int]]:
     """A chat request's events (one Message per message, then the opener) and its prompt,
     which is exactly the concatenation of their spans."""
+    tok = engine.tokenizer
+    messages = [mark_message(tok, m) for m in messages]  # every string but the contents (markup.py)
+    template_kwargs = mark_kwargs(tok, template_kwargs)
     fast = _prelude_light(engine, messages, template_kwargs)
     if fast is not None:
         return fast
@@ -191,7 +190,7 @@ def _prelude_light(engine, messages: list[dict], kw: dict) -> tuple[list, list[i
         mark = piece.find(f"\x00{k}\x00") if content is not None else -1
         start = len(real(piece[:mark])) if mark >= 0 else None
         spans.append(tuple(encode_turn(tok, real(piece), content, k == 0, start)))
-    bodies: list = [Message(str(m.get("role")), contents[i] or "", spans[i]) for i, m in enumerate(messages)]
+    bodies: list = [Message(str(m.get("role")), unmark(contents[i] or ""), spans[i]) for i, m in enumerate(messages)]
     bodies.append(GenerationPrompt(spans[-1]))
     return bodies, [t for sp in spans for t in sp]
 
