@@ -71,6 +71,13 @@ def load_files() -> dict[str, tuple[bytes, str, str]]:
     return out
 
 
+class _File:
+    """A served file as the route the access log labels metrics by (scope["route"].path)."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+
 class UiFront:
     """ASGI: the UI's files (GET/HEAD, no key, Origin/Host checked), everything else to the
     guarded API app."""
@@ -82,6 +89,7 @@ class UiFront:
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and scope.get("path") in self.files and _wants_page(scope):
+            scope["route"] = _File(scope["path"])  # the metrics' label: one of the app's own files
             return await self.static(scope, receive, send)
         return await self.api(scope, receive, send)
 

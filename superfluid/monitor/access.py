@@ -78,13 +78,15 @@ class AccessLog:
         finally:
             rec["total_s"] = round(time.monotonic() - t0, 4)
             # what metrics label by: the matched route's template, never a raw path a client
-            # makes up (each new one would be a new series, kept forever). Without a route, a
-            # file the app serves keeps its path (a set the app bounds); a preflight, which any
-            # path gets, is "preflight"; anything else is "unmatched".
+            # makes up (each new one would be a new series, kept forever; a trailing-slash
+            # redirect to a templated route took any path). A file the web app serves names
+            # itself as its route (a set the app bounds). Without a route: a preflight, which
+            # any path gets, is "preflight", a redirect "redirect", anything else "unmatched".
             route = getattr(scope.get("route"), "path", None)
-            if route is None:
-                ok = rec.get("status", 500) < 400
-                route = "preflight" if ok and scope.get("method") == "OPTIONS" else (path if ok else "unmatched")
+            if not isinstance(route, str):
+                status = rec.get("status", 500)
+                route = ("preflight" if status < 300 and scope.get("method") == "OPTIONS"
+                         else "redirect" if 300 <= status < 400 else "unmatched")
             rec["route"] = route
             log.info(line(derive(rec), self.fmt))
             if self.on_record is not None:
