@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from .limits import PULL_MAX_BYTES, PULL_MIN_FREE
 from .request import Qos
 
 DEFAULT_HOST = "127.0.0.1"
@@ -97,6 +98,7 @@ class EngineConfig:
     sampling: tuple[tuple[str, float], ...] = ()  # the operator's sampling defaults (engine/sampling_defaults.py)
     kv_bits: int = 16  # --kv-bits: the KV cache's cells, 16 (f16), 8 (q8_0) or 4 (q4_0); llama.cpp only
     flash_attn: str = "auto"  # --flash-attn: auto (llama-server's default), on or off
+    n_cpu_moe: int = 0  # --n-cpu-moe: the experts of the first N layers stay in host memory (-1: every layer's)
     # --deterministic: no prefill run of one row (with flash attention off, every other run
     # computes a row the same way: sched/scheduler.py `tail_rows`)
     deterministic: bool = False
@@ -142,6 +144,8 @@ class ServeConfig:
     embedding_model: str | None = None  # the model id embedding requests without a model go to
     cors_origins: tuple[str, ...] = ()  # browser origins let in besides this machine's own pages
     allow_model_paths: bool = False  # an admin key may load a model file by its path
+    pull_max_bytes: int = PULL_MAX_BYTES  # a pull the daemon runs: its files in all (runtime/pull_bounds.py)
+    pull_min_free: int = PULL_MIN_FREE  # ... and the bytes it leaves free on the hub cache's disk
     aliases: tuple = ()  # --alias: (name, model id or None for the default model)
     strict_models: bool = False  # a model name we do not serve is a 404 even when one model is served
     max_connections: int = 1024  # open HTTP connections; more get a 503 (net/http.py)

@@ -57,7 +57,7 @@ class Engine(EngineBase):
                                    rpc_output=cfg.rpc_output, rope_scaling=cfg.rope_scaling,
                                    rope_scale=cfg.rope_scale, yarn_orig_ctx=cfg.yarn_orig_ctx,
                                    rpc_names=cfg.rpc_names, rpc_listen_fd=cfg.rpc_listen_fd, kv_bits=cfg.kv_bits,
-                                   flash_attn=cfg.flash_attn)
+                                   flash_attn=cfg.flash_attn, n_cpu_moe=cfg.n_cpu_moe)
         self.worker: WorkerProcess | None = None
         self._new_worker = worker_factory  # a process; tests pass an in-process worker with its face
         self.sched = Scheduler(lanes=cfg.max_batch, n_ctx=n_ctx, step_tokens=cfg.step_tokens,

@@ -98,11 +98,19 @@ def context_params(lanes: int, n_ctx: int, threads: int, batch_tokens: int, rope
     return cp
 
 
-def model_params():
-    """llama.cpp model parameters for loading weights here (see extra_buffers_safe)."""
+def model_params(n_cpu_moe: int = 0):
+    """llama.cpp model parameters for loading weights here (see extra_buffers_safe); with
+    n_cpu_moe, the mixture-of-experts weights of the first N layers (-1: all) in host memory,
+    as llama-server's --n-cpu-moe, for a MoE model whose weights do not fit the device."""
     mp = ll.llama_model_default_params()
     mp.n_gpu_layers = 999  # everything on the GPU when the build has one; no-op on CPU
     mp.use_extra_bufts = extra_buffers_safe()
+    if n_cpu_moe:
+        from . import rpc
+        layers = r"\d+" if n_cpu_moe < 0 else "|".join(str(i) for i in range(n_cpu_moe))
+        pattern = rf"^blk\.({layers})\.ffn_(up|down|gate|gate_up)_(ch|)exps".encode()
+        mp._over = (_BuftOverride * 2)(_BuftOverride(pattern, rpc.cpu_buffer_type()), _BuftOverride(None, None))
+        mp.tensor_buft_overrides = ctypes.cast(mp._over, ctypes.c_void_p)
     return mp
 
 
@@ -155,12 +163,12 @@ class LlamaCppRuntime(Runtime):
                  pooling: str | None = None, rpc_nodes: list | None = None, rpc_psk: bytes | None = None,
                  rpc_split: list[float] | None = None, rpc_output: str = "head", rpc_names: list[str] | None = None,
                  rpc_listen_fd: int = -1, rope: tuple[str, float, int] = ("", 0.0, 0), kv_bits: int = 16,
-                 flash_attn: str = "auto"):
+                 flash_attn: str = "auto", n_cpu_moe: int = 0):
         super().__init__()
         quiet_llama_logs()
         ll.llama_backend_init()
         self.rpc = None  # the RPC nodes the model is split over (runtime/rpc_link.py)
-        params = model_params()
+        params = model_params(n_cpu_moe)
         if rpc_nodes or rpc_names:
             from .rpc_link import RpcNodes
             self.rpc = RpcNodes(rpc_nodes or [], rpc_psk, names=rpc_names or [], listen_fd=rpc_listen_fd)

@@ -53,10 +53,11 @@ def embedded_embedding_model() -> ModelSource:
                        EMBEDDING_ID)
 
 
-def resolve(model: str | None, report: hub.Report | None = None) -> ModelSource:
+def resolve(model: str | None, report: hub.Report | None = None, bounds: hub.Bounds | None = None) -> ModelSource:
     """The model a command line or a load request names: the embedded one (None), a GGUF file,
     a Hugging Face folder, or a hub name (REPO[:QUANT|:FILE], pulled into the cache first and
-    served under the name as given; `report` hears of its download's progress)."""
+    served under the name as given; `report` hears of its download's progress, `bounds` limit
+    it: runtime/pull_bounds.py)."""
     if model is None:
         return embedded_model()
     path = Path(model).expanduser()
@@ -64,7 +65,7 @@ def resolve(model: str | None, report: hub.Report | None = None) -> ModelSource:
         name = hub.parse(model)
         if name is None:
             raise ModelLoadError(f"model file not found: {model}")
-        return _checked(hub.pull(name, report=report).path, str(name))
+        return _checked(hub.pull(name, report=report, bounds=bounds).path, str(name))
     return _checked(str(path), None, model)
 
 
@@ -209,7 +210,7 @@ def _runtime(s: Any):
                                rpc_nodes=list(s.rpc_nodes), rpc_psk=s.stage_psk, rpc_split=list(s.rpc_split),
                                rpc_output=s.rpc_output, rope=(s.rope_scaling, s.rope_scale, s.yarn_orig_ctx),
                                rpc_names=list(s.rpc_names), rpc_listen_fd=s.rpc_listen_fd, kv_bits=s.kv_bits,
-                               flash_attn=s.flash_attn)
+                               flash_attn=s.flash_attn, n_cpu_moe=s.n_cpu_moe)
     if s.runtime in TORCH_RUNTIMES:  # transformers; sentence: embeddings or a cross-encoder
         module, name = TORCH_RUNTIMES[s.runtime]
         try:

@@ -56,6 +56,7 @@ class WorkerSettings(Record):
     draft_model: str = ""  # a small GGUF of the same vocabulary that drafts for speculation ("": none)
     speculative: str = ""  # "suffix": the runtime drafts from suffix trees (runtime/suffix.py), else prompt lookup
     kv_bits: int = 16  # the KV cache's cells: 16 (f16), 8 (q8_0) or 4 (q4_0), llama.cpp only
+    n_cpu_moe: int = 0  # the experts of the first N layers in host memory (-1: all), llama.cpp only
     flash_attn: str = "auto"  # llama.cpp's flash attention: auto (llama-server's default), on or off
 
 
