@@ -103,3 +103,10 @@ def output_budget(asked: int, prompt_len: int, n_ctx: int, cap: int | None = Non
     engine's check, which this leaves a budget of at least 1 to reach)."""
     room = max(1, n_ctx - prompt_len)
     return max(1, min(asked, room, cap or asked))
+
+
+# a pull the daemon runs for a client (runtime/pull_bounds.py): its files in all, and what it
+# leaves free on the cache's disk (ServeConfig.pull_max_bytes, pull_min_free)
+PULL_MAX_BYTES = 256 << 30
+PULL_MIN_FREE = 2 << 30
+MAX_PULLS = 2  # pulls running at once, each of another name

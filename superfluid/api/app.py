@@ -28,7 +28,7 @@ from . import sessions as sessions_api
 from . import ui as web_ui
 from . import openai as oa
 from .response_store import ResponseStore
-from .guard import Guard
+from .guard import Guard, pull_refused
 from .policy import KeyPolicy, key_of
 from .prompt import prompt_cache_hint, request_grammar
 from .schema import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, ModelRequest, PruneRequest,
@@ -211,6 +211,8 @@ def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Q
         require_admin(request)
         body = parse(ModelRequest, await request.body())
         key = key_of(request)
+        if not any(body.model.lower() == m.lower() for m in models.sources) and (why := pull_refused(request)):
+            raise Forbidden(f"{body.model} is not a served model, and {why}", param="model")  # (a pull)
         if not any(body.model.lower() == m.lower() for m in models.sources) and not (
                 allow_model_paths and key is not None and key.admin) and not models.pullable(body.model):
             models.resolve_id(body.model)  # a path: the same answer as for an unknown id (nothing of the disk)

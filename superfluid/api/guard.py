@@ -273,3 +273,22 @@ async def _deny(send, status: int, message: str, code: str, retry_after: float |
         headers.append((b"retry-after", str(max(1, math.ceil(retry_after))).encode()))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+def pull_refused(request) -> str | None:
+    """Why this request may not start a pull from the hub (None: it may). A model load's rule
+    first (a GET never; with keys, only an admin key); on a server without keys, only a client
+    on this machine, and of browser pages only a loopback one by the CORS rule's loopback test
+    (not a page --cors-origins lets in, not a LAN client's)."""
+    why = LOADS_REFUSED.get()
+    if why is not None:
+        return why
+    if request.scope.get("state", {}).get("key") is not None:  # an admin key (there are keys)
+        return None
+    peer = (request.scope.get("client") or ("", 0))[0]
+    if not is_loopback_host(peer or ""):
+        return "on a server without API keys only a client on this machine may pull one"
+    origin = request.headers.get("origin")
+    if origin is not None and not is_loopback_host(urlsplit(origin).hostname or ""):
+        return f"on a server without API keys only a page on this machine may pull one (not {origin})"
+    return None

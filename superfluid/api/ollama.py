@@ -20,10 +20,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
 from ..errors import BadRequest, Forbidden, SuperfluidError
-from ..service.registry import LOADS_REFUSED
 from ..ids import new_id
 from ..request import Calls, Chunk, GenRequest, Qos
 from ..service.capabilities import ollama_names, quantization, record as capabilities_record
+from .guard import pull_refused
 from .embeddings import embed_texts, embedding_engine, shorten
 from .ollama_options import logprobs_out, refuse_template, sampling, think_options, top_logprobs
 from .schema import MAX_EMBED_INPUTS, json_object
@@ -213,11 +213,11 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
         first request), with Ollama's progress lines; only where a request may load models."""
         body = json_object(await request.body())
         name = body.get("model") or body.get("name")
+        why = pull_refused(request)  # before the name is looked at: it may be a path on this machine
+        if why is not None:
+            raise Forbidden(f"pulling a model loads it, and {why}", param="model")
         if not isinstance(name, str) or not models.pullable(name):
             raise BadRequest("model must be a Hugging Face name: OWNER/REPO[:QUANT|:FILE]", param="model")
-        why = LOADS_REFUSED.get()
-        if why is not None:
-            raise Forbidden(f"pulling {name} loads a model, and {why}", param="model")
         return await _pull(models, name, stream=body.get("stream", True) is not False)
 
     for path in ("/api/push", "/api/create", "/api/copy", "/api/blobs/{digest}"):
@@ -347,6 +347,7 @@ async def _pull(models, name: str, *, stream: bool) -> Response:
     "completed"}) then {"status": "success"}, or an {"error"} line; one object without stream."""
     loop = asyncio.get_running_loop()
     events: asyncio.Queue[dict | None] = asyncio.Queue()
+    status = [400]  # a failed pull's (409: the name is being pulled, 413, 507: runtime/pull_bounds.py)
 
     def report(file: str, done: int, total: int) -> None:  # on the pull's thread
         loop.call_soon_threadsafe(events.put_nowait, {"status": f"pulling {file}", "total": total, "completed": done})
@@ -356,6 +357,7 @@ async def _pull(models, name: str, *, stream: bool) -> Response:
             await models.pull(name, report)
             events.put_nowait({"status": "success"})
         except SuperfluidError as e:
+            status[0] = e.status
             events.put_nowait({"error": e.message})
         finally:
             events.put_nowait(None)
@@ -369,7 +371,7 @@ async def _pull(models, name: str, *, stream: bool) -> Response:
         while (ev := events.get_nowait()) is not None:
             last = ev
         if "error" in last:
-            return error_response(400, last["error"])
+            return error_response(status[0], last["error"])
         return Response(orjson.dumps(last), media_type="application/json")
 
     async def lines() -> AsyncIterator[bytes]:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ModelLoadError
+from .pull_bounds import Bounds
 
 log = logging.getLogger("superfluid.hub")
 
@@ -129,10 +130,12 @@ class Pulled:
 Report = Callable[[str, int, int], None]  # (file, bytes done, bytes in all): a pull's progress
 
 
-def pull(name: HubName, *, progress: bool | None = None, report: Report | None = None) -> Pulled:
+def pull(name: HubName, *, progress: bool | None = None, report: Report | None = None,
+         bounds: Bounds | None = None) -> Pulled:
     """The model `name` names, in the cache: downloaded and checked first unless it is there
     (or HF_HUB_OFFLINE is set, when only what is cached is served). `progress`: a bar (None:
-    when stderr is a terminal); `report` is called as each file's bytes arrive."""
+    when stderr is a terminal); `report` is called as each file's bytes arrive; `bounds` (a
+    pull the daemon runs): its size and the disk's room, checked before and during."""
     try:
         import huggingface_hub as hf  # noqa: F401
     except ImportError:
@@ -150,8 +153,14 @@ def pull(name: HubName, *, progress: bool | None = None, report: Report | None =
         log.warning("%s; serving the copy in the cache", e.message.split("; --offline")[0])
         return pulled
     files = _choose(name, list(listing))
+    if bounds is not None:
+        import huggingface_hub as hf
+        new = [f for f in files if not (isinstance(c := hf.try_to_load_from_cache(name.repo, f), str)
+                                        and _trusted(c, listing[f]))]
+        bounds.before(name, sum(listing[f].size or 0 for f in files), sum(listing[f].size or 0 for f in new),
+                      _cache_dir())
     t0 = time.monotonic()
-    paths = [_fetch(name, f, listing[f], progress, report) for f in files]
+    paths = [_fetch(name, f, listing[f], progress, report, bounds) for f in files]
     total = sum(os.path.getsize(p) for p in paths)
     log.info("%s: %d file%s, %.1f MB, ready in %.1f s", name, len(paths), "s" * (len(paths) > 1), total / 1e6,
              time.monotonic() - t0)
@@ -222,7 +231,8 @@ def _status(e: Exception) -> str:
     return f"HTTP {r.status_code}" if r is not None else str(e)[:200]
 
 
-def _fetch(name: HubName, filename: str, sibling: Any, progress: bool | None, report: Report | None) -> str:
+def _fetch(name: HubName, filename: str, sibling: Any, progress: bool | None, report: Report | None,
+           bounds: Bounds | None = None) -> str:
     """One file into the cache, through huggingface_hub's downloader, checked before use."""
     import huggingface_hub as hf
     from huggingface_hub.errors import HfHubHTTPError
@@ -231,10 +241,18 @@ def _fetch(name: HubName, filename: str, sibling: Any, progress: bool | None, re
         if report is not None:
             report(filename, sibling.size or 0, sibling.size or 0)
         return cached
-    bar = (sys.stderr.isatty() if progress is None else progress) and report is None
-    tqdm_class = None if bar else partial(LogProgress, filename=filename, report=report)
+    bar = (sys.stderr.isatty() if progress is None else progress) and report is None and bounds is None
+    check = bounds.watch(name, filename, sibling.size or 0, _cache_dir()) if bounds is not None else None
+    tqdm_class = None if bar else partial(LogProgress, filename=filename, report=report, check=check)
     try:
         path = hf.hf_hub_download(name.repo, filename, tqdm_class=tqdm_class)  # type: ignore[arg-type]
+    except ModelLoadError:  # stopped by the bounds: the partial file goes (it is what filled the disk)
+        lfs = getattr(sibling, "lfs", None)
+        etag = lfs.sha256 if lfs is not None else getattr(sibling, "blob_id", None)
+        if etag:
+            blobs = Path(_cache_dir()) / f"models--{name.repo.replace('/', '--')}" / "blobs"
+            (blobs / f"{etag}.incomplete").unlink(missing_ok=True)
+        raise
     except HfHubHTTPError as e:
         raise ModelLoadError(f"{name.repo}/{filename}: the hub answered {_status(e)}") from None
     except _network_errors() as e:
@@ -325,8 +343,8 @@ class LogProgress:
     QUIET_BELOW = 1 << 20  # files smaller than this (configs, tokenizers) are pulled without a line
 
     def __init__(self, *, filename: str = "", total: int | None = None, initial: int = 0,
-                 report: Report | None = None, **_: Any):
-        self.filename, self.total, self.n, self.report = filename, total, initial, report
+                 report: Report | None = None, check: Callable[[int], None] | None = None, **_: Any):
+        self.filename, self.total, self.n, self.report, self.check = filename, total, initial, report, check
         self._reported = -1
         self._step = (initial * 10 // total + 1) if total else 1
         self._t0 = time.monotonic()
@@ -337,6 +355,8 @@ class LogProgress:
 
     def update(self, n: int = 1) -> None:
         self.n += n
+        if self.check is not None:
+            self.check(self.n)  # raises to stop the download (runtime/pull_bounds.py)
         if self.report is not None and self.total:
             pct = self.n * 100 // self.total
             if pct != self._reported:  # at most a report per percent

@@ -23,7 +23,9 @@ from .service import Service
 from .sessions import Sessions
 from ..engine.contract import EngineAPI
 from ..errors import Forbidden, ModelLoadError, ModelNotFound, ModelUnloaded
+from ..limits import MAX_PULLS
 from ..runtime import hub
+from ..runtime.pull_bounds import Bounds, PullInProgress
 from ..runtime.registry import ModelSource, default_runtime, resolve
 
 log = logging.getLogger("superfluid.models")
@@ -56,6 +58,8 @@ class Models:
         self.aliases: dict[str, str] = {}  # --alias: a name (lower case) -> the id it stands for
         self.strict = strict  # --strict-models: a name we do not serve is a 404 even with one model
         self._lock = asyncio.Lock()
+        self.pull_bounds = Bounds()  # a pull's size and the disk's room (daemon.build: the settings')
+        self._pulling: set[str] = set()  # the hub names being pulled: one pull per name at a time
 
     def add(self, src: ModelSource) -> str:
         mid = src.id
@@ -121,15 +125,29 @@ class Models:
     async def pull(self, name: str, report: hub.Report | None = None) -> str:
         """Pull a model by its hub name (off the event loop) and add it to the served ones,
         unloaded (Ollama's /api/pull); its id."""
-        src = await asyncio.to_thread(resolve, name, report)
-        return self.add(src)
+        return self.add(await self._pull(name, report))
+
+    async def _pull(self, name: str, report: hub.Report | None = None) -> ModelSource:
+        """A hub name pulled (in a thread, within pull_bounds), one pull per name at a time and
+        MAX_PULLS in all: another pull of a name being pulled is a 409."""
+        key = str(hub.parse(name) or name).lower()
+        if key in self._pulling:
+            raise PullInProgress(f"{name} is being pulled already; retry once that pull is done", param="model")
+        if len(self._pulling) >= MAX_PULLS:
+            raise PullInProgress(f"{len(self._pulling)} pulls are running, the most this server runs at once; "
+                                 "retry once one is done", param="model")
+        self._pulling.add(key)
+        # the name is held until the download ends, even when the request waiting on it goes
+        done = asyncio.ensure_future(asyncio.to_thread(resolve, name, report, self.pull_bounds))
+        done.add_done_callback(lambda _: self._pulling.discard(key))
+        return await asyncio.shield(done)
 
     async def load(self, model: str) -> EngineAPI:
         """Load a served model, or (an admin's POST /v1/models/load) a GGUF by its path or a
         model by its hub name: pulled off the event loop, then served under that name."""
         if not any(model.lower() == m.lower() for m in self.sources) and (
                 Path(model).suffix == ".gguf" or self.pullable(model)):
-            model = self.add(await asyncio.to_thread(resolve, model))
+            model = self.add(await (self._pull(model) if self.pullable(model) else asyncio.to_thread(resolve, model)))
         mid = self.resolve_id(model)
         async with self._lock:
             if mid in self.engines:
