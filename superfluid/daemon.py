@@ -20,6 +20,7 @@ import uvicorn
 
 from . import __version__
 from .api.app import create_app
+from .api.listener import Prover, write_token
 from .codec.tokenizer import Tokenizer
 from .config import EngineConfig, ServeConfig, home, private_dir
 from .engine import NO_HOOKS, Engine, EngineAPI, Hooks, SessionLog
@@ -279,7 +280,9 @@ async def serve(daemon: App, sock: socket.socket) -> None:
     engine = engines[models.default]
     host, port = sock.getsockname()[:2]
     http = protocol(open_files_room(cfg.max_connections), cfg.header_timeout)
-    server = _Server(uvicorn.Config(daemon.asgi, log_level="warning", access_log=False,
+    # the CLI's proof that this listener is the user's own server (api/listener.py)
+    token_file, token = write_token(port)
+    server = _Server(uvicorn.Config(Prover(daemon.asgi, token), log_level="warning", access_log=False,
                                     timeout_graceful_shutdown=3, lifespan="off", http=http))
     server.drain_timeout = cfg.drain_timeout
     shown = f"[{host}]" if ":" in host else host
@@ -312,6 +315,7 @@ async def serve(daemon: App, sock: socket.socket) -> None:
             monitor.stop()
         await daemon.close()
         pidfile.unlink(missing_ok=True)
+        token_file.unlink(missing_ok=True)
         log.info("stopped")
 
 

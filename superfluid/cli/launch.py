@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx
 
+from ..api import listener
 from ..config import DEFAULT_PORT, home, private_dir
 
 
@@ -92,23 +93,50 @@ def server_model(url: str, api_key: str | None) -> tuple[str, int] | None:
 
 
 def ensure_server(url: str, port: int, api_key: str | None, serve_args: list[str]) -> tuple[str, int]:
-    model = server_model(url, api_key)
-    if model is not None:
-        return model
-    log_dir = home() / "launch"
-    private_dir(log_dir)
-    log = open(log_dir / "serve.log", "ab")
-    cmd = [sys.executable, "-m", "superfluid.cli", "serve", "--port", str(port), "--no-tui", *serve_args]
-    print(f"superfluid: nothing answers at {url}; starting `superfluid serve` (log: {log_dir / 'serve.log'})",
-          file=sys.stderr)
-    subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+    """The served model, from this user's own server on the port (started if nothing listens).
+    Nothing is sent to a listener (no key, no agent) until it proves it is that server
+    (api/listener.py): any local user may listen on a free port."""
+    try:
+        listener.check(port)
+    except listener.NoListener:
+        start_server(port, serve_args)
+    except listener.Silent:
+        pass  # a server still loading its model: wait for it below
+    except listener.NotOurs as e:
+        raise RuntimeError(refusal(e)) from None
+    else:
+        model = server_model(url, api_key)
+        if model is not None:
+            return model
+    log = home() / "launch" / "serve.log"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
+        try:
+            listener.check(port)
+        except (listener.NoListener, listener.Silent):
+            time.sleep(0.5)
+            continue
+        except listener.NotOurs as e:
+            raise RuntimeError(refusal(e)) from None
         model = server_model(url, api_key)
         if model is not None:
             return model
         time.sleep(0.5)
-    raise RuntimeError(f"the server did not come up at {url}; see {log_dir / 'serve.log'}")
+    raise RuntimeError(f"the server did not come up at {url}; see {log}")
+
+
+def refusal(e: Exception) -> str:
+    return f"{e}. The key and the agent's requests were not sent to it; stop that program or use another --port"
+
+
+def start_server(port: int, serve_args: list[str]) -> None:
+    log_dir = home() / "launch"
+    private_dir(log_dir)
+    log = open(log_dir / "serve.log", "ab")
+    cmd = [sys.executable, "-m", "superfluid.cli", "serve", "--port", str(port), "--no-tui", *serve_args]
+    print(f"superfluid: nothing answers at http://127.0.0.1:{port}; starting `superfluid serve` "
+          f"(log: {log_dir / 'serve.log'})", file=sys.stderr)
+    subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
 
 
 def _file(name: str, data: object) -> Path:

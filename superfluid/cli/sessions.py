@@ -9,6 +9,7 @@ import sys
 
 import httpx
 
+from ..api import listener
 from ..config import DEFAULT_PORT
 
 
@@ -31,8 +32,13 @@ def run(args: argparse.Namespace) -> int:
         body["older_than_days"] = args.older_than
     if args.max_mb is not None:
         body["max_mb"] = args.max_mb
-    headers = {"authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     url = f"http://127.0.0.1:{args.port}/v1/sessions/prune"
+    try:  # the key goes only to this user's own server (api/listener.py)
+        listener.check(args.port)
+    except listener.NotOurs as e:
+        print(f"superfluid: {e}; the key was not sent", file=sys.stderr)
+        return 1
+    headers = {"authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     try:
         r = httpx.post(url, json=body, headers=headers, timeout=600)
     except httpx.HTTPError as e:

@@ -14,10 +14,12 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from ..api import listener
+
 
 @dataclass
 class Sample:
-    state: str  # "up", "down", "401"
+    state: str  # "up", "down", "401", "not yours" (a loopback listener that is not this user's server)
     t: float
     values: dict[str, float]
     nodes: dict[str, dict[str, float]] = field(default_factory=dict)  # a fleet head's: node -> figures
@@ -25,8 +27,16 @@ class Sample:
 
 def scrape(target: str, api_key: str | None, timeout: float = 2.0) -> Sample:
     url = target if "://" in target else f"http://{target}"
-    headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
     now = time.monotonic()
+    local, port = listener.is_loopback_target(url)
+    if api_key and local:  # on this machine, the key goes only to this user's own server
+        try:
+            listener.check(port, timeout)
+        except (listener.NoListener, listener.Silent):
+            return Sample("down", now, {})
+        except listener.NotOurs:
+            return Sample("not yours", now, {})
+    headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
     try:
         r = httpx.get(url.rstrip("/") + "/metrics", headers=headers, timeout=timeout)
     except httpx.HTTPError:

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import psutil
@@ -91,6 +92,8 @@ def launch(d, tmp_path, agent: str, *args: str, env: dict | None = None,
     base = {**os.environ, "SUPERFLUID_HOME": d.home, "HOME": str(tmp_path), "CODEX_HOME": str(tmp_path / "codex"),
             "DISABLE_TELEMETRY": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "NO_COLOR": "1"}
     (tmp_path / "codex").mkdir(exist_ok=True)
+    if port and port != d.port:  # a proxy of ours: it proves what the server proves (api/listener.py)
+        shutil.copy(Path(d.home) / "run" / f"serve-{d.port}.token", Path(d.home) / "run" / f"serve-{port}.token")
     t0 = time.monotonic()
     base["PWD"] = str(work)  # agents take the folder from $PWD (opencode), which cwd= does not set
     r = subprocess.run([sys.executable, "-m", "superfluid.cli", "launch", agent, "--port", str(port or d.port), "--",

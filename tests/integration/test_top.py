@@ -6,9 +6,10 @@ import sys
 from .daemon import free_port
 
 
-def top(*args):
+def top(*args, home: str = ""):
+    env = {"COLUMNS": "160", "PATH": ""} | ({"SUPERFLUID_HOME": home} if home else {})
     return subprocess.run([sys.executable, "-m", "superfluid.cli", "top", "--once", "--interval", "0.2", *args],
-                          capture_output=True, text=True, timeout=60, env={"COLUMNS": "160", "PATH": ""})
+                          capture_output=True, text=True, timeout=60, env=env)
 
 
 def test_top_shows_up_and_down(daemon):
@@ -29,6 +30,8 @@ def test_top_reports_401_without_the_key():
     try:
         target = d.url.split("//")[1]
         assert " 401 " in top(target).stdout
-        assert " up " in top(target, "--api-key", "sk-top-secret").stdout
+        # the key goes to a loopback server only once it proves it is this user's (api/listener.py)
+        assert " up " in top(target, "--api-key", "sk-top-secret", home=d.home).stdout
+        assert " not yours " in top(target, "--api-key", "sk-top-secret").stdout  # another home: not proven
     finally:
         d.stop()
