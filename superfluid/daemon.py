@@ -29,8 +29,8 @@ from .monitor.metrics import Metrics
 from .net.http import open_files_room, protocol
 from .net.loopback import is_loopback_host
 from .runtime import suffix_store
-from .runtime.registry import (available_memory, default_runtime, fit_context, is_hf_folder, kv_bytes_per_token,
 from .runtime.pull_bounds import Bounds
+from .runtime.registry import (available_memory, default_runtime, fit_context, is_hf_folder, kv_bytes_per_token,
                                model_bytes, suffix_dir)
 from .runtime.rope import derive, describe, trained_window
 from .service import Sessions
@@ -227,8 +227,8 @@ def build(cfg: ServeConfig, *, store: Store, engine_factory: EngineFactory | Non
 
         models = Models(cfg.engine, engine, idle_timeout=cfg.idle_timeout, sessions=sessions,
                         embedding=cfg.embedding_model, strict=cfg.strict_models, engines=engines, clock=clock)
-        retention = Retention(sessions, lambda sid: any(e.pinned(sid) for e in engines.values()),
         models.pull_bounds = Bounds(cfg.pull_max_bytes, cfg.pull_min_free)
+        retention = Retention(sessions, lambda sid: any(e.pinned(sid) for e in engines.values()),
                               cfg.sessions_max_age, cfg.store_max_bytes, on_erased=metrics.pruned.inc)
         for src in cfg.models:
             models.add(src)
