@@ -5,11 +5,17 @@ A request over one gets a typed 400 naming the parameter (docs/security.md lists
 
 from __future__ import annotations
 
+import re
+
+import orjson
+
 from .errors import BadRequest
 
 MAX_MESSAGES = 4096  # messages in one conversation
 MAX_TOOLS = 128  # tools offered in one request
 MAX_SCHEMA_DEPTH = 32  # nesting of a tool's parameters or a response format's schema
+MAX_PROMPT_WRAPS = 4  # llama-server's /completion prompt: lists and objects around one prompt (it needs 2)
+MAX_ARGS_DEPTH = 64  # nesting of a tool call's arguments a client sends back (an object, or JSON text)
 MAX_SCHEMA_BYTES = 256 << 10  # the JSON text of all the tools' definitions together (Claude Code sends 64 KB)
 MAX_STOPS = 16  # stop strings
 MAX_STOP_LEN = 256  # characters in one stop string
@@ -43,6 +49,37 @@ def depth(value: object, limit: int) -> int:
     return worst
 
 
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')  # a JSON string literal (its brackets are text)
+_BRACKET = re.compile(r"[\[\]{}]")
+
+
+def text_depth(text: str, limit: int) -> int:
+    """How deeply the JSON in `text` nests, counted as depth() counts the value it parses to
+    (an empty container one more; stopping once past `limit`), valid JSON or not, without
+    parsing it."""
+    level = worst = 0
+    for m in _BRACKET.finditer(_STRING.sub("", text)):
+        level += 1 if m.group() in "[{" else -1
+        if level >= worst:
+            worst = level + 1
+            if worst > limit:
+                break
+    return worst
+
+
+def arguments_text(args: object, param: str) -> str:
+    """A tool call's arguments a client sends back in a conversation (an object, or its JSON
+    text), as JSON text, at most MAX_ARGS_DEPTH levels deep: deeper ones failed encoding,
+    parsing or rendering with a recursion error (an untyped 500)."""
+    if isinstance(args, str):
+        deep = text_depth(args, MAX_ARGS_DEPTH)
+    else:
+        deep = depth(args, MAX_ARGS_DEPTH)
+    if deep > MAX_ARGS_DEPTH:
+        raise BadRequest(f"a tool call's arguments nest deeper than {MAX_ARGS_DEPTH} levels", param=param)
+    return args if isinstance(args, str) else orjson.dumps(args).decode()
+
+
 def check_schema(schema: object, param: str) -> None:
     if depth(schema, MAX_SCHEMA_DEPTH) > MAX_SCHEMA_DEPTH:
         raise BadRequest(f"{param} nests deeper than {MAX_SCHEMA_DEPTH} levels", param=param)
@@ -53,6 +90,12 @@ def check_chat(messages: list, tools: list | None) -> None:
     if len(messages) > MAX_MESSAGES:
         raise BadRequest(f"a conversation may have at most {MAX_MESSAGES} messages, not {len(messages)}",
                          param="messages")
+    for i, m in enumerate(messages):
+        calls = m.get("tool_calls") if isinstance(m, dict) else None
+        for j, c in enumerate(calls if isinstance(calls, list) else ()):
+            fn = c.get("function") if isinstance(c, dict) else None
+            if isinstance(fn, dict) and "arguments" in fn:
+                arguments_text(fn["arguments"], f"messages.{i}.tool_calls.{j}.function.arguments")
     if not tools:
         return
     if len(tools) > MAX_TOOLS:

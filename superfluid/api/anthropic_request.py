@@ -5,9 +5,8 @@ generation request and the response from these."""
 
 from __future__ import annotations
 
-import orjson
-
 from ..errors import BadRequest
+from ..limits import arguments_text
 
 
 def _text(content, where: str) -> str:
@@ -55,7 +54,7 @@ def _blocks(m: dict, i: int) -> list[dict]:
             if not isinstance(b.get("name"), str) or not isinstance(b.get("input", {}), dict):
                 raise BadRequest("tool_use needs a name and an input object", param=f"{where}.{j}")
             calls.append({"id": str(b.get("id") or ""), "type": "function", "function": {
-                "name": b["name"], "arguments": orjson.dumps(b.get("input", {})).decode()}})
+                "name": b["name"], "arguments": arguments_text(b.get("input", {}), f"{where}.{j}.input")}})
         elif kind == "tool_result" and m["role"] == "user":
             inner = b.get("content", "")
             body = inner if isinstance(inner, str) else _text(inner, f"{where}.{j}.content")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import BadRequest, ContextLengthExceeded
-from ..limits import MAX_REPEAT_LAST_N, MAX_STOPS, MAX_TOP_LOGPROBS
+from ..limits import MAX_PROMPT_WRAPS, MAX_REPEAT_LAST_N, MAX_STOPS, MAX_TOP_LOGPROBS
 from ..request import SamplingParams
 from ..engine import for_api
 from .bias import logit_bias
@@ -126,15 +126,22 @@ def options(body: dict, tokenizer=None, defaults: dict | None = None) -> Options
 
 def prompt_tokens(eng, prompt: object) -> list[int]:
     """llama-server's prompt shapes for one prompt: a string, token ids, token ids and strings
-    mixed, or {"prompt_string": ...}. A string first gets the model's BOS (as llama-server)."""
-    if isinstance(prompt, dict):
-        if prompt.get("multimodal_data"):
-            raise BadRequest("this model takes text only: multimodal_data is not supported", param="prompt")
-        prompt = prompt.get("prompt_string")
+    mixed, or {"prompt_string": ...}, each alone in a list or not. A string first gets the
+    model's BOS (as llama-server). One wrapped in more than MAX_PROMPT_WRAPS lists and objects
+    is refused (unwrapping it without a bound was a recursion error: an untyped 500)."""
+    for _ in range(MAX_PROMPT_WRAPS + 1):
+        if isinstance(prompt, dict):
+            if prompt.get("multimodal_data"):
+                raise BadRequest("this model takes text only: multimodal_data is not supported", param="prompt")
+            prompt = prompt.get("prompt_string")
+        elif isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list, dict)):
+            prompt = prompt[0]
+        else:
+            break
+    else:
+        raise BadRequest(f"prompt nests deeper than {MAX_PROMPT_WRAPS} levels of lists and objects", param="prompt")
     if isinstance(prompt, str):
         return eng.encode_prompt(prompt)
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list, dict)):
-        return prompt_tokens(eng, prompt[0])
     if not isinstance(prompt, list) or not prompt or all(isinstance(p, str) for p in prompt):
         raise BadRequest("prompt must be one string, or one list of token ids and strings (one prompt "
                          "per request)", param="prompt")

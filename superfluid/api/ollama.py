@@ -21,6 +21,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from ..errors import BadRequest, Forbidden, SuperfluidError
 from ..ids import new_id
+from ..limits import arguments_text
 from ..request import Calls, Chunk, GenRequest, Qos
 from ..service.capabilities import ollama_names, quantization, record as capabilities_record
 from .guard import pull_refused
@@ -78,7 +79,7 @@ def chat_messages(msgs: object) -> list[dict]:
                     raise BadRequest("each tool call needs function.name", param=f"messages.{i}.tool_calls")
                 args = fn.get("arguments", {})
                 msg["tool_calls"].append({"id": str(c.get("id") or new_call_id()), "type": "function", "function": {
-                    "name": fn["name"], "arguments": args if isinstance(args, str) else orjson.dumps(args).decode()}})
+                    "name": fn["name"], "arguments": arguments_text(args, f"messages.{i}.tool_calls")}})
         if m["role"] == "tool":
             msg["tool_call_id"] = str(m.get("tool_call_id") or m.get("tool_name") or "")
         out.append(msg)

@@ -9,6 +9,7 @@ import json
 import time
 
 from ..errors import BadRequest
+from ..limits import arguments_text
 from ..request import Calls, Chunk, FinishReason, GenRequest, Qos, SamplingParams, TokenLogprob, ToolCall
 from ..codec import fim
 from ..codec.tools import new_call_id
@@ -22,6 +23,12 @@ from .schema import ChatCompletionRequest, CompletionRequest, Message, Sampling
 # OpenAI's defaults, and vLLM's for the extras; penalties count the whole context (docs/api.md)
 DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "typical_p": 1.0, "repeat_penalty": 1.0,
             "repeat_last_n": -1, "presence_penalty": 0.0, "frequency_penalty": 0.0}
+
+
+def _arguments(args: object, param: str) -> str:
+    """A call's arguments as JSON text (an object as json.dumps writes it), within the nesting limit."""
+    text = arguments_text(args, param)
+    return text if isinstance(args, str) else json.dumps(args)
 
 
 def render_messages(messages: list[Message]) -> list[dict]:
@@ -41,8 +48,8 @@ def render_messages(messages: list[Message]) -> list[dict]:
         msg: dict = {"role": role, "content": content}
         if m.tool_calls:
             msg["tool_calls"] = [{"id": c.id or new_call_id(), "type": "function", "function": {
-                "name": c.function.name, "arguments": c.function.arguments if isinstance(c.function.arguments, str)
-                else json.dumps(c.function.arguments)}} for c in m.tool_calls]
+                "name": c.function.name, "arguments": _arguments(c.function.arguments, f"messages.{i}.tool_calls")}}
+                for c in m.tool_calls]
         if m.tool_call_id is not None:
             msg["tool_call_id"] = m.tool_call_id
         out.append(msg)

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
 from ..errors import BadRequest, SessionNotFound
+from ..limits import arguments_text
 from ..request import SamplingParams
 from ..service.registry import LOADS_REFUSED
 from ..service.verbs import sampling_dict
@@ -129,8 +130,8 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
             if role != "assistant":
                 raise BadRequest("only an assistant message has tool_calls", param="tool_calls")
             msg["tool_calls"] = [{"id": c.id, "type": "function", "function": {
-                "name": c.function.name, "arguments": c.function.arguments if isinstance(c.function.arguments, str)
-                else orjson.dumps(c.function.arguments).decode()}} for c in body.tool_calls]
+                "name": c.function.name, "arguments": arguments_text(c.function.arguments, "tool_calls")}}
+                for c in body.tool_calls]
         evs = await sessions.append_message(await engine_of(sid), sid, msg)
         return _json({"object": "list", "data": [e.to_json(sid) for e in evs]})
 

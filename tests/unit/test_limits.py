@@ -1,9 +1,11 @@
 """limits.py, pure: nesting is measured without recursion, and each limit names its parameter."""
 
+import orjson
 import pytest
 
 from superfluid.errors import BadRequest
-from superfluid.limits import MAX_GRAMMAR_BYTES, MAX_SCHEMA_DEPTH, check_chat, check_generation, depth, output_budget
+from superfluid.limits import (MAX_ARGS_DEPTH, MAX_GRAMMAR_BYTES, MAX_SCHEMA_DEPTH, arguments_text, check_chat,
+                               check_generation, depth, output_budget, text_depth)
 
 
 def nested(n: int) -> dict:
@@ -20,8 +22,18 @@ def test_depth_is_measured_without_recursion_and_stops_early():
     assert depth(nested(100_000), MAX_SCHEMA_DEPTH) == MAX_SCHEMA_DEPTH + 1  # no RecursionError, no full walk
 
 
+def test_json_text_is_measured_as_its_value_without_parsing():
+    for v in ({"a": 1}, [1, [2, {"b": "]]]"}]], {"s": "\\\"[[[["}):
+        assert text_depth(orjson.dumps(v).decode(), 99) == depth(v, 99), v
+    assert text_depth("[" * 100_000, MAX_ARGS_DEPTH) == MAX_ARGS_DEPTH + 1  # not JSON, still measured
+    assert arguments_text({"a": [1]}, "p") == '{"a":[1]}' and arguments_text("not json", "p") == "not json"
+
+
 @pytest.mark.parametrize("call,param", [
     (lambda: check_chat([{}] * 5000, None), "messages"),
+    (lambda: check_chat([{"tool_calls": [{"function": {"arguments": nested(100)}}]}], None),
+     "messages.0.tool_calls.0.function.arguments"),
+    (lambda: arguments_text("[" * 100 + "]" * 100, "args"), "args"),
     (lambda: check_chat([], [{"function": nested(50)}]), "tools"),
     (lambda: check_chat([], [{"function": {"name": str(i)}} for i in range(200)]), "tools"),
     (lambda: check_generation(("a",) * 17, 1, -1, ""), "stop"),
