@@ -17,6 +17,19 @@ from ..errors import BadRequest
 from ..limits import MAX_CACHE_SALT_LEN
 
 STATE = "cache_ns"  # the request scope's state entry the guard sets (api/guard.py)
+PARAM = "cache_ns"  # the session params' entry: the namespace its generations ran in (never shown)
+
+
+def of_session(params: dict, request) -> str:
+    """The namespace a session's generation goes on in (a resumed stream's continuation, a
+    pin): the one its request ran in, salt and all; a native session's, the request's."""
+    ns = params.get(PARAM)
+    return ns if isinstance(ns, str) else namespace(request)
+
+
+def shown(params: dict) -> dict:
+    """A session's params as its summary shows them: without the namespace (a hash of the salt)."""
+    return {k: v for k, v in params.items() if k != PARAM}
 
 
 def of_key(name: str) -> str:

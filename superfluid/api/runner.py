@@ -78,6 +78,8 @@ class Run:
         ns = cache_ns.namespace(request, salt)
         for r in reqs:
             r.cache_ns = ns
+        if ns:  # a continuation of the generation keeps it (api/sessions.py: its resume, its pin)
+            params = {**(params or {}), cache_ns.PARAM: ns}
         streams = await service.submit(engine, reqs, bodies, api=api, params=params, owner=owner_of(request),
                                        access=access_record(request))
         return cls(request, service, engine, reqs, streams)

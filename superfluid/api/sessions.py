@@ -14,7 +14,7 @@ from ..limits import arguments_text
 from ..request import SamplingParams
 from ..service.registry import LOADS_REFUSED
 from ..service.verbs import sampling_dict
-from .cache_ns import namespace
+from . import cache_ns
 from .policy import listed_owner, may_see, owner_of
 from .resume import media_type, rest_of_generation, subscription
 from .schema import (SessionCreate, SessionFork, SessionGenerate, SessionMessage, SessionMetaBody, SessionToolResult,
@@ -70,7 +70,7 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
         row = await sessions.row(sid)
         return {**row.to_json(), "title": st.title, "archived": st.archived, "tokens": len(st.tokens),
                 "turn_open": st.turn_open, "last_finish": st.last_finish, "busy": sessions.busy(sid),
-                "params": st.params}
+                "params": cache_ns.shown(st.params)}
 
     async def engine_of(sid: str):
         st = await sessions.state(sid)
@@ -207,7 +207,7 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
             if left < 1:
                 return None
             req, _ = await models.service.generate(eng, sid, max_tokens=left, overrides={}, stop=None, qos=qos,
-                                                   cache_ns=namespace(request))
+                                                   cache_ns=cache_ns.of_session(st.params, request))
             eng.keep_running(req.id)  # nobody reads its chunks: the resumed stream reads the log
             return sessions.watch(sid)
 
@@ -221,7 +221,8 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
         eng = await engine_of(sid)
         if not hasattr(eng, "pin"):
             raise BadRequest("session pins need a local engine (this model runs on a fleet)", code="pins_unsupported")
-        warm = eng.pin(sid, list(st.tokens), namespace(request))  # TooManyPins (409) beyond the share
+        # TooManyPins (409) beyond the share
+        warm = eng.pin(sid, list(st.tokens), cache_ns.of_session(st.params, request))
         return _json({"id": sid, "object": "session.pin", "pinned": True, "warm_tokens": warm})
 
     @owned.post("/v1/sessions/{sid}/unpin")

@@ -4,8 +4,14 @@ with the real scheduler's KV slots. Key B sending key A's exact prompt reuses no
 `cache_salt` (vLLM's field) makes a namespace of its own; an admin key and a server without
 keys share one; `--cache-isolation none` turns it off."""
 
+import asyncio
+
+import orjson
+
+from superfluid.api import cache_ns
 from superfluid.api.policy import KeyPolicy
 
+from ..fakes import FakeModel
 from ..harness import MODEL, run
 
 A = {"authorization": "Bearer sk-key-a-000"}
@@ -79,3 +85,61 @@ def test_a_bad_cache_salt_is_a_400_naming_it():
         return out
     for path, status, param in run(body):
         assert status == 400 and param == "cache_salt", (path, status, param)
+
+
+async def dropped_after_first_chunk(app, path: str, body: dict, headers: dict) -> tuple[str, str]:
+    """POST a streamed request straight to the ASGI app and go away once its first event came
+    (httpx's ASGI transport reads a stream whole): its session, and the last event id seen."""
+    first = asyncio.Event()
+    pending = [{"type": "http.request", "body": orjson.dumps(body), "more_body": False}]
+    sent: list[dict] = []
+
+    async def receive():
+        if pending:
+            return pending.pop()
+        await first.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(m):
+        sent.append(m)
+        if m["type"] == "http.response.body" and b"\nid: " in b"\n" + m.get("body", b""):
+            first.set()
+    hs = [(b"host", b"127.0.0.1:8080"), (b"content-type", b"application/json"),
+          *((k.encode(), v.encode()) for k, v in headers.items())]
+    await app({"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+               "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "", "headers": hs,
+               "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 8080)}, receive, send)
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    sid = dict(start["headers"])[b"x-superfluid-session"].decode()
+    text = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body").decode()
+    return sid, [ln[4:] for ln in text.splitlines() if ln.startswith("id: ")][-1]
+
+
+def test_a_resumed_stream_goes_on_in_its_requests_namespace():
+    """A stream cut when its client went away is continued by the resume (GET
+    /v1/sessions/{sid}/resume): the continuation ran in the resuming request's namespace, the
+    key's without the salt, so it left the salted conversation's KV in the key's shared
+    namespace and its own cached_tokens read it from there (issue 54, low). It keeps the
+    original request's namespace now, salt and all; the session's summary does not show it."""
+    async def body(h):
+        eng = h.app.models.engines[MODEL]
+        seen: list[str] = []
+        submit = eng.submit
+        eng.submit = lambda r: (seen.append(r.cache_ns), submit(r))[1]
+        req = {**chat("Tell me a long story."), "max_tokens": 40, "stream": True, "cache_salt": "team-x-7f3a"}
+        sid, last = await dropped_after_first_chunk(h.app.asgi, "/v1/chat/completions", req, A)
+        for _ in range(100):  # cut at once (no resume grace)
+            if not h.app.sessions.busy(sid):
+                break
+            await asyncio.sleep(0.02)
+        resumed = await h.client.get(f"/v1/sessions/{sid}/resume", headers={**A, "last-event-id": last})
+        shown = (await h.client.get(f"/v1/sessions/{sid}", headers=A)).json()
+        return seen, resumed, shown
+    model = FakeModel(step_delay=0.005)
+    model.reply = lambda prompt: model.vocab.script(*["Once"] * 60)
+    seen, resumed, shown = run(body, model, policies=KEYS)
+    assert resumed.status_code == 200 and "[DONE]" in resumed.text, resumed.text[-300:]
+    assert len(seen) == 2, seen  # the request, and the resume's continuation
+    assert seen[0] not in ("", cache_ns.of_key("a")), seen  # salted
+    assert seen[1] == seen[0], seen
+    assert cache_ns.PARAM not in shown["params"], shown["params"]
