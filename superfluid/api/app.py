@@ -195,7 +195,8 @@ def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Q
         return _json(out, 200 if ready else 503)
 
     @app.get("/metrics")
-    async def metrics():
+    async def metrics(request: Request):
+        require_admin(request)  # every key's traffic, its drafts accepted: an oracle across keys
         return Response(generate_latest(metrics_registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")

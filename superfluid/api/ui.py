@@ -19,11 +19,12 @@ from collections import deque
 from importlib.resources import files
 
 import orjson
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from .. import __version__
 from ..engine import monitor_record
+from ..errors import Forbidden
 from .guard import Guard
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "
@@ -142,7 +143,10 @@ def engine_record(mid: str, eng) -> dict:
 
 def add_routes(app: FastAPI, models, tail: LogTail) -> None:
     @app.get("/v1/monitor")
-    async def monitor():
+    async def monitor(request: Request):
+        key = request.scope.get("state", {}).get("key")
+        if key is not None and not key.admin:  # every key's traffic and the daemon's log: as /metrics
+            raise Forbidden(f"key '{key.name}' is not an admin key")
         return Response(orjson.dumps({"object": "monitor", "default": models.default,
                                       "models": [engine_record(mid, eng) for mid, eng in models.engines.items()],
                                       "log": list(tail.lines)}), media_type="application/json")

@@ -58,7 +58,8 @@ def test_the_page_and_its_files_need_no_key_and_the_data_does():
     assert r["/_app/version.json"].json() == {"version": __version__}
     for p in ("/v1/models", "/models", "/v1/monitor", "/v1/sessions", "/metrics", "/api/tags"):
         assert r[p].status_code == 401 and r[p].json()["error"]["code"] == "invalid_api_key", p
-        assert r[p + " keyed"].status_code not in (401, 403), p  # (no session store here: 404)
+        # every key's readings (/metrics, /v1/monitor) are an admin key's alone
+        assert r[p + " keyed"].status_code == (403 if p in ("/v1/monitor", "/metrics") else 200), p
 
 
 def test_a_page_on_another_loopback_port_gets_cors_answers_and_chats():
@@ -136,3 +137,25 @@ def test_a_rebound_host_is_refused_on_the_page_and_the_api():
     r, _ = serve(body)
     assert [x.status_code for x in r] == [403, 403, 403, 403]
     assert "DNS rebinding" in r[2].json()["error"]["message"]
+
+
+def test_the_metrics_and_the_monitor_are_an_admin_keys_alone():
+    """/metrics and /v1/monitor show every key's traffic (and /metrics its accepted drafts,
+    an oracle on another key's output: issue 54): with keys, only an admin key reads them;
+    a server without keys still serves them to any client (issue 54, low)."""
+    admin = "sk-front-door-admin"
+
+    async def body(h):
+        out = {}
+        for p in ("/metrics", "/v1/monitor"):
+            out[p] = await h.client.get(p, headers=AUTH)
+            out[p + " admin"] = await h.client.get(p, headers={"authorization": f"Bearer {admin}"})
+        return out
+    r = run(body, policies=(KeyPolicy("k", KEY), KeyPolicy("root", admin, admin=True)))
+    for p in ("/metrics", "/v1/monitor"):
+        assert r[p].status_code == 403 and r[p].json()["error"]["type"] == "permission_error", p
+        assert r[p + " admin"].status_code == 200, p
+
+    async def keyless(h):
+        return [(await h.client.get(p)).status_code for p in ("/metrics", "/v1/monitor")]
+    assert run(keyless) == [200, 200]
