@@ -240,7 +240,7 @@ def build(cfg: ServeConfig, *, store: Store, engine_factory: EngineFactory | Non
                          metrics_registry=metrics.registry, policies=list(cfg.policies),
                          loopback_bind=is_loopback_host(cfg.host), ip_rpm=cfg.ip_rpm, ui=cfg.ui,
                          cors_origins=cfg.cors_origins, allow_model_paths=cfg.allow_model_paths,
-                         cache_isolation=cfg.cache_isolation,
+                         cache_isolation=cfg.cache_isolation, bind_host=cfg.host,
                          retention=retention)
         logged = AccessLog(app, cfg.log_format, on_record=metrics.observe_request,
                            skip=frozenset({"/health", "/metrics", "/v1/monitor"}))  # polled each second, like /metrics

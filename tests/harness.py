@@ -61,7 +61,7 @@ class Harness:
 def config(*, max_batch: int = 4, kv_dir: str = "", **serve) -> ServeConfig:
     ec = EngineConfig(model_path="fake.gguf", model_id=MODEL, max_batch=max_batch, threads=1, kv_dir=kv_dir)
     serve = {"models": (ModelSource("fake.gguf", MODEL),), **serve}
-    return ServeConfig(ec, host="127.0.0.1", sessions_cache=True, log_format="json", tui=False, **serve)
+    return ServeConfig(ec, **{"host": "127.0.0.1", "sessions_cache": True, "log_format": "json", "tui": False, **serve})
 
 
 @contextlib.asynccontextmanager

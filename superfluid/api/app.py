@@ -28,7 +28,7 @@ from . import sessions as sessions_api
 from . import ui as web_ui
 from . import openai as oa
 from .response_store import ResponseStore
-from .guard import Guard, pull_refused
+from .guard import Guard, lan_names, pull_refused
 from .policy import KeyPolicy, key_of
 from .prompt import prompt_cache_hint, request_grammar
 from .schema import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, ModelRequest, PruneRequest,
@@ -104,8 +104,9 @@ def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Q
                metrics_registry: CollectorRegistry | None = None, policies: list[KeyPolicy] | None = None,
                loopback_bind: bool = True, ip_rpm: int | None = None, ui: bool = True,
                cors_origins: tuple[str, ...] = (), allow_model_paths: bool = False, retention=None,
-               cache_isolation: bool = True):
-    """The ASGI app: routes, wrapped in the body limit and the guard (keys, origins, limits)."""
+               cache_isolation: bool = True, bind_host: str | None = None):
+    """The ASGI app: routes, wrapped in the body limit and the guard (keys, origins, limits).
+    `bind_host`: the address served on; without keys, off loopback, it bounds the Host header."""
     app = FastAPI(title="superfluid", version=__version__)
     started = int(time.time())
     metrics_registry = metrics_registry or CollectorRegistry()
@@ -342,8 +343,9 @@ def create_app(models, *, max_body: int = 16 * 1024 * 1024, default_qos: Qos = Q
 
     llama.add_unprefixed(app)  # /chat/completions, /completions, /models, as llama-server serves them
     # RunsEnd: a generation its handler left (raised after the submit) is cancelled, not left running
+    lan = lan_names(bind_host) if bind_host is not None and not loopback_bind and not policies else None
     guarded = Guard(BodyLimit(RunsEnd(app), max_body), policies=policies or [], loopback_bind=loopback_bind,
-                    ip_rpm=ip_rpm, cors_origins=cors_origins, cache_isolation=cache_isolation)
+                    ip_rpm=ip_rpm, cors_origins=cors_origins, cache_isolation=cache_isolation, lan_names=lan)
     if ui:  # the web app at / and /monitor (--no-ui: none)
-        return web_ui.install(app, models, guarded, loopback_bind=loopback_bind)
+        return web_ui.install(app, models, guarded, loopback_bind=loopback_bind, lan_names=lan)
     return guarded

@@ -9,8 +9,10 @@ llama-server serves its own). Denials are OpenAI-style error bodies; 429s carry 
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import re
+import socket
 import time
 from collections import deque
 from collections.abc import Callable
@@ -77,8 +79,9 @@ class Slots:
 class Guard:
     def __init__(self, app, *, policies: list[KeyPolicy], loopback_bind: bool,
                  ip_rpm: int | None = None, clock=time.monotonic, cors_origins: tuple[str, ...] = (),
-                 cache_isolation: bool = True):
+                 cache_isolation: bool = True, lan_names: frozenset[str] | None = None):
         self.app = app
+        self.lan_names = lan_names  # a keyless server on the network: the names it answers (lan_names())
         self.policies = policies
         self.cache_isolation = cache_isolation  # each key its own prefix-cache namespace (api/cache_ns.py)
         self.loopback_bind = loopback_bind
@@ -185,8 +188,18 @@ class Guard:
             self._active[policy.name] -= 1
 
     def _host_check(self, headers: dict[str, str]) -> str | None:
-        if self.loopback_bind and "host" in headers and not is_loopback_host(headers["host"]):
-            return f"Host {headers['host']!r} is not this loopback server (DNS rebinding?)"
+        """DNS rebinding: a page whose own name the attacker points at this server gets its
+        answers as same-origin. A loopback server answers only loopback names and addresses;
+        a keyless one on the network only IP literals, loopback and its own names (one with
+        keys needs no Host rule: a page cannot send a key it was not given)."""
+        if "host" not in headers:
+            return None
+        host = headers["host"]
+        if self.loopback_bind and not is_loopback_host(host):
+            return f"Host {host!r} is not this loopback server (DNS rebinding?)"
+        if self.lan_names is not None and not _lan_host(host, self.lan_names):
+            return (f"Host {host!r} is not this server's address or name (DNS rebinding?): a server on the "
+                    "network without API keys answers IP addresses, localhost and its own names only")
         return None
 
     def _allowed(self, origin: str, host: str) -> bool:
@@ -218,6 +231,33 @@ class Guard:
             return (f"key '{policy.name}' may ask for QoS class {policy.max_qos.name.lower()} at best, "
                     f"not {asked.name.lower()}")
         return None
+
+
+def lan_names(bind_host: str) -> frozenset[str]:
+    """The names a keyless server bound to `bind_host` (not loopback) answers besides IP
+    literals and loopback: the bind address when it is a name, and this machine's hostname
+    (as given, its first label, and that .local, as mDNS names it)."""
+    names = {bind_host.strip().lower().rstrip(".")}
+    host = socket.gethostname().strip().lower().rstrip(".")
+    if host:
+        names |= {host, host.split(".")[0], host.split(".")[0] + ".local"}
+    return frozenset(n for n in names if n)
+
+
+def _lan_host(host: str, names: frozenset[str]) -> bool:
+    """Whether a Host header (with or without a port) is an IP literal, loopback or one of `names`."""
+    name = host.strip().lower()
+    if name.startswith("["):
+        name = name[1:name.find("]")] if "]" in name else name[1:]
+    elif name.count(":") == 1:
+        name = name.split(":")[0]
+    if is_loopback_host(name):
+        return True
+    try:
+        ipaddress.ip_address(name)
+        return True
+    except ValueError:
+        return name.rstrip(".") in names
 
 
 def _with_cors(send, origin: str):

@@ -83,10 +83,10 @@ class UiFront:
     """ASGI: the UI's files (GET/HEAD, no key, Origin/Host checked), everything else to the
     guarded API app."""
 
-    def __init__(self, api, *, loopback_bind: bool):
+    def __init__(self, api, *, loopback_bind: bool, lan_names: frozenset[str] | None = None):
         self.api = api
         self.files = load_files()
-        self.static = Guard(self._serve, policies=[], loopback_bind=loopback_bind)
+        self.static = Guard(self._serve, policies=[], loopback_bind=loopback_bind, lan_names=lan_names)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and scope.get("path") in self.files and _wants_page(scope):
@@ -152,7 +152,7 @@ def add_routes(app: FastAPI, models, tail: LogTail) -> None:
                                       "log": list(tail.lines)}), media_type="application/json")
 
 
-def install(app: FastAPI, models, api, *, loopback_bind: bool) -> UiFront:
+def install(app: FastAPI, models, api, *, loopback_bind: bool, lan_names: frozenset[str] | None = None) -> UiFront:
     """Add the monitor endpoint to `app` and put the pages in front of the guarded `api`."""
     tail = LogTail()
     logger = logging.getLogger("superfluid")
@@ -160,4 +160,4 @@ def install(app: FastAPI, models, api, *, loopback_bind: bool) -> UiFront:
         logger.removeHandler(h)  # one tail per process (tests build several apps)
     logger.addHandler(tail)
     add_routes(app, models, tail)
-    return UiFront(api, loopback_bind=loopback_bind)
+    return UiFront(api, loopback_bind=loopback_bind, lan_names=lan_names)

@@ -5,6 +5,8 @@ ports get CORS answers and can chat; with keys and no --cors-origins, any page m
 needs the key the user gives it, as llama-server's default); named origins narrow that, and
 then a foreign page gets no grant and changes nothing; a rebound Host is refused."""
 
+import socket
+
 from superfluid import __version__
 from superfluid.api.policy import KeyPolicy
 
@@ -159,3 +161,31 @@ def test_the_metrics_and_the_monitor_are_an_admin_keys_alone():
     async def keyless(h):
         return [(await h.client.get(p)).status_code for p in ("/metrics", "/v1/monitor")]
     assert run(keyless) == [200, 200]
+
+
+def test_a_keyless_server_on_the_network_answers_only_addresses_and_its_own_names():
+    """DNS rebinding on a LAN bind (issue 54, low): a page on evil.example whose name the
+    attacker then points at this server's address reads its answers as same-origin. Loopback
+    servers refused a Host that is not loopback already; a server bound to the network without
+    keys answered any Host. It now answers IP literals, localhost and its own names (the bind
+    name, this machine's hostname and its .local) only, on the API and the page; one with keys
+    needs no Host rule (a page has no key unless the user gave it one)."""
+    me = socket.gethostname().split(".")[0]
+    hosts = ("evil.example:8080", "192.168.1.5:8080", "[fe80::1]:8080", "10.0.0.2", "localhost:8080",
+             f"{me}:8080", f"{me}.local", "llm.lan:8080", "127.0.0.1.evil.example")
+
+    async def body(h):
+        out = {}
+        for host in hosts:
+            out[host] = (await h.client.get("/v1/models", headers={"host": host, **AUTH})).status_code
+            out[host + " page"] = (await h.client.get("/", headers={"host": host, "accept": "text/html"})).status_code
+        return out
+    lan = run(body, host="0.0.0.0")
+    refused = {"evil.example:8080", "llm.lan:8080", "127.0.0.1.evil.example"}
+    for host in hosts:
+        want = 403 if host in refused else 200
+        assert lan[host] == want and lan[host + " page"] == want, (host, lan[host], lan[host + " page"])
+    named = run(body, host="llm.lan")  # a bind by name answers that name
+    assert named["llm.lan:8080"] == 200 and named["evil.example:8080"] == 403
+    keyed = run(body, host="0.0.0.0", policies=(KeyPolicy("k", KEY),))
+    assert keyed["evil.example:8080"] == 200 and keyed["llm.lan:8080"] == 200
