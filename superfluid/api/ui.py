@@ -25,6 +25,7 @@ from fastapi.responses import Response
 from .. import __version__
 from ..engine import monitor_record
 from ..errors import Forbidden
+from ..net.logline import OneLine
 from .guard import Guard
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "
@@ -128,7 +129,7 @@ class LogTail(logging.Handler):
     def __init__(self, n: int = LOG_LINES):
         super().__init__()
         self.lines: deque[str] = deque(maxlen=n)
-        self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
+        self.setFormatter(OneLine("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
 
     def emit(self, record: logging.LogRecord) -> None:
         self.lines.append(self.format(record))

@@ -1,6 +1,11 @@
 """The daemon's log lines: text ("superfluid: ...") or JSON, written by a thread, never on
 the event loop, so a stdout nobody reads (a full pipe, a stalled terminal) cannot freeze
-the server. Past 10,000 waiting lines, new ones are dropped."""
+the server. Past 10,000 waiting lines, new ones are dropped.
+
+A record is one line whatever client string it carries (a model name, a path, a tool type):
+every unprintable character in its message, a newline that would forge a line, a terminal
+escape, a bidi override, is written as its escape; a traceback's lines are indented
+(net/logline.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +15,8 @@ import json
 import logging
 import logging.handlers
 import queue
+
+from ..net.logline import OneLine
 
 QUEUED = 10_000
 
@@ -46,7 +53,7 @@ def setup_logging(json_lines: bool = False) -> None:
     listener.start()
     atexit.register(_flush, listener)
     queued = _Dropping(q)
-    queued.setFormatter(logging.Formatter("%(message)s"))  # only the message: the writer formats the line
+    queued.setFormatter(OneLine("%(message)s"))  # only the message, escaped: the writer formats the line
     logging.basicConfig(level=logging.INFO, handlers=[queued])
     # httpx logs each request it makes at INFO ("HTTP Request: GET …"): noise in front of an
     # agent `launch` starts, and the daemon's own requests have their own lines

@@ -18,6 +18,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from ..net.logline import OneLine
+
 SPARK = "▁▂▃▄▅▆▇█"
 PHASES = {"prefilling": "prefill", "decoding": "decode"}
 
@@ -122,7 +124,7 @@ class LiveMonitor:
 
         root = logging.getLogger()
         self._saved_handlers = root.handlers[:]
-        self.dashboard.logs.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+        self.dashboard.logs.setFormatter(OneLine("%(asctime)s %(message)s", "%H:%M:%S"))
         root.handlers = [self.dashboard.logs]
         self._live = Live(self.dashboard.render(), console=Console(), screen=True, refresh_per_second=2)
         self._live.start()
