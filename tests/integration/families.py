@@ -3,7 +3,10 @@ transformers config of the family (hidden 256, 4-6 layers, SmolLM2's 49152-token
 its weight matrices drawn from N(0, 0.1) with a fixed seed, converted to f16 by the converter of
 the installed llama-cpp-python's own llama.cpp (from its sdist, downloaded once).
 `family_gguf(name)` gives the GGUF's path; FAMILIES says what each is and what llama.cpp reports
-for it (recurrent, hybrid, sliding window).
+for it (recurrent, hybrid, sliding window). `family_gguf(name, size="1b")` gives a bigger one for
+benchmarks (bench/families.py): every width (hidden, intermediate, experts', heads; head sizes
+kept) times w, the layer pattern repeated to about `size` parameters, converted to f16 and
+quantized to Q4_K_M (as CPU users run a model of that size); cached beside the tiny ones.
 
 Models are cached under ~/.cache/superfluid/families/, keyed by a hash of the family's config,
 the llama-cpp-python version and FIXTURE_VERSION: the first test session makes each in about
@@ -225,21 +228,75 @@ def _make(f: Family, out: Path) -> None:
         os.replace(part, out)
 
 
+WIDE = ("hidden_size", "intermediate_size", "moe_intermediate_size", "shared_intermediate_size", "num_attention_heads",
+        "num_key_value_heads", "linear_num_key_heads", "linear_num_value_heads", "num_heads", "mamba_n_heads")
+
+
+def _params(f: Family) -> int:
+    import torch
+    import transformers
+
+    cfg = getattr(transformers, f.config)(**{k: v for k, v in f.config_dict().items() if k != "config"})
+    with torch.device("meta"):
+        return sum(p.numel() for p in transformers.AutoModelForCausalLM.from_config(cfg).parameters())
+
+
+def _sized(f: Family, size: str) -> Family:
+    """`f` at about `size` parameters ("300m", "1b"): widths x w (w ~ sqrt(size / 15M): 4 at 300m,
+    8 at 1b; 64-wide heads, so 256-multiple rows for Q4_K), then its layers repeated d times to
+    reach the size (counted on the meta device); converted to f16 (its flags' --outtype comes
+    last), quantized to Q4_K_M by _make_sized."""
+    import dataclasses
+
+    target = float(size[:-1]) * {"m": 1e6, "b": 1e9}[size[-1].lower()]
+    w = max(1, min(8, round((target / 15e6) ** 0.5)))
+    base = f.config_dict()
+    wide = {k: v * w for k, v in base.items() if k in WIDE}
+
+    def at(d: int) -> Family:
+        deep = {"num_hidden_layers": base["num_hidden_layers"] * d}
+        if "layer_types" in base:
+            deep["layer_types"] = list(base["layer_types"]) * d
+        return dataclasses.replace(f, params={**f.params, **wide, **deep}, flags=(*f.flags, "--outtype", "f16"))
+
+    one, two = _params(at(1)), _params(at(2))
+    return at(max(1, round(1 + (target - one) / (two - one))))
+
+
+def _make_sized(f: Family, out: Path) -> None:
+    import llama_cpp
+
+    f16 = out.with_suffix(".f16.part")
+    try:
+        _make(f, f16)
+        q = llama_cpp.llama_model_quantize_default_params()
+        q.ftype, q.nthread = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M, os.cpu_count() or 1
+        part = out.with_suffix(".part")
+        if llama_cpp.llama_model_quantize(str(f16).encode(), str(part).encode(), q):
+            raise RuntimeError(f"quantizing {f.name} to Q4_K_M failed")
+        os.replace(part, out)
+    finally:
+        f16.unlink(missing_ok=True)
+
+
 MADE: dict[str, float] = {}  # seconds each family took to make in this process
 
 
 @functools.cache
-def family_gguf(name: str) -> str:
-    """The path of family `name`'s tiny GGUF, made on first use (seconds) and cached on disk."""
+def family_gguf(name: str, size: str = "") -> str:
+    """The path of family `name`'s tiny GGUF (or with `size`, e.g. "1b", its Q4_K_M one of about
+    that many parameters), made on first use (seconds; minutes at 1b) and cached on disk."""
     f = FAMILIES[name]
     if f.blocked:
         raise RuntimeError(f"family {name!r} cannot be made here: {f.blocked}")
-    out = HOME / f"{name}-{_key(f)}.gguf"
+    if size:
+        f = _sized(f, size)
+    out = HOME / (f"{name}-{size}-q4_k_m-{_key(f)}.gguf" if size else f"{name}-{_key(f)}.gguf")
     if not out.is_file():
         with _locked():
             if not out.is_file():
                 t = time.monotonic()
-                _make(f, out)
+                (_make_sized if size else _make)(f, out)
                 MADE[name] = time.monotonic() - t
     return str(out)
 
