@@ -102,6 +102,7 @@ class Engine(EngineBase):
         self.sched.spec.supported = bool(self.info.speculate)  # the runtime verifies drafted rows
         self.sched.spec.max_tokens = self.cfg.spec_tokens if self.info.rollback else 0
         self.sched.slots.checkpoints = self.info.prefix_cache == "checkpoints"  # cut lanes only where saved
+        self.sched.tiers.marks_only = self.info.disk_marks
         self._task = asyncio.create_task(self._supervised(), name="engine-loop")
 
     async def close(self, error: SuperfluidError | None = None) -> None:

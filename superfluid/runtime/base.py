@@ -41,6 +41,9 @@ class ModelInfo:
     # how a cached prefix is reused: "kv" (cut anywhere) or "checkpoints" (only where the runtime
     # saved the lane's state: runtime/checkpoints.py, mirrored by sched/lanes.Slot.marks)
     prefix_cache: str = "kv"
+    # a disk-tier entry is restored only where its header's marks say (checkpoints; a sliding
+    # window's state, which llama.cpp saves without the cells outside the window: only whole)
+    disk_marks: bool = False
 
     def to_wire(self) -> dict:
         return self.__dict__.copy()

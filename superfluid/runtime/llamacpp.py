@@ -28,7 +28,7 @@ from ..plan import EmbedItem, Run
 from .base import ModelInfo, Runtime
 from .checkpoints import Checkpoints, memory_kind, pack, unpack
 from .llamacpp_embed import EMBED_WINDOW, POOLING, LlamaEmbedder
-from .rope import Rope, derive
+from .rope import Rope, derive, rope_key
 from . import threadpool
 from .threads import ThreadGovernor
 
@@ -141,15 +141,6 @@ def split_params(path: str, nodes, split: list[float], output: str = "head"):
     return mp
 
 
-def rope_key(rope: Rope) -> str:
-    """The disk tier's key part for a stretched rope: keys are stored rotated, so a prefix
-    computed under another stretch must never be restored ("" for the model's own: the
-    entries written before rope scaling existed stay valid)."""
-    if not rope.kind and not rope.factor:
-        return ""
-    return f"-rope-{rope.kind or 'model'}-{rope.factor:g}-{rope.orig_ctx}"
-
-
 HEAD_TENSORS = rb"^(output|token_embd)\.weight$"  # kept on this host's CPU in a split
 
 
@@ -236,6 +227,7 @@ class LlamaCppRuntime(Runtime):
                               embed_window=window, embed_chunks=chunked, pooling=self.pooling,
                               speculate=True, memory=self.memory,
                               prefix_cache="checkpoints" if self.checkpoints else "kv",
+                              disk_marks=self.memory != "kv",
                               # a rejected draft's state cannot be taken back from a recurrent layer
                               rollback=self.checkpoints is None)
 
@@ -312,9 +304,14 @@ class LlamaCppRuntime(Runtime):
         return bytes(buf)
 
     def state_marks(self, seq: int, n: int) -> tuple[int, ...]:
+        # a recurrent state is whole only where the lane ends; a sliding window's is saved without
+        # the cells outside the window of the lane's last token (llama_kv_cache::state_write), which
+        # a token at n or later needs only if n < that last position
+        held = self.lane_len(seq)
+        end = (n,) if held == n or (self.memory == "swa" and held == n + 1) else ()
         if self.checkpoints is None:
-            return ()
-        return tuple(sorted({*self.checkpoints.up_to(seq, n), *((n,) if self.lane_len(seq) == n else ())}))
+            return end
+        return tuple(sorted({*self.checkpoints.up_to(seq, n), *end}))
 
     def load_state(self, seq: int, data: bytes, n: int) -> bool:
         cps: dict[int, bytes] = {}

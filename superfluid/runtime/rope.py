@@ -102,3 +102,12 @@ def hf_rope(rope: Rope, current: dict) -> dict:
     if kind == "yarn":
         out["original_max_position_embeddings"] = rope.base
     return out
+
+
+def rope_key(rope: Rope) -> str:
+    """The disk tier's key part for a stretched rope: keys are stored rotated, so a prefix
+    computed under another stretch must never be restored ("" for the model's own: the
+    entries written before rope scaling existed stay valid)."""
+    if not rope.kind and not rope.factor:
+        return ""
+    return f"-rope-{rope.kind or 'model'}-{rope.factor:g}-{rope.orig_ctx}"

@@ -26,6 +26,7 @@ class Tiers:
         self.counters = counters
         self.slots = slots  # the scheduler's (read: what memory holds beside the disk)
         self.disk: DiskIndex | None = None  # the disk tier's index (None: the worker has no disk tier)
+        self.marks_only = False  # entries restore only at their marks (ModelInfo.disk_marks)
         self.pins = Pins(pin_share)  # every lane must find an unpinned slot
         # seq -> (KV tokens, namespace) to save: a turn ended, a long prompt prefilled
         self.to_save: dict[int, tuple[list[int], str]] = {}
@@ -56,7 +57,7 @@ class Tiers:
         n = rows.cached(job, n, tail_rows)  # the last token is fed again: its logits are needed
         if key is None or n < self.slots.best_match(tokens, Job.kv_tokens, ns=job.cache_ns)[1] + MIN_RESTORE:
             return None
-        if self.slots.checkpoints:  # a recurrent state is cut only where it was checkpointed
+        if self.marks_only:  # a recurrent state only where checkpointed, a sliding window's only whole
             n = max([0, *(m for m in self.disk.entries[key].marks if m <= n)])
             if n < self.slots.best_match(tokens, Job.kv_tokens, ns=job.cache_ns)[1] + MIN_RESTORE:
                 return None
@@ -75,7 +76,7 @@ class Tiers:
     def _marks(self, seq: int, n: int) -> tuple[int, ...]:
         """Where the saved state of slot seq's first n tokens can be cut (checkpoints; () for KV):
         its checkpoints, and n where the lane ends there (runtime/llamacpp.state_marks)."""
-        if not self.slots.checkpoints:
+        if not self.marks_only:
             return ()
         s = self.slots[seq]
         end = (n,) if s.job is None and len(s.kv) == n else ()

@@ -152,7 +152,7 @@ def test_transformers_stage_stretches_its_rotary_embedding(tmp_path):
 
 def test_the_kv_disk_tier_never_mixes_stretches():
     pytest.importorskip("llama_cpp")
-    from superfluid.runtime.llamacpp import rope_key
+    from superfluid.runtime.rope import rope_key
     assert rope_key(rope(n_ctx=4096)) == ""  # the model's own: the key entries had before rope scaling
     keys = {rope_key(r) for r in (rope("yarn"), rope("linear"), rope("yarn", scale=2.0), rope("yarn", orig=4096),
                                   rope("none"), rope(scale=4.0))}
