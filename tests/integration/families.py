@@ -1,7 +1,9 @@
 """Tiny random-weight GGUF models of each model family, for the family test matrix: a
 transformers config of the family (hidden 256, 4-6 layers, SmolLM2's 49152-token vocabulary),
-its weight matrices drawn from N(0, 0.1) with a fixed seed, converted to f16 by the converter of
-the installed llama-cpp-python's own llama.cpp (from its sdist, downloaded once).
+its weight matrices drawn from N(0, 0.1) with a fixed seed, converted to Q8_0 (quantized, as
+the models users pull are: llama.cpp's quantized matmuls give a row the same bits whatever
+the batch, f16's do not) by the converter of the installed llama-cpp-python's own llama.cpp
+(from its sdist, downloaded once).
 `family_gguf(name)` gives the GGUF's path; FAMILIES says what each is and what llama.cpp reports
 for it (recurrent, hybrid, sliding window). `family_gguf(name, size="1b")` gives a bigger one for
 benchmarks (bench/families.py): every width (hidden, intermediate, experts', heads; head sizes
@@ -38,7 +40,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-FIXTURE_VERSION = 2  # bump when the recipe changes (weights, tokenizer, this code)
+FIXTURE_VERSION = 3  # bump when the recipe changes (weights, tokenizer, this code)
 HOME = Path.home() / ".cache" / "superfluid" / "families"
 HARMONY_TEMPLATE = "models/templates/openai-gpt-oss-120b.jinja"  # in the sdist's llama.cpp
 HARMONY_TOKENS = ["<|startoftext|>", "<|return|>", "<|start|>", "<|message|>", "<|end|>", "<|channel|>",
@@ -224,7 +226,7 @@ def _make(f: Family, out: Path) -> None:
         (shim / "sentencepiece.py").write_text("class SentencePieceProcessor: ...  # never used: no tokenizer.model\n")
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(converter / "gguf-py"), str(shim)])}
         _run([sys.executable, str(converter / "convert_hf_to_gguf.py"), str(hf), "--outfile", str(part),
-              "--outtype", "f16", *f.flags], f"converting {f.name}", env=env)
+              "--outtype", "q8_0", *f.flags], f"converting {f.name}", env=env)
         os.replace(part, out)
 
 
