@@ -50,6 +50,13 @@ def families():
     return [pytest.param(n, id=n) for n in FAMILIES]
 
 
+def made(name: str):
+    """The family, which must be one this machine can make (a blocked one fails with its reason)."""
+    fam = FAMILIES[name]
+    assert not fam.blocked, f"{name} cannot be made here: {fam.blocked}"
+    return fam
+
+
 def answer(d: Daemon, messages=ASK, qos: str = "agent", tokens: int = TOKENS, **extra) -> tuple[list, int]:
     """([(token, logprob, {top token: logprob})...], cached prompt tokens) of a greedy answer."""
     body = {"model": "x", "messages": messages, "max_tokens": tokens, "temperature": 0, "logprobs": True,
@@ -151,8 +158,7 @@ def beside(d: Daemon, n: int, then):
 
 @pytest.mark.parametrize("name", families())
 def test_a_family_answers_the_same_however_its_prefix_was_computed(name):
-    fam = FAMILIES[name]
-    assert not fam.blocked, f"{name} cannot be made here: {fam.blocked}"
+    fam = made(name)
     tol = TOLERANCE[name]
     d = Daemon(family_gguf(name), *ARGS, max_context=2048, max_batch=8)
     home = d.home
@@ -207,8 +213,7 @@ def test_a_family_answers_the_same_however_its_prefix_was_computed(name):
 
 @pytest.mark.parametrize("name", families())
 def test_speculation_is_refused_in_one_line_or_gives_the_same_tokens(name):
-    fam = FAMILIES[name]
-    assert not fam.blocked, f"{name} cannot be made here: {fam.blocked}"
+    made(name)
     if name in CHECKPOINTED:
         with pytest.raises(RuntimeError) as e:
             Daemon(family_gguf(name), "--speculative", "ngram", max_context=1024, max_batch=2).stop()
@@ -245,8 +250,7 @@ def test_speculation_is_refused_in_one_line_or_gives_the_same_tokens(name):
 
 @pytest.mark.parametrize("name", families())
 def test_a_fleet_node_serves_the_family(name):
-    fam = FAMILIES[name]
-    assert not fam.blocked, f"{name} cannot be made here: {fam.blocked}"
+    made(name)
     node = Node(family_gguf(name), "--deterministic", max_context=2048)
     head = None
     try:
