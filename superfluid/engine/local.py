@@ -103,6 +103,10 @@ class Engine(EngineBase):
         self.sched.spec.max_tokens = self.cfg.spec_tokens if self.info.rollback else 0
         self.sched.slots.checkpoints = self.info.prefix_cache == "checkpoints"  # cut lanes only where saved
         self.sched.tiers.marks_only = self.info.disk_marks
+        if self.info.memory != "kv":  # one line on how this model's prefix is reused (docs/models.md)
+            log.info("%s: %s memory; prefix cache: %s", self.cfg.model_id, self.info.memory,
+                     "state checkpoints (the last 8 a lane)" if self.info.prefix_cache == "checkpoints"
+                     else "full-size sliding-window cache (restored from disk only whole)")
         self._task = asyncio.create_task(self._supervised(), name="engine-loop")
 
     async def close(self, error: SuperfluidError | None = None) -> None:

@@ -244,6 +244,12 @@ def test_speculation_is_refused_in_one_line_or_gives_the_same_tokens(name):
         spec, _, drafted = Lane(rt, 1).generate(prompt, greedy, 6, 48)
         assert drafted > 0
         assert spec == plain
+        if FAMILIES[name].moe:  # --cpu-moe: the experts in host memory (here, where they were), the same tokens
+            moe = LlamaCppRuntime(family_gguf(name), lanes=1, n_ctx=1024, threads=1, batch_tokens=512, n_cpu_moe=-1)
+            try:
+                assert Lane(moe, 0).generate(prompt, greedy, 0, 48)[0] == plain
+            finally:
+                moe.close()
     finally:
         rt.close()
 
