@@ -22,8 +22,10 @@ generation still running after its client left) is a failure, listed at the end 
 request and answer; a status the kind does not expect or an untyped 4xx is listed apart as
 unexpected (a finding, not a failure). The run also asserts: the worker's pid never changed
 (/health, every minute), no client saw a 5xx, nothing runs or waits once the clients stop (a
-hung-up stream left no generation behind), and no /metrics series names a made-up path. The
-exit status is 1 when a check fails.
+hung-up stream left no generation behind), no /metrics series names a made-up path, and the
+daemon logged no unhandled exception (its stdout and stderr are read into --daemon-log:
+a pipe left unread fills, and uvicorn writes its traceback of an unhandled exception to it
+from the event loop). The exit status is 1 when a check fails.
 
     python bench/soak.py [--minutes 10] [--clients 16] [--hostile 4]"""
 
@@ -36,6 +38,8 @@ import os
 import random
 import statistics
 import sys
+import tempfile
+import threading
 import time
 from collections import Counter
 
@@ -478,7 +482,8 @@ async def oversize(port: int, h: Hostile, rng: random.Random) -> None:
         h.note(kind, "no answer", time.perf_counter() - t0)
         h.fail(kind, f"POST {path} ({size} bytes): closed without an answer", head, line)
         return
-    h.judge(kind, f"POST {path} ({size} bytes)", int(parts[1]), content, {413}, head, time.perf_counter() - t0)
+    expect = {413, 404} if MARK in path else {413}  # an unknown path may be refused before its body
+    h.judge(kind, f"POST {path} ({size} bytes)", int(parts[1]), content, expect, head, time.perf_counter() - t0)
 
 
 async def made_up_paths(c: httpx.AsyncClient, h: Hostile, rng: random.Random) -> None:
@@ -657,10 +662,39 @@ async def worker_pid(c: httpx.AsyncClient) -> int | None:
         return None
 
 
-async def metric_series(c: httpx.AsyncClient) -> list[str]:
-    """/metrics' series (its lines that are not comments)."""
-    text = (await c.get("/metrics", timeout=30)).text
+async def metric_series(c: httpx.AsyncClient) -> list[str] | None:
+    """/metrics' series (its lines that are not comments); None when it did not answer."""
+    try:
+        text = (await c.get("/metrics", timeout=30)).text
+    except httpx.HTTPError as e:
+        print(f"/metrics unreadable: {type(e).__name__}: {e}")
+        return None
     return [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
+
+
+class DaemonLog:
+    """The daemon's stdout and stderr, read by a thread into `path`. Unread, the pipe
+    fills, and a line written to it straight from the event loop (uvicorn's own record of an
+    unhandled exception, with its traceback) then blocks the daemon for good. Counts the
+    unhandled exceptions, by their last line."""
+
+    def __init__(self, d: Daemon, path: str) -> None:
+        self.path = path
+        self.unhandled = 0  # uvicorn's "Exception in ASGI application"
+        self.raised: Counter = Counter()  # each traceback's exception line
+        threading.Thread(target=self._read, args=(d.proc.stdout,), daemon=True).start()
+
+    def _read(self, stream) -> None:
+        with open(self.path, "w") as f:
+            inside = False
+            for line in stream:
+                f.write(line)
+                self.unhandled += "Exception in ASGI application" in line
+                if line.startswith("Traceback (most recent call last)"):
+                    inside = True
+                elif inside and line.strip() and not line[0].isspace():
+                    inside = False
+                    self.raised[line.strip()[:200]] += 1
 
 
 async def verify(url: str, t: Tally) -> None:
@@ -682,8 +716,11 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--hostile", type=int, default=4, help="hostile clients mixed in (issue 54); 0: none")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--daemon-log", default=os.path.join(tempfile.gettempdir(), f"soak-daemon-{os.getpid()}.log"),
+                    help="where the daemon's output goes (kept after the run)")
     args = ap.parse_args()
     d = Daemon(max_context=1024, threads=args.threads)
+    daemon_log = DaemonLog(d, args.daemon_log)
     t, h = Tally(), Hostile()
     samples: list[tuple[float, int, int]] = []
     pids: list[tuple[float, int | None]] = []  # (seconds in, the worker's pid)
@@ -696,7 +733,7 @@ def main() -> None:
         async def run() -> None:
             async with httpx.AsyncClient(base_url=d.url, timeout=60) as c:
                 pids.append((0.0, await worker_pid(c)))
-                series["at the start"] = len(await metric_series(c))
+                series["at the start"] = len(await metric_series(c) or [])
                 tasks = [asyncio.create_task(client(d.url, t, i, until)) for i in range(args.clients)]
                 tasks += [asyncio.create_task(hostile_client(d.url, d.port, h, i, until)) for i in range(args.hostile)]
                 minute = t0 + 60
@@ -705,22 +742,28 @@ def main() -> None:
                     if time.monotonic() >= minute:
                         minute += 60
                         pids.append((time.monotonic() - t0, await worker_pid(c)))
-                        series.setdefault("after a minute", len(await metric_series(c)))
+                        if "after a minute" not in series and (lines := await metric_series(c)) is not None:
+                            series["after a minute"] = len(lines)
                     await asyncio.sleep(5)
                 await asyncio.gather(*tasks)
                 for _ in range(150):  # a hung-up stream's generation must be gone: nothing runs or waits
-                    row = (await c.get("/health")).json()["models"][MODEL]
+                    try:
+                        row = (await c.get("/health", timeout=30)).json()["models"][MODEL]
+                    except (httpx.HTTPError, KeyError, ValueError) as e:
+                        row = {"running": f"unknown ({type(e).__name__})", "waiting": "unknown"}
+                        break
                     if row["running"] == 0 and row["waiting"] == 0:
                         break
                     await asyncio.sleep(0.1)
                 end.update(running=row["running"], waiting=row["waiting"])
                 pids.append((time.monotonic() - t0, await worker_pid(c)))
                 lines = await metric_series(c)
-                series["at the end"] = len(lines)
-                end["raw"] = [ln for ln in lines if MARK in ln]
-                end["paths"] = {ln.split('path="', 1)[1].split('"', 1)[0] for ln in lines if 'path="' in ln}
-                end["respawns"] = sum(float(ln.rsplit(" ", 1)[1]) for ln in lines
-                                      if ln.startswith("superfluid_worker_respawns_total"))
+                if lines is not None:
+                    series["at the end"] = len(lines)
+                    end["raw"] = [ln for ln in lines if MARK in ln]
+                    end["paths"] = {ln.split('path="', 1)[1].split('"', 1)[0] for ln in lines if 'path="' in ln}
+                    end["respawns"] = sum(float(ln.rsplit(" ", 1)[1]) for ln in lines
+                                          if ln.startswith("superfluid_worker_respawns_total"))
             await verify(d.url, t)
         asyncio.run(run())
     finally:
@@ -768,6 +811,8 @@ def main() -> None:
          f"{t.mismatched} differ)", t.mismatched == 0 and bool(t.checks)),
         (f"nothing running or waiting once the clients stopped (running {end.get('running')}, "
          f"waiting {end.get('waiting')})", end.get("running") == 0 and end.get("waiting") == 0),
+        (f"the daemon logged no unhandled exception ({daemon_log.unhandled}; its output: {daemon_log.path})",
+         daemon_log.unhandled == 0),
     ]
     if args.hostile:
         checks += [
@@ -779,7 +824,9 @@ def main() -> None:
              series.get("at the end") is not None and not end.get("raw")),
         ]
     if changed:
-        print(f"the worker's pid changed: {changed} (at the start {pids[0][1]})")
+        print(f"the worker's pid changed or /health did not answer: {changed} (at the start {pids[0][1]})")
+    for line, n in daemon_log.raised.most_common(5):
+        print(f"  the daemon's log: {n} tracebacks ending {line!r}")
     for line in end.get("raw", [])[:10]:
         print(f"  a series naming a made-up path: {line[:300]}")
     print()
