@@ -136,7 +136,8 @@ def test_a_keys_entry_is_restored_after_a_restart_for_that_key_only(tmp_path):
     turn left is restored for A after a restart (its namespace read back from the file by
     the new worker), and B's identical prompt is prefilled cold."""
     policy = tmp_path / "keys.json"
-    policy.write_text('{"keys": [{"name": "a", "key": "sk-key-a-000"}, {"name": "b", "key": "sk-key-b-000"}]}')
+    policy.write_text('{"keys": [{"name": "a", "key": "sk-key-a-000"}, {"name": "b", "key": "sk-key-b-000"}, '
+                      '{"name": "ops", "key": "sk-admin-000", "admin": true}]}')  # /metrics: an admin key's
     home = str(tmp_path / "home")
 
     def ask(d: Daemon, key: str) -> int:
@@ -154,6 +155,6 @@ def test_a_keys_entry_is_restored_after_a_restart_for_that_key_only(tmp_path):
     try:
         assert ask(d, "sk-key-b-000") == 0
         assert ask(d, "sk-key-a-000") > 300  # restored from A's own entry
-        assert metric(d, "superfluid_restores_total", "sk-key-a-000") == 1
+        assert metric(d, "superfluid_restores_total", "sk-admin-000") == 1
     finally:
         d.stop()

@@ -144,7 +144,15 @@ def test_restored_lane_continues_like_a_fresh_one(rt, long_prompt, tmp_path):
         # restored at the boundary, then the rest prefilled
         r = step(opens=(LaneOpen(2, GREEDY),), loads=(Load(2, kv_key(head), 128),))
         assert r.failed == () and r.kvio.restored > 0
-        assert continue_greedy(step, 2, long_prompt, 128, 8) == want
+        # what lane 1 computed, cut at 128 in memory, continued the same way: a row's numbers
+        # depend on the run it is computed in (flash attention, matmul paths), so a fresh lane
+        # cut elsewhere may part at a near tie (it did on an AMD EPYC)
+        step(opens=(LaneOpen(0, GREEDY),))
+        for i in range(0, 200, 100):
+            step(runs=(Run(0, i, tuple(long_prompt[i:i + 100]), False),))
+        step(closes=(0,))
+        step(opens=(LaneOpen(0, GREEDY, keep=128),))
+        assert continue_greedy(step, 2, long_prompt, 128, 8) == continue_greedy(step, 0, long_prompt, 128, 8)
         # restored mid-block (the entry cut to 100 tokens), then a partial prefill
         step(opens=(LaneOpen(3, GREEDY),), loads=(Load(3, kv_key(head), 100),))
         assert continue_greedy(step, 3, long_prompt, 100, 8) == want
