@@ -59,20 +59,30 @@ class BodyLimit:
         for k, v in scope.get("headers", []):
             if k == b"content-length" and v.isdigit() and int(v) > self.limit:
                 return await _send_413(send, self.limit)
-        seen = 0
+        seen, over, started = 0, False, False
 
         async def limited():
-            nonlocal seen
+            nonlocal seen, over
             msg = await receive()
             if msg["type"] == "http.request":
                 seen += len(msg.get("body", b""))
                 if seen > self.limit:
+                    over = True
                     raise _TooLarge()
             return msg
 
+        async def answer(msg):  # once the body is over, the 413 is the only answer (not an error page's 500)
+            nonlocal started
+            if not over:
+                started = started or msg["type"] == "http.response.start"
+                await send(msg)
+
         try:
-            await self.app(scope, limited, send)
-        except _TooLarge:
+            await self.app(scope, limited, answer)
+        except Exception:
+            if not over:
+                raise
+        if over and not started:  # (a chunked body has no Content-Length to refuse it by)
             await _send_413(send, self.limit)
 
 
