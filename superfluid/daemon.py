@@ -282,7 +282,10 @@ async def serve(daemon: App, sock: socket.socket) -> None:
     http = protocol(open_files_room(cfg.max_connections), cfg.header_timeout)
     # the CLI's proof that this listener is the user's own server (api/listener.py)
     token_file, token = write_token(port)
-    server = _Server(uvicorn.Config(Prover(daemon.asgi, token), log_level="warning", access_log=False,
+    # log_config None: uvicorn's own lines (an unhandled exception's traceback) go through the
+    # queued writer (monitor/logs.py) like every other line, not straight to stderr from the event
+    # loop, where a full pipe (a parent that does not read it) froze the daemon for good
+    server = _Server(uvicorn.Config(Prover(daemon.asgi, token), log_level="warning", access_log=False, log_config=None,
                                     timeout_graceful_shutdown=3, lifespan="off", http=http))
     server.drain_timeout = cfg.drain_timeout
     shown = f"[{host}]" if ":" in host else host

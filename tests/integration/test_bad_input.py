@@ -88,6 +88,25 @@ def test_a_chunked_body_too_large_is_a_413_too(daemon, path):
     assert error_of(r)["code"] == "request_too_large"
 
 
+def test_the_http_servers_own_lines_go_through_the_daemons_log_writer():
+    """uvicorn's lines (a malformed request, an unhandled exception's traceback) go through the
+    queued log writer, with the daemon's prefix, not straight to stderr from the event loop: a
+    parent that did not read the pipe froze the daemon for good once it was full (soak.py)."""
+    import socket
+
+    from .daemon import Daemon
+    d = Daemon()
+    try:
+        with socket.create_connection(("127.0.0.1", d.port)) as s:
+            s.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+            s.recv(1000)
+    finally:
+        d.stop()
+    out = d.proc.stdout.read()
+    assert "superfluid: Invalid HTTP request received." in out, out
+    assert "WARNING:  Invalid HTTP request" not in out
+
+
 def test_images_refused(daemon):
     msgs = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}]}]
     r = post(daemon, "/v1/chat/completions", json={"model": MODEL, "messages": msgs})
