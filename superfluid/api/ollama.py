@@ -266,6 +266,8 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
         t0 = time.monotonic()
         if body.get("model") is not None and not isinstance(body.get("model"), str):  # None: the default model
             raise BadRequest("model must be a string", param="model")
+        if not chat and body.get("prompt") is not None and not isinstance(body["prompt"], str):
+            raise BadRequest("prompt must be a string", param="prompt")  # (not a number made text)
         ka = keep_alive.parse(body.get("keep_alive"))
         key = "message" if chat else "response"
         empty = {"role": "assistant", "content": ""} if chat else ""

@@ -70,5 +70,7 @@ def test_preload_and_errors(daemon, oc):
     assert e.value.status_code == 501
     r = httpx.post(daemon.url + "/api/embed", json={"model": MODEL, "input": 5})
     assert r.status_code == 400 and r.json() == {"error": "input must be a string or a list of 1 to 2048 strings"}
+    r = httpx.post(daemon.url + "/api/generate", json={"model": MODEL, "prompt": 5, "stream": False})
+    assert r.status_code == 400 and r.json() == {"error": "prompt must be a string"}  # (was answered as "5")
     r = httpx.post(daemon.url + "/api/chat", content=b"{bad")
     assert r.status_code == 400 and "JSON" in r.json()["error"]
