@@ -70,7 +70,6 @@ class Checkpoints:
         self.ctx = ctx
         self.limit = limit
         self.lanes: dict[int, dict[int, bytes]] = {}  # seq -> {position: partial state}
-        self.bytes = 0
 
     def take(self, seq: int, pos: int) -> bool:
         """Save the lane's recurrent state as it is now, after `pos` tokens."""
@@ -79,10 +78,9 @@ class Checkpoints:
         if size == 0 or ll.llama_state_seq_get_data_ext(self.ctx, buf, size, seq, PARTIAL) != size:
             return False
         lane = self.lanes.setdefault(seq, {})
-        self.bytes += size - len(lane.get(pos, b""))
         lane[pos] = bytes(buf)
         while len(lane) > self.limit:
-            self.bytes -= len(lane.pop(min(lane)))
+            del lane[min(lane)]
         return True
 
     def restore(self, seq: int, pos: int) -> bool:
@@ -102,16 +100,14 @@ class Checkpoints:
         """The lane keeps its first n tokens: checkpoints past them go."""
         lane = self.lanes.get(seq, {})
         for p in [p for p in lane if p > n]:
-            self.bytes -= len(lane.pop(p))
+            del lane[p]
 
     def up_to(self, seq: int, n: int) -> dict[int, bytes]:
         return {p: d for p, d in self.lanes.get(seq, {}).items() if p <= n}
 
     def put(self, seq: int, cps: dict[int, bytes]) -> None:
         """The lane's checkpoints are these (restored from the disk tier with its state)."""
-        self.keep(seq, -1)
         self.lanes[seq] = dict(sorted(cps.items())[-self.limit:])
-        self.bytes += sum(len(d) for d in self.lanes[seq].values())
 
     def copy(self, src: int, dst: int, n: int) -> None:
         """dst holds src's first n tokens: it has src's checkpoints up to n."""
