@@ -30,7 +30,8 @@ from .net.http import open_files_room, protocol
 from .net.loopback import is_loopback_host
 from .runtime import suffix_store
 from .runtime.pull_bounds import Bounds
-from .runtime.registry import (available_memory, default_runtime, fit_context, is_hf_folder, kv_bytes_per_token,
+from .runtime.memory_fit import MemoryShape, fit
+from .runtime.registry import (available_memory, default_runtime, is_hf_folder,
                                model_bytes, suffix_dir)
 from .runtime.rope import derive, describe, trained_window
 from .service import Sessions
@@ -110,11 +111,22 @@ def build_engine(ec: EngineConfig, log: SessionLog | None = None, *, hooks: Hook
     trained = tok.shape.n_ctx_train
     # an explicit --rope-scale stretches the default window too; the worker applies the same
     # derivation (runtime/rope.py), this one only sizes the window and says what it serves
-    n_ctx = fit_context(requested=ec.max_context, n_ctx_train=trained_window(trained, ec.rope_scale, ec.yarn_orig_ctx),
-                        lanes=ec.slots, kv_bytes_per_token=kv_bytes_per_token(tok.shape.kv_bytes_per_token, ec.kv_bits),
-                        model_bytes=model_bytes(ec.model_path), mem_bytes=available_memory())
-    say_window(ec, n_ctx, trained)
-    return Engine(ec, tok, n_ctx, log, hooks=hooks, clock=clock)
+    got = fit(memory_shape(ec.model_path, tok), requested=ec.max_context,
+              n_ctx_train=trained_window(trained, ec.rope_scale, ec.yarn_orig_ctx), lanes=ec.slots,
+              kv_bits=ec.kv_bits, model_bytes=model_bytes(ec.model_path), mem_bytes=available_memory(),
+              swa_cache=ec.swa_cache, rollback=ec.speculative != "off")
+    if got.swa_cache != ec.swa_cache:
+        ec = replace(ec, swa_cache=got.swa_cache)  # auto, decided: the worker is told which
+    say_window(ec, got.n_ctx, trained)
+    return Engine(ec, tok, got.n_ctx, log, hooks=hooks, clock=clock)
+
+
+def memory_shape(path: str, tok) -> MemoryShape:
+    """What a token and a lane of the model cost (runtime/memory_fit.py): from a GGUF's header,
+    every layer's KV for a Hugging Face folder."""
+    if is_hf_folder(path):
+        return MemoryShape(full_token=tok.shape.kv_bytes_per_token)
+    return MemoryShape.of_gguf(path, tok.shape.kv_bytes_per_token)
 
 
 def say_window(ec: EngineConfig, n_ctx: int, trained: int) -> None:

@@ -130,31 +130,6 @@ def available_memory() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
 
 
-KV_VALUE_BYTES = {16: 2.0, 8: 34 / 32, 4: 18 / 32}  # f16; q8_0 and q4_0 blocks of 32 values (34 and 18 bytes)
-
-
-def kv_bytes_per_token(f16_bytes: int, kv_bits: int) -> int:
-    """A token's KV bytes at --kv-bits, from its f16 size."""
-    return max(1, round(f16_bytes * KV_VALUE_BYTES[kv_bits] / 2))
-
-
-def fit_context(*, requested: int | None, n_ctx_train: int, lanes: int,
-                kv_bytes_per_token: int, model_bytes: int, mem_bytes: int) -> int:
-    """The per-lane context: what was asked, else the trained window capped so that every
-    lane's KV cache fits in half the memory left after the weights."""
-    free = max(0, mem_bytes - model_bytes)
-    if requested is not None:
-        need = requested * lanes * kv_bytes_per_token
-        if need > free:
-            raise ModelLoadError(
-                f"{lanes} lanes x {requested} tokens need {need / 2**30:.1f} GiB of KV cache; "
-                f"{free / 2**30:.1f} GiB is available: lower --max-context or --max-batch")
-        return requested
-    cap = free // 2 // max(1, lanes * kv_bytes_per_token)
-    ctx = min(n_ctx_train or 4096, cap)
-    return max(min(256, n_ctx_train or 256), ctx // 256 * 256)
-
-
 TORCH_RUNTIMES = {"transformers": (".transformers", "TransformersRuntime"),
                   "sentence": (".sentence", "SentenceRuntime")}
 
@@ -165,7 +140,9 @@ def load_runtime(s: Any):
     rt = _runtime(s)
     if getattr(s, "speculative", "off") not in ("off", "") and not rt.info.rollback:
         rt.close()
-        raise ModelLoadError(f"--speculative {s.speculative}: this model keeps a recurrent state ({rt.info.memory}), "
+        kept = ("a window-sized sliding-window cache (the full-size one did not fit: --swa-cache full)"
+                if rt.info.swa_window else f"a recurrent state ({rt.info.memory})")
+        raise ModelLoadError(f"--speculative {s.speculative}: this model keeps {kept}, "
                              f"which cannot take back a rejected draft; serve it with --speculative off")
     if getattr(s, "speculative", "") == "suffix":
         from .suffix import SuffixDrafter
@@ -210,7 +187,8 @@ def _runtime(s: Any):
                                rpc_nodes=list(s.rpc_nodes), rpc_psk=s.stage_psk, rpc_split=list(s.rpc_split),
                                rpc_output=s.rpc_output, rope=(s.rope_scaling, s.rope_scale, s.yarn_orig_ctx),
                                rpc_names=list(s.rpc_names), rpc_listen_fd=s.rpc_listen_fd, kv_bits=s.kv_bits,
-                               flash_attn=s.flash_attn, n_cpu_moe=s.n_cpu_moe)
+                               flash_attn=s.flash_attn, n_cpu_moe=s.n_cpu_moe,
+                               swa_full=getattr(s, "swa_cache", "full") != "window")
     if s.runtime in TORCH_RUNTIMES:  # transformers; sentence: embeddings or a cross-encoder
         module, name = TORCH_RUNTIMES[s.runtime]
         try:

@@ -10,7 +10,8 @@ from superfluid.codec.tokenizer import Tokenizer
 from superfluid.plan import LaneOpen, Run, StepPlan
 from superfluid.request import SamplingParams
 from superfluid.runtime.llamacpp import LlamaCppRuntime
-from superfluid.runtime.registry import embedded_model, fit_context, kv_bytes_per_token
+from superfluid.runtime.memory_fit import fit_context, kv_bytes_per_token
+from superfluid.runtime.registry import embedded_model
 
 from .daemon import Daemon
 

@@ -3,7 +3,8 @@
 import pytest
 
 from superfluid.errors import ModelLoadError
-from superfluid.runtime.registry import ModelSource, default_runtime, fit_context, resolve
+from superfluid.runtime.memory_fit import fit_context
+from superfluid.runtime.registry import ModelSource, default_runtime, resolve
 
 GiB = 1 << 30
 
