@@ -89,7 +89,7 @@ class LlamaServer:
     def __init__(self, model: str, threads: int, n_ctx: int, configure=None):
         import xllamacpp as x
 
-        from superfluid.runtime.llamacpp import extra_buffers_safe
+        from superfluid.runtime.llamacpp_params import extra_buffers_safe
 
         p = x.CommonParams()
         p.model.path = model

@@ -32,7 +32,8 @@ import common  # noqa: F401  (the repo on sys.path)
 from superfluid.codec.tokenizer import Tokenizer
 from superfluid.plan import PLACEHOLDER, LaneOpen, Run, StepPlan
 from superfluid.request import SamplingParams
-from superfluid.runtime.llamacpp import KV_TYPES, LlamaCppRuntime
+from superfluid.runtime.llamacpp import LlamaCppRuntime
+from superfluid.runtime.llamacpp_params import KV_TYPES
 from superfluid.runtime.registry import embedded_model
 
 WIDTHS = (16, 8, 4)

@@ -31,7 +31,7 @@ import llama_cpp as ll  # noqa: E402
 import numpy as np  # noqa: E402
 
 from superfluid.codec.tokenizer import quiet_llama_logs  # noqa: E402
-from superfluid.runtime.llamacpp import context_params  # noqa: E402
+from superfluid.runtime.llamacpp_params import context_params  # noqa: E402
 from superfluid.runtime.registry import embedded_model  # noqa: E402
 from superfluid.runtime.rope import Rope  # noqa: E402
 

@@ -39,7 +39,7 @@ import numpy as np  # noqa: E402
 
 from superfluid.codec.template import ChatTemplate  # noqa: E402
 from superfluid.codec.tokenizer import Tokenizer, quiet_llama_logs  # noqa: E402
-from superfluid.runtime.llamacpp import context_params, model_params  # noqa: E402
+from superfluid.runtime.llamacpp_params import context_params, model_params  # noqa: E402
 from superfluid.runtime.registry import resolve  # noqa: E402
 from tests.integration.daemon import Daemon  # noqa: E402
 

@@ -99,6 +99,9 @@ class EngineConfig:
     kv_bits: int = 16  # --kv-bits: the KV cache's cells, 16 (f16), 8 (q8_0) or 4 (q4_0); llama.cpp only
     flash_attn: str = "auto"  # --flash-attn: auto (llama-server's default), on or off
     n_cpu_moe: int = 0  # --n-cpu-moe: the experts of the first N layers stay in host memory (-1: every layer's)
+    # --swa-cache: a sliding-window model's cache, full-size (every position: cut anywhere), window-sized
+    # (its prefix cache is then state checkpoints) or auto (full where it fits: runtime/memory_fit.py)
+    swa_cache: str = "auto"
     # --deterministic: no prefill run of one row (with flash attention off, every other run
     # computes a row the same way: sched/scheduler.py `tail_rows`)
     deterministic: bool = False

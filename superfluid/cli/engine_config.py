@@ -67,7 +67,7 @@ def engine_config(args: argparse.Namespace, src) -> EngineConfig | int:
                         rope_scaling=args.rope_scaling, rope_scale=args.rope_scale,
                         yarn_orig_ctx=args.yarn_orig_ctx,
                         sampling=sampling_defaults.from_args(args), kv_bits=args.kv_bits,
-                        n_cpu_moe=getattr(args, "n_cpu_moe", 0),
+                        n_cpu_moe=getattr(args, "n_cpu_moe", 0), swa_cache=getattr(args, "swa_cache", "auto"),
                         flash_attn="on" if args.kv_bits != 16 else "off" if args.deterministic else (
                             args.flash_attn or "auto"),
                         **kv_disk(args), deterministic=args.deterministic)

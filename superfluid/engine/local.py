@@ -57,7 +57,8 @@ class Engine(EngineBase):
                                    rpc_output=cfg.rpc_output, rope_scaling=cfg.rope_scaling,
                                    rope_scale=cfg.rope_scale, yarn_orig_ctx=cfg.yarn_orig_ctx,
                                    rpc_names=cfg.rpc_names, rpc_listen_fd=cfg.rpc_listen_fd, kv_bits=cfg.kv_bits,
-                                   flash_attn=cfg.flash_attn, n_cpu_moe=cfg.n_cpu_moe)
+                                   flash_attn=cfg.flash_attn, n_cpu_moe=cfg.n_cpu_moe,
+                                   swa_cache="window" if cfg.swa_cache == "window" else "full")
         self.worker: WorkerProcess | None = None
         self._new_worker = worker_factory  # a process; tests pass an in-process worker with its face
         self.sched = Scheduler(lanes=cfg.max_batch, n_ctx=n_ctx, step_tokens=cfg.step_tokens,
@@ -104,8 +105,9 @@ class Engine(EngineBase):
         self.sched.slots.checkpoints = self.info.prefix_cache == "checkpoints"  # cut lanes only where saved
         self.sched.tiers.marks_only = self.info.disk_marks
         if self.info.memory != "kv":  # one line on how this model's prefix is reused (docs/models.md)
-            log.info("%s: %s memory; prefix cache: %s", self.cfg.model_id, self.info.memory,
-                     "state checkpoints (the last 8 a lane)" if self.info.prefix_cache == "checkpoints"
+            log.info("%s: %s memory%s; prefix cache: %s", self.cfg.model_id, self.info.memory,
+                     " (window-sized sliding-window cache: the full-size one did not fit)" if self.info.swa_window
+                     else "", "state checkpoints (the last 8 a lane)" if self.info.prefix_cache == "checkpoints"
                      else "full-size sliding-window cache (restored from disk only whole)")
         self._task = asyncio.create_task(self._supervised(), name="engine-loop")
 

@@ -44,6 +44,7 @@ class ModelInfo:
     # a disk-tier entry is restored only where its header's marks say (checkpoints; a sliding
     # window's state, which llama.cpp saves without the cells outside the window: only whole)
     disk_marks: bool = False
+    swa_window: bool = False  # a sliding-window cache kept window-sized (its prefix cache: checkpoints)
 
     def to_wire(self) -> dict:
         return self.__dict__.copy()

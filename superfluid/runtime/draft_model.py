@@ -22,7 +22,7 @@ import numpy as np
 
 from ..errors import ModelLoadError
 from ..plan import PLACEHOLDER
-from .llamacpp import context_params, model_params
+from .llamacpp_params import context_params, model_params
 from .speculate import Drafter
 
 

@@ -17,7 +17,6 @@ mean-pooled) or as `pooling` says."""
 from __future__ import annotations
 
 import ctypes
-import os
 
 import llama_cpp as ll
 import numpy as np
@@ -28,24 +27,10 @@ from ..plan import EmbedItem, Run
 from .base import ModelInfo, Runtime
 from .checkpoints import Checkpoints, memory_kind, pack, unpack
 from .llamacpp_embed import EMBED_WINDOW, POOLING, LlamaEmbedder
-from .rope import Rope, derive, rope_key
+from .llamacpp_params import context_params, model_params, split_params
+from .rope import derive, rope_key
 from . import threadpool
 from .threads import ThreadGovernor
-
-
-def extra_buffers_safe() -> bool:
-    """May llama.cpp repack weights into its extra CPU buffer types? Its AMX kernels take a
-    general protection fault on CPUs that advertise AMX inside VMs that do not run it (seen on
-    the Xeon test machines: every decode of a Q4_1 model crashes the process). Off where the CPU
-    says AMX, unless SUPERFLUID_LLAMA_EXTRA_BUFTS=1."""
-    forced = os.environ.get("SUPERFLUID_LLAMA_EXTRA_BUFTS")
-    if forced is not None:
-        return forced == "1"
-    try:
-        with open("/proc/cpuinfo") as f:
-            return not any(line.startswith("flags") and " amx_" in line for line in f)
-    except OSError:
-        return True
 
 
 def by_seq(items):
@@ -54,107 +39,12 @@ def by_seq(items):
     return sorted(items, key=lambda r: r.seq)
 
 
-ROPE_TYPES = {"none": ll.LLAMA_ROPE_SCALING_TYPE_NONE, "linear": ll.LLAMA_ROPE_SCALING_TYPE_LINEAR,
-              "yarn": ll.LLAMA_ROPE_SCALING_TYPE_YARN}
-
-
-KV_TYPES = {16: ll.GGML_TYPE_F16, 8: ll.GGML_TYPE_Q8_0, 4: ll.GGML_TYPE_Q4_0}  # --kv-bits: the cache's cells
-
-
-FLASH_ATTN = {"off": ll.LLAMA_FLASH_ATTN_TYPE_DISABLED, "on": ll.LLAMA_FLASH_ATTN_TYPE_ENABLED,
-              "auto": ll.LLAMA_FLASH_ATTN_TYPE_AUTO}
-
-
-def context_params(lanes: int, n_ctx: int, threads: int, batch_tokens: int, rope: Rope | None = None,
-                   kv_bits: int = 16, flash_attn: str = "auto"):
-    """A context for `lanes` sequences of n_ctx tokens, each with its own KV stream; with
-    `rope`, its positions stretched (runtime/rope.py). Without, llama.cpp's defaults keep
-    the model's own rope settings. `kv_bits` 8 or 4: K and V quantized (q8_0, q4_0), with
-    flash attention, which llama.cpp needs for a quantized V.
-
-    `flash_attn`: llama.cpp's flash attention, auto by default as llama-server has it. Its CPU
-    kernel computes a sequence's rows differently when fewer than 64 of them run together (a
-    prompt's last chunk, a warm prompt's last token), so a prompt's logits depend on how it was
-    cut; off, prefill is about 0.75x as fast and the logits still depended on the cut for
-    some prompts (issue 37, measured: docs/sessions.md)."""
-    cp = ll.llama_context_default_params()
-    cp.flash_attn_type = FLASH_ATTN[flash_attn]
-    if kv_bits != 16:
-        cp.type_k = cp.type_v = KV_TYPES[kv_bits]
-        cp.flash_attn_type = ll.LLAMA_FLASH_ATTN_TYPE_ENABLED
-    if rope is not None and rope.kind:
-        cp.rope_scaling_type = ROPE_TYPES[rope.kind]
-    if rope is not None:
-        cp.rope_freq_scale = rope.freq_scale  # 0: the model's own
-        cp.yarn_orig_ctx = rope.orig_ctx  # 0: the model's trained window
-    cp.n_ctx = lanes * n_ctx
-    cp.n_batch = batch_tokens
-    cp.n_ubatch = min(batch_tokens, 512)
-    cp.n_seq_max = lanes
-    cp.n_threads = threads
-    cp.n_threads_batch = threads
-    cp.kv_unified = False
-    cp.no_perf = True
-    return cp
-
-
-def model_params(n_cpu_moe: int = 0):
-    """llama.cpp model parameters for loading weights here (see extra_buffers_safe); with
-    n_cpu_moe, the mixture-of-experts weights of the first N layers (-1: all) in host memory,
-    as llama-server's --n-cpu-moe, for a MoE model whose weights do not fit the device."""
-    mp = ll.llama_model_default_params()
-    mp.n_gpu_layers = 999  # everything on the GPU when the build has one; no-op on CPU
-    mp.use_extra_bufts = extra_buffers_safe()
-    if n_cpu_moe:
-        from . import rpc
-        layers = r"\d+" if n_cpu_moe < 0 else "|".join(str(i) for i in range(n_cpu_moe))
-        pattern = rf"^blk\.({layers})\.ffn_(up|down|gate|gate_up)_(ch|)exps".encode()
-        mp._over = (_BuftOverride * 2)(_BuftOverride(pattern, rpc.cpu_buffer_type()), _BuftOverride(None, None))
-        mp.tensor_buft_overrides = ctypes.cast(mp._over, ctypes.c_void_p)
-    return mp
-
-
-def split_params(path: str, nodes, split: list[float], output: str = "head"):
-    """Model parameters for a GGUF split by layers over this host's CPU and llama.cpp RPC
-    nodes (runtime/rpc_link.py): the devices in order, each with its share of the layers;
-    the output layer on this host (`output` "head") or on the last node ("last")."""
-    from . import rpc
-    from .rpc_link import check_fits, shares
-    nodes.require()
-    devs = [rpc.cpu_device()] + [d for n in nodes.nodes for d in rpc.devices(n.endpoint)]
-    offers = [rpc.memory(d) for d in devs]
-    parts = shares(offers, split)
-    check_fits(os.path.getsize(path), offers, parts, ["this host"] + [n.addr for n in nodes.nodes])
-    mp = model_params()
-    mp._devices = (ctypes.c_void_p * (len(devs) + 1))(*devs, None)  # NULL-terminated; kept alive with mp
-    mp.devices = ctypes.cast(mp._devices, ctypes.c_void_p)
-    mp._split = (ctypes.c_float * 128)(*parts)
-    mp.tensor_split = ctypes.cast(mp._split, ctypes.POINTER(ctypes.c_float))
-    mp.split_mode = ll.LLAMA_SPLIT_MODE_LAYER
-    # the output layer on this host, beside the input embedding it often shares: the last
-    # node then sends back a hidden state (n_embd floats a token) instead of logits (n_vocab
-    # floats, 196 KB a token for the embedded model, through both ends of the tunnel), and
-    # holds no copy of a tied embedding. Measured in docs/fleet.md: decode +4-12%.
-    if output == "head":
-        mp._over = (_BuftOverride * 2)(_BuftOverride(HEAD_TENSORS, rpc.cpu_buffer_type()), _BuftOverride(None, None))
-        mp.tensor_buft_overrides = ctypes.cast(mp._over, ctypes.c_void_p)
-    return mp
-
-
-HEAD_TENSORS = rb"^(output|token_embd)\.weight$"  # kept on this host's CPU in a split
-
-
-class _BuftOverride(ctypes.Structure):
-    """llama_model_tensor_buft_override: a tensor-name regex and the buffer type it goes to."""
-    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
-
-
 class LlamaCppRuntime(Runtime):
     def __init__(self, path: str, *, lanes: int, n_ctx: int, threads: int, batch_tokens: int,
                  pooling: str | None = None, rpc_nodes: list | None = None, rpc_psk: bytes | None = None,
                  rpc_split: list[float] | None = None, rpc_output: str = "head", rpc_names: list[str] | None = None,
                  rpc_listen_fd: int = -1, rope: tuple[str, float, int] = ("", 0.0, 0), kv_bits: int = 16,
-                 flash_attn: str = "auto", n_cpu_moe: int = 0):
+                 flash_attn: str = "auto", n_cpu_moe: int = 0, swa_full: bool = True):
         super().__init__()
         quiet_llama_logs()
         ll.llama_backend_init()
@@ -178,7 +68,7 @@ class LlamaCppRuntime(Runtime):
         n_ctx_train = ll.llama_model_n_ctx_train(self.model)
         self.rope = derive(*rope, n_ctx=n_ctx, n_ctx_train=n_ctx_train)
         self.ctx = ll.llama_init_from_model(self.model, context_params(lanes, n_ctx, threads, batch_tokens,
-                                                                       self.rope, kv_bits, flash_attn))
+                                                                       self.rope, kv_bits, flash_attn, swa_full))
         if not self.ctx:
             self.close()
             if kv_bits != 16:
@@ -189,8 +79,11 @@ class LlamaCppRuntime(Runtime):
         self.kv_bits = kv_bits
         self.mem = ll.llama_get_memory(self.ctx)
         self.memory = memory_kind(self.model)
-        # a recurrent state cannot be cut anywhere: its prefix cache is checkpoints (runtime/checkpoints.py)
-        self.checkpoints = Checkpoints(self.ctx) if self.memory in ("recurrent", "hybrid") else None
+        # a sliding window kept window-sized has dropped the cells a shorter lane would need
+        self.n_swa = ll.llama_model_n_swa(self.model) if self.memory == "swa" and not swa_full else 0
+        # a recurrent state (or such a window) cannot be cut anywhere: its prefix cache is
+        # checkpoints (runtime/checkpoints.py)
+        self.checkpoints = Checkpoints(self.ctx) if self.memory in ("recurrent", "hybrid") or self.n_swa else None
         self.n_batch = batch_tokens
         self.batch = ll.llama_batch_init(batch_tokens, 0, 1)
         n_vocab = ll.llama_vocab_n_tokens(self.vocab)
@@ -227,8 +120,9 @@ class LlamaCppRuntime(Runtime):
                               embed_window=window, embed_chunks=chunked, pooling=self.pooling,
                               speculate=True, memory=self.memory,
                               prefix_cache="checkpoints" if self.checkpoints else "kv",
-                              disk_marks=self.memory != "kv",
+                              disk_marks=self.memory != "kv", swa_window=bool(self.n_swa),
                               # a rejected draft's state cannot be taken back from a recurrent layer
+                              # (nor a window's cells it has dropped)
                               rollback=self.checkpoints is None)
 
     def _meta(self, key: str) -> str | None:
@@ -263,18 +157,26 @@ class LlamaCppRuntime(Runtime):
         its end (llama_memory_seq_rm returns false): the lane then goes back to its deepest
         checkpoint at or below n, or is emptied, and holds less than n (lane_len says how much;
         the caller reports it). Never left in a state the next decode would fail on."""
-        if n > 0 and ll.llama_memory_seq_rm(self.mem, seq, n, -1):
+        if n > 0 and ll.llama_memory_seq_rm(self.mem, seq, n, -1) and self._window_holds(seq, n):
             if self.checkpoints is not None:
                 self.checkpoints.keep(seq, n)
             return
         if n > 0 and self.checkpoints is not None:
             for p in self.checkpoints.below(seq, n):
-                if self.checkpoints.restore(seq, p) and ll.llama_memory_seq_rm(self.mem, seq, p, -1):
+                if (self.checkpoints.restore(seq, p) and ll.llama_memory_seq_rm(self.mem, seq, p, -1)
+                        and self._window_holds(seq, p)):
                     self.checkpoints.keep(seq, p)
                     return
         ll.llama_memory_seq_rm(self.mem, seq, -1, -1)  # a whole sequence: every memory allows it
         if self.checkpoints is not None:
             self.checkpoints.keep(seq, -1)
+
+    def _window_holds(self, seq: int, n: int) -> bool:
+        """A window-sized sliding-window cache still holds what the token at n attends to:
+        llama.cpp reuses the cells of positions that fell out of the window of the lane's last
+        token, so a lane cut back further lacks them (llama-server's test: its oldest cell at or
+        before n - n_swa; -1, none left, while the other layers still hold n tokens)."""
+        return not self.n_swa or 0 <= ll.llama_memory_seq_pos_min(self.mem, seq) <= max(0, n - self.n_swa)
 
     def close_lane(self, seq: int) -> None:
         pass  # the KV stays: a prefix-cache entry until the slot is opened again
@@ -306,9 +208,10 @@ class LlamaCppRuntime(Runtime):
     def state_marks(self, seq: int, n: int) -> tuple[int, ...]:
         # a recurrent state is whole only where the lane ends; a sliding window's is saved without
         # the cells outside the window of the lane's last token (llama_kv_cache::state_write), which
-        # a token at n or later needs only if n < that last position
+        # a token at n or later needs only if n < that last position (a window-sized cache has
+        # dropped them anyway: its end and its checkpoints)
         held = self.lane_len(seq)
-        end = (n,) if held == n or (self.memory == "swa" and held == n + 1) else ()
+        end = (n,) if held == n or (self.memory == "swa" and not self.n_swa and held == n + 1) else ()
         if self.checkpoints is None:
             return end
         return tuple(sorted({*self.checkpoints.up_to(seq, n), *end}))

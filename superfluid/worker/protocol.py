@@ -58,6 +58,7 @@ class WorkerSettings(Record):
     kv_bits: int = 16  # the KV cache's cells: 16 (f16), 8 (q8_0) or 4 (q4_0), llama.cpp only
     n_cpu_moe: int = 0  # the experts of the first N layers in host memory (-1: all), llama.cpp only
     flash_attn: str = "auto"  # llama.cpp's flash attention: auto (llama-server's default), on or off
+    swa_cache: str = "full"  # a sliding-window model's cache: full (every position) or window (runtime/memory_fit.py)
 
 
 @dataclass(frozen=True, slots=True)

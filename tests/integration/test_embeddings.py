@@ -76,7 +76,7 @@ def test_gguf_embeddings_equal_llama_cpp_reference(client, monkeypatch):
     import llama_cpp
     from llama_cpp import LLAMA_POOLING_TYPE_MEAN, Llama
 
-    from superfluid.runtime.llamacpp import extra_buffers_safe
+    from superfluid.runtime.llamacpp_params import extra_buffers_safe
 
     orig = llama_cpp.llama_cpp.llama_model_default_params
 

@@ -46,9 +46,15 @@ TOKENS = 16
 LONG = 64  # the preempted stream's
 
 
-def families():
-    """Every family of the fixture; one that cannot be made here fails with its reason."""
-    return [pytest.param(n, id=n) for n in FAMILIES]
+WINDOWED = ("--swa-cache", "window")  # a sliding window kept window-sized: its prefix cache is checkpoints
+
+
+def families(windowed: bool = False):
+    """Every family of the fixture; one that cannot be made here fails with its reason. With
+    `windowed`, Gemma 3 again with its window layers window-sized (what --swa-cache auto picks
+    where the full-size cache does not fit)."""
+    return [pytest.param(n, id=n) for n in FAMILIES] + ([pytest.param("gemma3@window", id="gemma3-window")]
+                                                          if windowed else [])
 
 
 def made(name: str):
@@ -158,16 +164,18 @@ def beside(d: Daemon, n: int, then):
             t.join(120)
 
 
-@pytest.mark.parametrize("name", families())
-def test_a_family_answers_the_same_however_its_prefix_was_computed(name):
+@pytest.mark.parametrize("variant", families(windowed=True))
+def test_a_family_answers_the_same_however_its_prefix_was_computed(variant):
+    name, _, swa = variant.partition("@")
     fam = made(name)
     tol = TOLERANCE[name]
-    d = Daemon(family_gguf(name), *ARGS, max_context=2048, max_batch=8)
+    args = ARGS + (WINDOWED if swa else ())
+    d = Daemon(family_gguf(name), *args, max_context=2048, max_batch=8)
     home = d.home
     try:
         pid = d.worker_pid()
         card = httpx.get(d.url + "/v1/models", timeout=10).json()["data"][0]
-        assert card["prefix_cache"] == ("checkpoints" if name in CHECKPOINTED else "kv"), card
+        assert card["prefix_cache"] == ("checkpoints" if name in CHECKPOINTED or swa else "kv"), card
         # cold, in a cache namespace of its own, prefilled in the largest chunks
         cold, cached = answer(d, qos="interactive", cache_salt="cold")
         assert cached == 0
@@ -201,12 +209,12 @@ def test_a_family_answers_the_same_however_its_prefix_was_computed(name):
         assert d.worker_pid() == pid  # no cut a memory refused killed the worker
     finally:
         d.stop()
-    d = Daemon(family_gguf(name), *ARGS, max_context=2048, max_batch=8, home=home)
+    d = Daemon(family_gguf(name), *args, max_context=2048, max_batch=8, home=home)
     try:  # restored from the disk tier
         restored, cached = complete(d, nxt)
         assert cached >= len(doc) - 1, (cached, len(doc))  # the prompt's entry at least (sched/tiers.save)
         same(cold_next, restored, tol, "the next turn, restored after a restart")
-        if fam.n_swa == 0:  # and the document's prefix, cut from a longer saved lane
+        if fam.n_swa == 0 or swa:  # and the document's prefix, cut from a longer saved lane (at a checkpoint)
             restored, cached = answer(d)
             assert cached > 256, cached
             same(cold, restored, tol, "restored after a restart")
@@ -222,6 +230,12 @@ def test_speculation_is_refused_in_one_line_or_gives_the_same_tokens(name):
             Daemon(family_gguf(name), "--speculative", "ngram", max_context=1024, max_batch=2).stop()
         said = [line for line in str(e.value).splitlines() if "--speculative" in line]
         assert len(said) == 1 and "recurrent state" in said[0], str(e.value)
+        if name == "lfm2":  # and a window-sized sliding window, which has dropped what a draft needs back
+            with pytest.raises(RuntimeError) as e:
+                Daemon(family_gguf("gemma3"), "--speculative", "ngram", *WINDOWED, max_context=1024,
+                       max_batch=2).stop()
+            said = [line for line in str(e.value).splitlines() if "--speculative" in line]
+            assert len(said) == 1 and "window-sized sliding-window cache" in said[0], str(e.value)
         # at the defaults (multi-step decode plans, flash attention): the conversation's next
         # turns reuse its checkpoints, and the worker lives through them
         d = Daemon(family_gguf(name), max_context=2048, max_batch=4)

@@ -86,7 +86,7 @@ def test_transformers_rope_parameters():
 
 def test_llamacpp_context_params():
     ll = pytest.importorskip("llama_cpp")
-    from superfluid.runtime.llamacpp import context_params
+    from superfluid.runtime.llamacpp_params import context_params
     plain = context_params(2, 32768, 1, 256)
     asked = context_params(2, 32768, 1, 256, rope("yarn"))
     assert (plain.rope_scaling_type, plain.rope_freq_scale, plain.yarn_orig_ctx) == (
