@@ -13,7 +13,7 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8453
 
 
-# llama.cpp built with OpenMP (not superfluid's build: scripts/llama-rpc.sh turns it off)
+# llama.cpp built with OpenMP (not superfluid's build: scripts/llama-build.sh turns it off)
 # spins at every barrier by default, so with one thread per core anything else that runs made
 # decode 30-50x slower (NOTES.md); its threads wait passively here. An operator's own
 # OMP_WAIT_POLICY wins. ggml's own threadpool, which superfluid builds, ignores it: the
@@ -102,6 +102,12 @@ class EngineConfig:
     # --swa-cache: a sliding-window model's cache, full-size (every position: cut anywhere), window-sized
     # (its prefix cache is then state checkpoints) or auto (full where it fits: runtime/memory_fit.py)
     swa_cache: str = "auto"
+    # --gpu-layers: auto (fitted to the devices' memory: runtime/offload.py), all, or a number;
+    # the daemon resolves auto to a number before the worker starts
+    gpu_layers: str = "auto"
+    devices: tuple[str, ...] = ()  # --device: ggml's device names (() : every GPU; ("none",): the CPU)
+    split_mode: str = "layer"  # --split-mode over several GPUs: none, layer or row
+    tensor_split: tuple[float, ...] = ()  # --tensor-split: the devices' shares of the layers
     # --deterministic: no prefill run of one row (with flash attention off, every other run
     # computes a row the same way: sched/scheduler.py `tail_rows`)
     deterministic: bool = False

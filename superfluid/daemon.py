@@ -23,6 +23,7 @@ from .api.app import create_app
 from .api.listener import Prover, write_token
 from .codec.tokenizer import Tokenizer
 from .config import EngineConfig, ServeConfig, home, private_dir
+from .errors import ModelLoadError
 from .engine import NO_HOOKS, Engine, EngineAPI, Hooks, SessionLog
 from .monitor.access import AccessLog
 from .monitor.metrics import Metrics
@@ -30,6 +31,8 @@ from .net.http import open_files_room, protocol
 from .net.loopback import is_loopback_host
 from .runtime import suffix_store
 from .runtime.pull_bounds import Bounds
+from .runtime import devices, offload
+from .runtime.devices import Build
 from .runtime.memory_fit import MemoryShape, fit
 from .runtime.registry import (available_memory, default_runtime, is_hf_folder,
                                model_bytes, suffix_dir)
@@ -117,8 +120,29 @@ def build_engine(ec: EngineConfig, log: SessionLog | None = None, *, hooks: Hook
               swa_cache=ec.swa_cache, rollback=ec.speculative != "off")
     if got.swa_cache != ec.swa_cache:
         ec = replace(ec, swa_cache=got.swa_cache)  # auto, decided: the worker is told which
-    say_window(ec, got.n_ctx, trained)
-    return Engine(ec, tok, got.n_ctx, log, hooks=hooks, clock=clock)
+    off = None
+    if ec.runtime == "llamacpp":  # the layers and window on the GPU, where the build has one
+        try:
+            off = offload.plan(machine(), gpu_layers=ec.gpu_layers, names=ec.devices, n_layer=tok.shape.n_layer,
+                               model_bytes=model_bytes(ec.model_path), fit=got, lanes=ec.slots,
+                               requested=ec.max_context)
+        except ValueError as e:
+            raise ModelLoadError(str(e)) from None
+        ec = replace(ec, gpu_layers=str(off.layers))
+        if off.line:
+            logging.getLogger("superfluid").info("%s: %s", ec.model_id, off.line)
+    n_ctx = off.n_ctx if off is not None else got.n_ctx
+    say_window(ec, n_ctx, trained)
+    eng = Engine(ec, tok, n_ctx, log, hooks=hooks, clock=clock)
+    eng.offload = off
+    return eng
+
+
+def machine() -> Build:
+    """The llama.cpp build and the devices it sees now (runtime/devices.py): asked of a
+    short-lived process where the build has a GPU backend, so the daemon holds no device."""
+    names = devices.backends()
+    return devices.probe() if set(names) & devices.GPU_BACKENDS else devices.here()
 
 
 def memory_shape(path: str, tok) -> MemoryShape:
@@ -277,9 +301,24 @@ def forgetter(folder) -> Callable[[float], Awaitable[None]]:
     return forget
 
 
+def say_build() -> None:
+    """The daemon's first line: the llama.cpp build it runs on (backends, the CPU's instruction
+    sets, the devices layers go to), and a warning when the machine has a GPU the build lacks."""
+    try:
+        build = machine()
+        log.info("%s", build.line())
+        said = devices.missing_gpu_line(build)
+    except OSError as e:  # a llama-cpp-python whose libraries are not where it keeps them
+        log.warning("cannot read llama.cpp's backends: %s", e)
+        return
+    if said:
+        log.warning("%s", said)
+
+
 async def serve(daemon: App, sock: socket.socket) -> None:
     """build() plus uvicorn: load the models, serve until a signal, stop."""
     cfg, models = daemon.cfg, daemon.models
+    say_build()
     advert = await advertise_rpc(cfg)  # before the model loads: its worker waits for nodes to join
     try:
         await daemon.start()

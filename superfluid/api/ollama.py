@@ -179,7 +179,8 @@ def add_routes(app: FastAPI, models, qos_for) -> None:
 
     @app.get("/api/ps")
     async def ps():
-        return {"models": [{**card(models, m), "expires_at": keep_alive.expires_at(models, m), "size_vram": 0}
+        return {"models": [{**card(models, m), "expires_at": keep_alive.expires_at(models, m),
+                            "size_vram": getattr(models.engines[m].offload, "device_bytes", 0)}
                            for m in models.engines]}
 
     @app.post("/api/show")

@@ -68,6 +68,9 @@ def engine_config(args: argparse.Namespace, src) -> EngineConfig | int:
                         yarn_orig_ctx=args.yarn_orig_ctx,
                         sampling=sampling_defaults.from_args(args), kv_bits=args.kv_bits,
                         n_cpu_moe=getattr(args, "n_cpu_moe", 0), swa_cache=getattr(args, "swa_cache", "auto"),
+                        gpu_layers=getattr(args, "gpu_layers", "auto"), devices=getattr(args, "device", ()),
+                        split_mode=getattr(args, "split_mode", "layer"),
+                        tensor_split=getattr(args, "tensor_split", ()),
                         flash_attn="on" if args.kv_bits != 16 else "off" if args.deterministic else (
                             args.flash_attn or "auto"),
                         **kv_disk(args), deterministic=args.deterministic)

@@ -9,6 +9,31 @@ from ..config import DEFAULT_HOST, default_threads
 from ..request import Qos
 
 
+
+def _gpu_layers(value: str) -> str:
+    from ..runtime.offload import parse_layers
+    try:
+        return parse_layers(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _names(value: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in value.split(",") if n.strip())
+    if not names or len(names) > 64 or any(len(n) > 128 for n in names):
+        raise argparse.ArgumentTypeError("expected device names, comma-separated (CUDA0,CUDA1)")
+    return names
+
+
+def _split(value: str) -> tuple[float, ...]:
+    try:
+        parts = tuple(float(p) for p in value.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers, comma-separated (3,1), got {value!r}") from None
+    if not parts or len(parts) > 64 or any(not 0 <= p < 1e6 for p in parts) or sum(parts) <= 0:
+        raise argparse.ArgumentTypeError("expected shares of 0 or more, comma-separated, not all 0")
+    return parts
+
 def _positive(s: str) -> int:
     v = int(s)
     if v < 1:
@@ -120,6 +145,10 @@ def _engine_flags(s: argparse.ArgumentParser) -> None:
     s.add_argument("--step-tokens", type=_positive, default=512, help="token budget of one step: decodes plus prefill chunks (default 512, llama.cpp's micro-batch)")
     s.add_argument("--kv-bits", type=int, choices=(16, 8, 4), default=16, help="the KV cache's cells: 16 (f16, default), 8 (q8_0: about half the memory, so about twice the window or lanes) or 4 (q4_0); 8 and 4 turn on flash attention, which llama.cpp needs for them (llama.cpp runtime only)")
     s.add_argument("--n-cpu-moe", "-ncmoe", type=int, default=0, metavar="N", help="keep the mixture-of-experts weights of the first N layers in host memory, the rest of the model on the GPU (llama-server's flag: a MoE model whose weights do not fit the device); --cpu-moe: every layer's")
+    s.add_argument("--gpu-layers", "-ngl", "--n-gpu-layers", type=_gpu_layers, default="auto", metavar="N|auto|all", help="layers on the GPU (llama-server's -ngl): auto (default) fits the weights and every lane's KV into the devices' free memory, shrinking an unset window to 4096 first, then leaving the last layers that do not fit on the CPU; all; or a number (0: none). The startup line says what was chosen (docs/gpu.md). No effect on a CPU build")
+    s.add_argument("--device", "-dev", type=_names, default=(), metavar="DEV[,DEV...]", help="the devices layers go to, by ggml's names (CUDA0, Vulkan0, ...; none: the CPU only); default: every GPU the build sees (the first line of `serve` lists them)")
+    s.add_argument("--split-mode", "-sm", choices=("none", "layer", "row"), default="layer", help="with several GPUs: layer (default) gives each device whole layers, row splits each layer's rows (CUDA), none uses the first device only")
+    s.add_argument("--tensor-split", "-ts", type=_split, default=(), metavar="N[,N...]", help="with several GPUs: their shares of the layers, in --device order (3,1: three quarters on the first); default: by free memory")
     s.add_argument("--swa-cache", choices=("auto", "full", "window"), default="auto", help="a sliding-window model's cache (Gemma 3, gpt-oss): full keeps every position of its window layers (a cached prefix is cut anywhere), window only their window (far less memory; the prefix cache is then state checkpoints and --speculative is refused); auto (default): full where the window asked for (or the trained one) fits memory, else window. The startup line says which (docs/models.md)")
     s.add_argument("--swa-full", action="store_const", const="full", dest="swa_cache", help="llama-server's flag: --swa-cache full")
     s.add_argument("--cpu-moe", "-cmoe", action="store_const", const=-1, dest="n_cpu_moe", help="keep every layer's mixture-of-experts weights in host memory (--n-cpu-moe for all layers)")

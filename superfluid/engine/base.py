@@ -43,6 +43,7 @@ class EngineBase:
         self.tool_format = self.codec.tool_format
         self.reasoning = self.codec.reasoning
         self.info: ModelInfo | None = None
+        self.offload: Any = None  # runtime/offload.Offload: the layers on a GPU (None: not decided here)
         self.hooks = hooks  # the metrics it reports to
         self.clock = clock  # what idle time and pin deadlines are read on
         self.recent_ttft: deque[float] = deque(maxlen=TTFT_KEPT)  # for the monitor's p50/p95

@@ -74,6 +74,7 @@ class EngineStats:
     embedding: int = 0  # embedding requests in progress
     counters: Mapping[str, int] = field(default_factory=dict)  # the scheduler's (monotonic) counters
     worker_pid: int | None = None
+    device: Mapping[str, Any] | None = None  # where the layers are (runtime/offload.Offload.to_json)
     stages: tuple[str, ...] = ()  # a pipeline's stage nodes
     fleet: bool = False  # a fleet head's: its generations run on the nodes below
     nodes: tuple[NodeStats, ...] = ()  # a fleet head's nodes

@@ -58,7 +58,9 @@ class Engine(EngineBase):
                                    rope_scale=cfg.rope_scale, yarn_orig_ctx=cfg.yarn_orig_ctx,
                                    rpc_names=cfg.rpc_names, rpc_listen_fd=cfg.rpc_listen_fd, kv_bits=cfg.kv_bits,
                                    flash_attn=cfg.flash_attn, n_cpu_moe=cfg.n_cpu_moe,
-                                   swa_cache="window" if cfg.swa_cache == "window" else "full")
+                                   swa_cache="window" if cfg.swa_cache == "window" else "full",
+                                   gpu_layers=int(cfg.gpu_layers) if cfg.gpu_layers.isdigit() else 999,
+                                   devices=cfg.devices, split_mode=cfg.split_mode, tensor_split=cfg.tensor_split)
         self.worker: WorkerProcess | None = None
         self._new_worker = worker_factory  # a process; tests pass an in-process worker with its face
         self.sched = Scheduler(lanes=cfg.max_batch, n_ctx=n_ctx, step_tokens=cfg.step_tokens,

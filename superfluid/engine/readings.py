@@ -19,6 +19,8 @@ def health_row(s: EngineStats) -> dict:
     lanes and queues, summed; `nodes` has a row per node."""
     out: dict = {"running": s.running, "waiting": s.waiting, "embedding": s.embedding, "lanes": s.max_lanes,
                  "kv_slots": s.kv_slots, "steps": s.steps, "worker_pid": s.worker_pid, "ready": s.ready}
+    if s.device is not None:
+        out["device"] = dict(s.device)
     if s.fleet:
         out.update(placed=s.placed, nodes=[node_row(n) for n in s.nodes])
     return out

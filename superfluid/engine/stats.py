@@ -55,4 +55,5 @@ def local_stats(eng: Engine) -> EngineStats:
         ttft_n=len(eng.recent_ttft), ttft_p50=p50, ttft_p95=p95, restarts=eng.respawns, steps=eng.steps,
         embedding=len(s.embeds.jobs), counters=dataclasses.asdict(c),
         worker_pid=eng.worker.pid if eng.worker else None,
+        device=eng.offload.to_json() if getattr(eng, "offload", None) is not None else None,
         stages=tuple(f"{h}:{p}" for h, p in eng.cfg.stages))

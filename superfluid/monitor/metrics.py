@@ -63,6 +63,9 @@ class EngineCollector:
                                    "drafted tokens accepted / drafted (speculative decoding)", labels=["model"])
         node = {name: GaugeMetricFamily(f"superfluid_node_{name}", doc, labels=["model", "node", "name"])
                 for name, doc in _NODE_GAUGES}
+        device = GaugeMetricFamily("superfluid_device_memory_bytes", "a GPU's memory (kind total) and what a "
+                                   "model's weights and KV take of it (kind model), as fitted at load (docs/gpu.md)",
+                                   labels=["model", "device", "kind"])
         fams = {name: CounterMetricFamily(f"superfluid_{name}", doc, labels=["model"]) for name, doc in _COUNTERS}
         for mid, eng in self.engines.items():
             s = eng.stats()
@@ -79,6 +82,10 @@ class EngineCollector:
                 fams[name].add_metric([mid], s.counters.get(name, 0))
             if s.counters.get("draft_tokens"):
                 accept.add_metric([mid], s.counters["draft_accepted_tokens"] / s.counters["draft_tokens"])
+            if s.device and s.device.get("layers"):
+                where = "+".join(s.device["devices"])
+                device.add_metric([mid, where, "model"], s.device.get("bytes", 0))
+                device.add_metric([mid, where, "total"], s.device.get("total_bytes", 0))
             for n in s.nodes:
                 if mid in n.models:
                     label = [mid, n.addr, n.name]
@@ -95,6 +102,7 @@ class EngineCollector:
         yield kv_used
         yield kv_total
         yield accept
+        yield device
         yield from fams.values()
         yield from node.values()
 

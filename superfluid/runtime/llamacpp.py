@@ -44,12 +44,14 @@ class LlamaCppRuntime(Runtime):
                  pooling: str | None = None, rpc_nodes: list | None = None, rpc_psk: bytes | None = None,
                  rpc_split: list[float] | None = None, rpc_output: str = "head", rpc_names: list[str] | None = None,
                  rpc_listen_fd: int = -1, rope: tuple[str, float, int] = ("", 0.0, 0), kv_bits: int = 16,
-                 flash_attn: str = "auto", n_cpu_moe: int = 0, swa_full: bool = True):
+                 flash_attn: str = "auto", n_cpu_moe: int = 0, swa_full: bool = True,
+                 offload: tuple = (999, (), "layer", ())):
         super().__init__()
         quiet_llama_logs()
         ll.llama_backend_init()
         self.rpc = None  # the RPC nodes the model is split over (runtime/rpc_link.py)
-        params = model_params(n_cpu_moe)
+        params = model_params(n_cpu_moe, *offload)
+        self.gpu_layers = offload[0]
         if rpc_nodes or rpc_names:
             from .rpc_link import RpcNodes
             self.rpc = RpcNodes(rpc_nodes or [], rpc_psk, names=rpc_names or [], listen_fd=rpc_listen_fd)

@@ -73,12 +73,28 @@ def context_params(lanes: int, n_ctx: int, threads: int, batch_tokens: int, rope
     return cp
 
 
-def model_params(n_cpu_moe: int = 0):
-    """llama.cpp model parameters for loading weights here (see extra_buffers_safe); with
-    n_cpu_moe, the mixture-of-experts weights of the first N layers (-1: all) in host memory,
-    as llama-server's --n-cpu-moe, for a MoE model whose weights do not fit the device."""
+SPLIT_MODES = {"none": ll.LLAMA_SPLIT_MODE_NONE, "layer": ll.LLAMA_SPLIT_MODE_LAYER, "row": ll.LLAMA_SPLIT_MODE_ROW}
+
+
+def model_params(n_cpu_moe: int = 0, gpu_layers: int = 999, devices: tuple[str, ...] = (), split_mode: str = "layer",
+                 tensor_split: tuple[float, ...] = ()):
+    """llama.cpp model parameters for loading weights here (see extra_buffers_safe): the last
+    `gpu_layers` layers on the GPU when the build has one (runtime/offload.py; no-op on a CPU
+    build), on `devices` (ggml's names; ("none",): none) split by `split_mode` and
+    `tensor_split`; with n_cpu_moe, the mixture-of-experts weights of the first N layers (-1:
+    all) in host memory, as llama-server's --n-cpu-moe, for a MoE model whose weights do not
+    fit the device."""
     mp = ll.llama_model_default_params()
-    mp.n_gpu_layers = 999  # everything on the GPU when the build has one; no-op on CPU
+    mp.n_gpu_layers = gpu_layers
+    mp.split_mode = SPLIT_MODES[split_mode]
+    if devices:
+        from .devices import device_by_name
+        devs = [] if devices == ("none",) else [device_by_name(n) for n in devices]
+        mp._devices = (ctypes.c_void_p * (len(devs) + 1))(*devs, None)  # NULL-terminated; kept alive with mp
+        mp.devices = ctypes.cast(mp._devices, ctypes.c_void_p)
+    if tensor_split:
+        mp._split = (ctypes.c_float * 128)(*tensor_split[:128])
+        mp.tensor_split = ctypes.cast(mp._split, ctypes.POINTER(ctypes.c_float))
     mp.use_extra_bufts = extra_buffers_safe()
     if n_cpu_moe:
         from . import rpc

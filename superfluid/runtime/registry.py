@@ -188,7 +188,9 @@ def _runtime(s: Any):
                                rpc_output=s.rpc_output, rope=(s.rope_scaling, s.rope_scale, s.yarn_orig_ctx),
                                rpc_names=list(s.rpc_names), rpc_listen_fd=s.rpc_listen_fd, kv_bits=s.kv_bits,
                                flash_attn=s.flash_attn, n_cpu_moe=s.n_cpu_moe,
-                               swa_full=getattr(s, "swa_cache", "full") != "window")
+                               swa_full=getattr(s, "swa_cache", "full") != "window",
+                               offload=(getattr(s, "gpu_layers", 999), tuple(getattr(s, "devices", ())),
+                                        getattr(s, "split_mode", "layer"), tuple(getattr(s, "tensor_split", ()))))
     if s.runtime in TORCH_RUNTIMES:  # transformers; sentence: embeddings or a cross-encoder
         module, name = TORCH_RUNTIMES[s.runtime]
         try:

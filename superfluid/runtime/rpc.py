@@ -21,7 +21,7 @@ from ..errors import ModelLoadError
 from .ggml_libs import loaded
 
 # the fix, in a superfluid checkout (scripts/llama-cmake-args.sh names the options for this CPU)
-REBUILD = "bash scripts/llama-rpc.sh"
+REBUILD = "./install.sh"
 CPU = 0  # enum ggml_backend_dev_type: GGML_BACKEND_DEVICE_TYPE_CPU
 
 _libs: tuple[ctypes.CDLL, ctypes.CDLL, ctypes.CDLL] | None = None

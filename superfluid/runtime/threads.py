@@ -1,7 +1,7 @@
 """How many llama.cpp threads a step may use: every core the worker was given, fewer while
 other processes keep cores busy.
 
-llama.cpp is built without OpenMP here (`-DGGML_OPENMP=OFF`, scripts/llama-rpc.sh): its own
+llama.cpp is built without OpenMP here (`-DGGML_OPENMP=OFF`, scripts/llama-build.sh): its own
 threadpool hands out work in chunks and its threads spin at each operator's barrier. On a
 quiet machine that is much faster than OpenMP threads that sleep at every barrier (decode
 +25-45% on two cores, docs/performance.md). But a spinning barrier waits for a thread that

@@ -83,6 +83,9 @@ def record(eng: Any) -> dict[str, Any]:
         # restored where it was saved: docs/models.md), and the memory that decides it
         out["prefix_cache"] = info.prefix_cache
         out["memory"] = info.memory
+    off = getattr(eng, "offload", None)
+    if off is not None:  # where its layers are: the GPU's share (runtime/offload.py)
+        out["device"] = off.to_json()
     return out
 
 

@@ -59,6 +59,10 @@ class WorkerSettings(Record):
     n_cpu_moe: int = 0  # the experts of the first N layers in host memory (-1: all), llama.cpp only
     flash_attn: str = "auto"  # llama.cpp's flash attention: auto (llama-server's default), on or off
     swa_cache: str = "full"  # a sliding-window model's cache: full (every position) or window (runtime/memory_fit.py)
+    gpu_layers: int = 999  # llama.cpp's n_gpu_layers (runtime/offload.py; no effect on a CPU build)
+    devices: tuple[str, ...] = ()  # the devices layers go to, by ggml's names (() : llama.cpp's choice)
+    split_mode: str = "layer"  # over several devices: none, layer or row
+    tensor_split: tuple[float, ...] = ()  # their shares of the layers
 
 
 @dataclass(frozen=True, slots=True)

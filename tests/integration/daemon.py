@@ -31,14 +31,20 @@ class Daemon:
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1", "SUPERFLUID_HOME": self.home,
                                           **(env or {})})
-        self.banner = ""
+        self.banner = ""  # the `serving ... on http://...` line
+        self.startup: list[str] = []  # the lines before it (the first: the llama.cpp build)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"daemon exited: {self.proc.stdout.read()}")
             try:
                 if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    self.banner = self.proc.stdout.readline()
+                    while not self.banner:  # printed before the server answers
+                        line = self.proc.stdout.readline()
+                        if not line or " serving " in line:
+                            self.banner = line or "(no banner)"
+                        else:
+                            self.startup.append(line)
                     return
             except httpx.HTTPError:
                 pass

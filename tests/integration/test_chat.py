@@ -190,6 +190,13 @@ def test_models_and_health(daemon, client):
     h = httpx.get(daemon.url + "/health").json()
     assert h["status"] == "ok"
     assert MODEL in daemon.banner and daemon.url.split("//")[1] in daemon.banner
+    # the first line is the build it runs on (docs/gpu.md): here a CPU build, every layer on the CPU
+    assert "llama.cpp" in daemon.startup[0] and "backends" in daemon.startup[0] and "CPU" in daemon.startup[0]
+    assert "layers on the CPU only" in daemon.startup[0], daemon.startup
+    assert h["models"][MODEL]["device"] == {"devices": ["CPU"], "layers": 0}
+    card = httpx.get(daemon.url + "/v1/models").json()["data"][0]
+    assert card["device"] == {"devices": ["CPU"], "layers": 0}
+    assert [m["size_vram"] for m in httpx.get(daemon.url + "/api/ps").json()["models"]] == [0]
 
 
 def test_completions(client):

@@ -1,23 +1,30 @@
 #!/usr/bin/env bash
 # Make the installed llama-cpp-python the build superfluid wants (scripts/llama-cmake-args.sh):
-# llama.cpp's RPC backend, which `serve --rpc-nodes` and `node serve --rpc` need; ggml's own
-# threadpool instead of OpenMP; on x86-64 the CPU's instruction sets named one by one
-# instead of -march=native. Options in $CMAKE_ARGS come after those and win. Idempotent:
-# nothing happens when the installed build is that one. pip caches a built wheel by its
-# source, not by CMAKE_ARGS, so a cached build without them would win silently: this build
-# is made once with pip's cache off and kept under ~/.cache/superfluid/wheels/<options>,
-# where the next run finds it.
+# the GPU backend scripts/gpu-detect.sh picks (SUPERFLUID_GPU overrides it); llama.cpp's RPC
+# backend, which `serve --rpc-nodes` and `node serve --rpc` need; ggml's own threadpool
+# instead of OpenMP; on x86-64 the CPU's instruction sets named one by one instead of
+# -march=native. Options in $CMAKE_ARGS come after those and win. Idempotent: nothing happens
+# when the installed build is that one. pip caches a built wheel by its source, not by
+# CMAKE_ARGS, so a cached build without them would win silently: this build is made once with
+# pip's cache off and kept under ~/.cache/superfluid/wheels/<options>, where the next run (and
+# a fresh checkout's install.sh) finds it. --check: build nothing, fail when the installed build
+# is not that one (tests/integration/test_build.py). install.sh runs it before superfluid's own install,
+# so pip never builds llama.cpp with its default options first.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 args="$(bash "$here/llama-cmake-args.sh") ${CMAKE_ARGS:-}"
 wanted() {
-  LLAMA_WANTED="$args" python - <<'PY'
+  PYTHONPATH="$here/..${PYTHONPATH:+:$PYTHONPATH}" LLAMA_WANTED="$args" python - <<'PY'
 import ctypes, os, re, sys
 from superfluid.runtime.ggml_libs import lib_dir
 from superfluid.runtime.rpc import library
 library()  # raises without the RPC backend
 cpu = ctypes.CDLL(str(lib_dir() / "libggml-cpu.so.0"))
 opts = dict(re.findall(r"-DGGML_(\w+)=(\w+)", os.environ["LLAMA_WANTED"]))  # the last of each wins
+for opt, lib in (("CUDA", "libggml-cuda"), ("HIP", "libggml-hip"), ("VULKAN", "libggml-vulkan"),
+                 ("METAL", "libggml-metal")):
+    if opts.get(opt, "OFF").upper() == "ON" and not (lib_dir() / f"{lib}.so").exists():
+        sys.exit(f"llama.cpp is built without its {opt} backend")
 if opts.get("OPENMP", "ON").upper() == "OFF" and hasattr(cpu, "GOMP_parallel"):
     sys.exit("llama.cpp is linked to OpenMP")
 if opts.get("NATIVE", "ON").upper() == "OFF":  # the instruction sets named: exactly those
@@ -31,6 +38,10 @@ if opts.get("NATIVE", "ON").upper() == "OFF":  # the instruction sets named: exa
         sys.exit(f"llama.cpp is built for {sorted(have)}, not {sorted(want)}")
 PY
 }
+if [ "${1:-}" = --check ]; then  # only say whether the installed build is the one wanted
+  wanted
+  exit
+fi
 if wanted 2>/dev/null; then
   exit 0
 fi
@@ -47,4 +58,5 @@ if [ -z "$wheel" ]; then
   wheel=$(ls "$wheels"/llama_cpp_python-"$version"-*.whl | head -n1)
 fi
 pip install --no-deps --force-reinstall "$wheel"
+pip install "$wheel"  # what it needs (numpy, jinja2...) on a fresh machine; the wheel itself is in
 wanted
