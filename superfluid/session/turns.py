@@ -97,7 +97,14 @@ class Turns:
             rest = full[len(self.text):]
         else:
             prev = self._render(previous, False) if previous else ""
-            rest = full[len(prev):] if full.startswith(prev) else full
+            if not full.startswith(prev):
+                # the template renders an earlier turn anew (gpt-oss closes a last assistant
+                # message `<|return|>`, an earlier one `<|end|>`): what is new is what follows
+                # the tokens both renderings share; the session keeps what it has
+                a, b = encode(tok, prev, True, False), encode(tok, full, True, False)
+                same = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+                return tuple(b[same:])
+            rest = full[len(prev):]
         return tuple(encode_turn(tok, rest, content, False))
 
     def _take(self, span: tuple[int, ...]) -> None:
@@ -205,13 +212,25 @@ def _slow(messages: list[dict], why: str) -> tuple[list, list[int]] | None:
 
 def _exact_cuts(light: list[dict], whole: str, render) -> list[int] | None:
     """Where each message's rendering ends in `whole`: the length of the conversation up to
-    it, rendered (None if a longer conversation renders an earlier turn differently)."""
+    it, rendered. A template that closes a message differently once another follows it
+    (gpt-oss's Harmony: a last assistant message ends `<|return|>`, an earlier one `<|end|>`)
+    has the cut right after the message's content, its closing going with the next message's
+    span; None if the renderings part before that content ends (the slow path then)."""
     cuts: list[int] = []
     for k in range(len(light)):
         upto = render(light[:k + 1], False)
-        if not whole.startswith(upto) or (cuts and len(upto) < cuts[-1]):
+        cut = len(upto)
+        if not whole.startswith(upto):
+            mark = f"\x00{k}\x00"
+            at = whole.find(mark)
+            same = next((i for i, (a, b) in enumerate(zip(whole, upto, strict=False)) if a != b),
+                        min(len(whole), len(upto)))
+            if at < 0 or at + len(mark) > same:
+                return None
+            cut = at + len(mark)
+        if cuts and cut < cuts[-1]:
             return None
-        cuts.append(len(upto))
+        cuts.append(cut)
     return cuts
 
 

@@ -164,3 +164,27 @@ def test_a_template_that_rewrites_marked_content_is_refused(engine):
     _, prompt = prelude(eng, [{"role": "user", "content": "plain words"}])  # no markers: rendered as ever
     (end,) = engine.tokenizer.encode("<|im_end|>", parse_special=True)
     assert "PLAIN WORDS" in engine.tokenizer.decode(prompt) and prompt.count(end) == 1
+
+
+HARMONY = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": "Here is the file: XYZ"},
+           {"role": "assistant", "content": "some reply"}, {"role": "user", "content": "And this one?"}]
+
+
+def test_a_template_that_closes_a_last_turn_otherwise_renders_the_conversation_once():
+    # gpt-oss's Harmony ends a last assistant message <|return|>, an earlier one <|end|>: the
+    # prompt was the conversation up to the reply, then the whole conversation again (the tiny
+    # gpt-oss of the family tests: Harmony's markers are its special tokens)
+    from .families import family_gguf
+    tok = Tokenizer(family_gguf("gptoss"))
+    eng = SimpleNamespace(tokenizer=tok, template=ChatTemplate(tok.chat_template))
+    bodies, prompt = prelude(eng, HARMONY)
+    whole = eng.template.render(HARMONY, add_generation_prompt=True)
+    assert whole.count("some reply") == 1
+    assert prompt == tok.encode_prompt(whole)
+    assert [t for b in bodies for t in b.span] == prompt
+    # one message at a time (a session's next message): only what is new is added
+    turns = Turns.of(eng)
+    for m in HARMONY[:3]:
+        turns.message(m)
+    added = turns.message(HARMONY[3]).span
+    assert tok.decode(list(added)).count("some reply") == 0 and "And this one?" in tok.decode(list(added))
