@@ -1,7 +1,8 @@
 """Choosing a node for a generation, pure. Policies:
 - load-aware (default): nodes whose window fits, skipping nodes near full KV; among them the
   node holding the longest prefix of the prompt (cache-aware: fleet/prefixes.py), unless it
-  is overloaded; otherwise (and on ties) the lowest estimated wait (waiting + placed per lane).
+  is overloaded; otherwise (and on ties) the lowest estimated wait (waiting + placed per lane),
+  then the larger share of the model's layers on a GPU (NODE_STATUS `device`).
   A warm node is overloaded when every lane of it is taken while the least-loaded node has a
   free one, or when its wait is a whole round of lanes (1.0) above that node's;
 - least-loaded: fewest generations placed;
@@ -35,7 +36,7 @@ def pick(nodes: list, model_id: str, need: int, policy: str, placed: dict[int, i
         return (placed.get(id(n), 0) + int(s.get("waiting", 0))) / lanes
 
     roomy = [n for n in fits if not _kv_full(n.status or {})] or fits
-    cold = min(roomy, key=wait)
+    cold = min(roomy, key=lambda n: (wait(n), -gpu_share(n.status or {})))
     if want:
         warm = [(d, n) for n in roomy if (d := depth(getattr(n, "prefixes", None) or frozenset(), want))]
         for _, n in sorted(warm, key=lambda x: (-x[0], wait(x[1]))):
@@ -52,6 +53,17 @@ def depth(held: frozenset[int], want: Sequence[int]) -> int:
             if want[i] in held:
                 return i + 1
     return 0
+
+
+def gpu_share(s: dict) -> float:
+    """The share of its model's layers a node has on a GPU (0 on a CPU node or one that does not say)."""
+    d = s.get("device")
+    if not isinstance(d, dict):
+        return 0.0
+    try:
+        return max(0.0, min(1.0, int(d.get("layers", 0)) / max(1, int(d.get("of", 1)))))
+    except (TypeError, ValueError):
+        return 0.0
 
 
 def _overloaded(w: float, least: float) -> bool:

@@ -7,7 +7,8 @@ are optional, each (a head that does not know one ignores it; a node that does n
 shows as lanes of unknown class and phase):
 `lane_list` [[lane, class, phase, prompt, generated, cached]...], `queue` {class: waiting}
 (classes with none waiting left out), `counters` {scheduler counter: value}, `rates`
-[prefill tokens/s, decode tokens/s], `restarts`, `steps` and `kv_slots`.
+[prefill tokens/s, decode tokens/s], `restarts`, `steps`, `kv_slots` and `device` (where the
+model's layers are: runtime/offload.Offload.to_json, which placement prefers on a tie).
 
 The head sums, over the nodes serving the model that are up: lanes, queue, KV and rates;
 counters, restarts and steps are summed over every node that serves the model, up or not
@@ -30,7 +31,8 @@ def node_status(s: EngineStats) -> dict:
             "kv_total": s.kv_total, "kv_slots": s.kv_slots,
             "lane_list": [[x.lane, x.qos, x.phase, x.prompt, x.generated, x.cached] for x in s.lanes],
             "queue": {q: n for q, n in s.queue.items() if n}, "counters": dict(s.counters),
-            "rates": [round(s.prefill_rate, 2), round(s.decode_rate, 2)], "restarts": s.restarts, "steps": s.steps}
+            "rates": [round(s.prefill_rate, 2), round(s.decode_rate, 2)], "restarts": s.restarts, "steps": s.steps,
+            **({"device": dict(s.device)} if s.device else {})}
 
 
 def _int(v) -> int:

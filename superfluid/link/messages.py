@@ -97,6 +97,7 @@ class NodeStatus(Record):
     tokens_fed: int | None = None
     sessions: int | None = None
     rpc: dict | None = None  # a llama.cpp RPC node: {free, total, threads, bytes_in, streams}
+    device: dict | None = None  # where the model's layers are: {devices, layers, of, bytes, total_bytes}
 
     def report(self) -> dict:
         return self.to_wire()

@@ -307,6 +307,7 @@ def test_a_fleet_node_serves_the_family(name):
             admitted = [n["status"]["counters"]["admissions"] for n in model["nodes"]]
             time.sleep(0.2)
         assert admitted == [2] and model["worker_pid"] is None
+        assert model["nodes"][0]["status"]["device"] == {"devices": ["CPU"], "layers": 0}  # NODE_STATUS says where
     finally:
         if head is not None:
             head.stop()

@@ -34,6 +34,18 @@ def test_load_aware_prefers_the_shortest_wait_and_skips_full_kv():
     assert pick([full], "m", 100, "load-aware", {}, 0) is full  # nothing better: still served
 
 
+def test_on_a_tie_the_node_with_more_layers_on_a_gpu_wins():
+    cpu = N("cpu", 4096, lanes=8, waiting=0, device={"devices": ["CPU"], "layers": 0})
+    half = N("half", 4096, lanes=8, waiting=0, device={"devices": ["CUDA0"], "layers": 16, "of": 33})
+    gpu = N("gpu", 4096, lanes=8, waiting=0, device={"devices": ["CUDA0"], "layers": 33, "of": 33})
+    assert pick([cpu, half, gpu], "m", 100, "load-aware", {}, 0) is gpu
+    assert pick([cpu, half], "m", 100, "load-aware", {}, 0) is half
+    # a shorter wait still comes first; a malformed report counts as no GPU
+    assert pick([cpu, gpu], "m", 100, "load-aware", {id(gpu): 4}, 0) is cpu
+    odd = N("odd", 4096, lanes=8, waiting=0, device={"layers": "many", "of": 0})
+    assert pick([odd, half], "m", 100, "load-aware", {}, 0) is half
+
+
 def test_least_loaded_and_round_robin():
     a, b, c = N("a", 4096), N("b", 4096), N("c", 4096)
     assert pick([a, b, c], "m", 10, "least-loaded", {id(a): 2, id(b): 0, id(c): 1}, 0) is b
