@@ -11,7 +11,8 @@
 # The GPU backend: the one scripts/gpu-detect.sh picks (SUPERFLUID_GPU overrides it):
 #   cuda -DGGML_CUDA=ON, for the GPUs' own architectures (nvidia-smi's compute capability;
 #        llama.cpp's default list of every architecture takes an hour to build); rocm
-#        -DGGML_HIP=ON; vulkan -DGGML_VULKAN=ON; metal -DGGML_METAL=ON; cpu: none.
+#        -DGGML_HIP=ON; vulkan -DGGML_VULKAN=ON (with Debian 13's headers where the system's are
+#        too old: scripts/vulkan-headers.sh); metal -DGGML_METAL=ON; cpu: none.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 args="-DGGML_RPC=ON -DLLAVA_BUILD=OFF -DGGML_OPENMP=OFF"
@@ -23,7 +24,11 @@ case "$gpu" in
     [ -n "$caps" ] && args="$args -DCMAKE_CUDA_ARCHITECTURES=$caps"
     ;;
   rocm) args="$args -DGGML_HIP=ON" ;;
-  vulkan) args="$args -DGGML_VULKAN=ON" ;;
+  vulkan)
+    args="$args -DGGML_VULKAN=ON"
+    vk="$(bash "$here/vulkan-headers.sh")"  # newer headers where the system's are too old
+    [ -n "$vk" ] && args="$args -DVulkan_INCLUDE_DIR=$vk/include -DCMAKE_PREFIX_PATH=$vk"
+    ;;
   metal) args="$args -DGGML_METAL=ON" ;;
 esac
 if [ "$(uname -m)" = x86_64 ] && [ -r /proc/cpuinfo ]; then

@@ -14,7 +14,9 @@ from ..errors import ModelLoadError
 
 @ll.llama_log_callback
 def _quiet(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-    if level == 3 or os.environ.get("SUPERFLUID_DEBUG"):  # errors only, unless debugging
+    # warnings and errors only, unless debugging (ggml_log_level: 3 WARN, 4 ERROR; this kept only
+    # 3, thinking it ERROR, so an error such as "invalid logits id" was never seen)
+    if level in (3, 4) or os.environ.get("SUPERFLUID_DEBUG"):
         os.write(2, text or b"")
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import llama_cpp as ll
 
+from ..codec.tokenizer import quiet_llama_logs
 from ..errors import ModelLoadError
 from .ggml_libs import loaded
 
@@ -38,6 +39,7 @@ class Device:
 
 @functools.cache
 def _libs() -> tuple[ctypes.CDLL, ctypes.CDLL]:
+    quiet_llama_logs()  # before ggml registers its backends: ggml-vulkan says what it finds
     base = ctypes.CDLL(str(loaded("libggml-base")))
     ggml = ctypes.CDLL(str(loaded("libggml")))
     ll.llama_backend_init()  # registers the compiled-in backends

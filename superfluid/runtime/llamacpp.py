@@ -268,7 +268,12 @@ class LlamaCppRuntime(Runtime):
                 if len(run.tokens) > 1 and not run.draft:
                     self.checkpoints.take(run.seq, run.pos + len(run.tokens))
         n_vocab = self.info.n_vocab
-        row = lambda k: np.ctypeslib.as_array(ll.llama_get_logits_ith(self.ctx, k), shape=(n_vocab,))  # noqa: E731
+
+        def row(k: int) -> np.ndarray:
+            ptr = ll.llama_get_logits_ith(self.ctx, k)
+            if not ptr:  # llama.cpp refused the row (it logs why): an error, never a read through NULL
+                raise RuntimeError(f"llama.cpp has no logits for batch row {k} of {i}")
+            return np.ctypeslib.as_array(ptr, shape=(n_vocab,))
         return {seq: np.stack([row(k) for k in range(last - draft, last + 1)]) if draft else row(last)
                 for seq, (last, draft) in out_index.items()}
 
