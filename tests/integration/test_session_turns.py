@@ -167,7 +167,8 @@ def test_a_template_that_rewrites_marked_content_is_refused(engine):
 
 
 HARMONY = [{"role": "system", "content": "You are a coding agent."},
-           {"role": "user", "content": "Here is the file: XYZ"}, {"role": "assistant", "content": "some reply"}, {"role": "user", "content": "And this one?"}]
+           {"role": "user", "content": "Here is the file: XYZ"},
+           {"role": "assistant", "content": "some reply"}, {"role": "user", "content": "And this one?"}]
 
 
 def test_a_template_that_closes_a_last_turn_otherwise_renders_the_conversation_once():
