@@ -35,7 +35,7 @@ class LoggedDaemon(Daemon):
     def __init__(self, *args, **kw):
         super().__init__(*args, **kw)
         self.records: list[dict] = []
-        self.lines: list[str] = [self.banner]
+        self.lines: list[str] = [*self.startup, self.banner]
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:

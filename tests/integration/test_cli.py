@@ -59,6 +59,8 @@ def test_serve_a_gguf_path_with_http_flag(tmp_path):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         banner = proc.stdout.readline()
+        assert "llama.cpp" in banner and "backends" in banner  # the first line: the build (docs/gpu.md)
+        banner = proc.stdout.readline()
         assert f"http://127.0.0.1:{port}" in banner and "my-model.Q4_1" in banner
         models = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=30).json()
         assert models["data"][0]["id"] == "my-model.Q4_1"
@@ -73,4 +75,5 @@ def test_context_beyond_memory_exits_2_with_one_line():
     r = serve("--max-context", "100000000")
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and "lower --max-context" in lines[0]
+    assert "llama.cpp" in lines[0] and "backends" in lines[0]  # the first line: the build it would run on
+    assert len(lines) == 2 and "lower --max-context" in lines[1], lines
