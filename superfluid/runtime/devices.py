@@ -90,11 +90,6 @@ def device_by_name(name: str) -> int:
     return dev
 
 
-def offload_devices() -> list[Device]:
-    """The devices layers can be offloaded to (GPUs, integrated ones): none on a CPU build."""
-    return [d for d in devices() if d.kind in ("gpu", "igpu")]
-
-
 def cpu_features() -> list[str]:
     """The CPU backend's instruction sets (llama.cpp's system info: AVX2, FMA, ...)."""
     info = ll.llama_print_system_info().decode(errors="replace")
@@ -115,11 +110,10 @@ def machine_gpus() -> list[str]:
     return found
 
 
-def missing_gpu_line(build: Build | None = None) -> str | None:
+def missing_gpu_line(build: Build) -> str | None:
     """A warning when the machine has a GPU and the build cannot use one (SUPERFLUID_GPU=cpu
     says the CPU build was chosen: no warning then)."""
-    offload = build.offload if build is not None else offload_devices()
-    if offload or os.environ.get("SUPERFLUID_GPU", "") == "cpu":
+    if build.offload or os.environ.get("SUPERFLUID_GPU", "") == "cpu":
         return None
     gpus = machine_gpus()
     if not gpus:
@@ -179,7 +173,8 @@ if __name__ == "__main__":  # install.sh's last line: the build just installed; 
     if "--json" in sys.argv:
         print(json.dumps(here().to_json()))
     else:
-        print(here().line())
-        said = missing_gpu_line()
+        build = here()
+        print(build.line())
+        said = missing_gpu_line(build)
         if said:
             print(f"warning: {said}")

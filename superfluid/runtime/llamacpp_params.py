@@ -89,12 +89,9 @@ def model_params(n_cpu_moe: int = 0, gpu_layers: int = 999, devices: tuple[str, 
     mp.split_mode = SPLIT_MODES[split_mode]
     if devices:
         from .devices import device_by_name
-        devs = [] if devices == ("none",) else [device_by_name(n) for n in devices]
-        mp._devices = (ctypes.c_void_p * (len(devs) + 1))(*devs, None)  # NULL-terminated; kept alive with mp
-        mp.devices = ctypes.cast(mp._devices, ctypes.c_void_p)
-    if tensor_split:
-        mp._split = (ctypes.c_float * 128)(*tensor_split[:128])
-        mp.tensor_split = ctypes.cast(mp._split, ctypes.POINTER(ctypes.c_float))
+        _place(mp, [] if devices == ("none",) else [device_by_name(n) for n in devices], tensor_split)
+    elif tensor_split:
+        _place(mp, None, tensor_split)
     mp.use_extra_bufts = extra_buffers_safe()
     if n_cpu_moe:
         from . import rpc
@@ -117,10 +114,7 @@ def split_params(path: str, nodes, split: list[float], output: str = "head"):
     parts = shares(offers, split)
     check_fits(os.path.getsize(path), offers, parts, ["this host"] + [n.addr for n in nodes.nodes])
     mp = model_params()
-    mp._devices = (ctypes.c_void_p * (len(devs) + 1))(*devs, None)  # NULL-terminated; kept alive with mp
-    mp.devices = ctypes.cast(mp._devices, ctypes.c_void_p)
-    mp._split = (ctypes.c_float * 128)(*parts)
-    mp.tensor_split = ctypes.cast(mp._split, ctypes.POINTER(ctypes.c_float))
+    _place(mp, devs, parts)
     mp.split_mode = ll.LLAMA_SPLIT_MODE_LAYER
     # the output layer on this host, beside the input embedding it often shares: the last
     # node then sends back a hidden state (n_embd floats a token) instead of logits (n_vocab
@@ -130,6 +124,17 @@ def split_params(path: str, nodes, split: list[float], output: str = "head"):
         mp._over = (_BuftOverride * 2)(_BuftOverride(HEAD_TENSORS, rpc.cpu_buffer_type()), _BuftOverride(None, None))
         mp.tensor_buft_overrides = ctypes.cast(mp._over, ctypes.c_void_p)
     return mp
+
+
+def _place(mp, devs: list | None, split) -> None:
+    """The devices the weights go to (None: llama.cpp's choice) and their shares of the layers,
+    as arrays kept alive with mp."""
+    if devs is not None:
+        mp._devices = (ctypes.c_void_p * (len(devs) + 1))(*devs, None)  # NULL-terminated
+        mp.devices = ctypes.cast(mp._devices, ctypes.c_void_p)
+    if split:
+        mp._split = (ctypes.c_float * 128)(*tuple(split)[:128])
+        mp.tensor_split = ctypes.cast(mp._split, ctypes.POINTER(ctypes.c_float))
 
 
 HEAD_TENSORS = rb"^(output|token_embd)\.weight$"  # kept on this host's CPU in a split
