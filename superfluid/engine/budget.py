@@ -1,13 +1,15 @@
 """How many prompt tokens the next steps prefill: short steps while anyone may be waiting on
-one, the worker's whole batch for a prompt that has the model to itself.
+one, the worker's whole batch for prompts that no stream waits on.
 
 Short steps exist to let other work in: a step in flight is never cut, so a request that
-arrives waits for it. While other work is running or waiting beside the prefill, or an
-interactive request was seen in the last CHAT_QUIET_S, a step's prefill is sized from the
-measured cost per token to take about `step_target_s`. A job alone prefills as much as the
-worker's batch holds (`--step-tokens`, llama.cpp's micro-batch), as llama-server always does:
-at depth small chunks cost a long prompt dearly (8,192 tokens cold on two cores: 94 s in
-64-token chunks, 69 s in 256, 50 s in 512; docs/performance.md). Such steps are long, so the
+arrives waits for it. While an interactive request was seen in the last CHAT_QUIET_S, or an
+embedding batch waits, a step's prefill is sized from the measured cost per token to take
+about `step_target_s`. Otherwise prompts with nothing decoding prefill as much as the worker's
+batch holds (`--step-tokens`, llama.cpp's micro-batch), as llama-server always does: at depth
+small chunks cost a long prompt dearly (8,192 tokens cold on two cores: 94 s in 64-token
+chunks, 69 s in 256, 50 s in 512; docs/performance.md); and prompts beside decoding streams
+take one short step's worth for each prompt per stream, so a burst of requests beside one
+stream is prefilled in one step, not one chunk after another. Such steps are long, so the
 engine then keeps one plan in flight, not two (`long_steps`): a request that arrives waits for
 one step at most, after which steps are short again."""
 
@@ -55,8 +57,22 @@ class StepBudget:
             return  # nothing measured yet: the scheduler's small first budget stands
         want = int(self.step_target_s / self.token_cost)
         short = min(self.step_tokens, max(PREFILL_FLOOR, self.lanes + 16, want))
-        jobs = [*sched.running.values(), *sched.waiting]
-        alone = len(jobs) == 1 and jobs[0].status != JobStatus.DECODING and not sched.embeds.has_work
-        self.long_steps = alone and now - self.chat_at > CHAT_QUIET_S and short < self.step_tokens
-        sched.prefill_budget = self.step_tokens if self.long_steps else short
+        budget = short
+        if now - self.chat_at > CHAT_QUIET_S and not sched.embeds.has_work:
+            budget = min(self.step_tokens, short * self._share(sched))
+        self.long_steps = budget > short
+        sched.prefill_budget = budget
         sched.embed_budget = min(EMBED_STEP_MAX, max(64, want))
+
+    def _share(self, sched) -> int:
+        """How many short steps' worth of prefill the next step may take with no chat about:
+        all the worker's batch while nothing decodes (no stream waits on the step, only who
+        may arrive), else one short step for each prompt a decoding stream shares the step
+        with (a burst of requests beside one stream gets its first tokens in one step, not
+        one chunk after another; a stream beside as many prompts keeps its short steps)."""
+        decoding = sum(j.status == JobStatus.DECODING for j in sched.running.values())
+        prompts = sum(j.status == JobStatus.PREFILLING for j in sched.running.values())
+        prompts += min(len(sched.waiting), max(0, self.lanes - len(sched.running)))
+        if not prompts:
+            return 1
+        return self.step_tokens if not decoding else -(-prompts // decoding)

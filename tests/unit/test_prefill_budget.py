@@ -58,15 +58,49 @@ def test_a_prompt_alone_prefills_the_whole_batch_and_a_chat_keeps_steps_short_a_
     assert s.prefill_budget == 512
 
 
-def test_beside_other_work_or_for_a_decode_steps_stay_short():
+def test_prompts_with_nothing_decoding_prefill_the_whole_batch():
     s = sched()
     b = StepBudget(step_target_s=0.25, step_tokens=512, lanes=8)
     chat(s, Qos.AGENT)
-    chat(s, Qos.AGENT)  # two agents: the second waits on the first's steps
+    chat(s, Qos.AGENT)  # two agents' prompts: no stream waits on the step, only who may arrive
     b.after_step(s, 100, 5.0, 1.0)
+    assert (s.prefill_budget, b.long_steps) == (512, True)
+
+
+def admitted(s: Scheduler, status: JobStatus) -> None:
+    chat(s, Qos.AGENT)
+    job = s.jobs[f"r{len(s.jobs) - 1}"]
+    s.waiting.remove(job.id)
+    job.status, job.seq = status, len(s.running)
+    s.running[job.seq] = job
+
+
+def test_beside_a_decoding_stream_a_step_takes_one_short_step_for_each_prompt_it_shares_with():
+    s = sched()
+    b = StepBudget(step_target_s=0.25, step_tokens=512, lanes=8)
+    admitted(s, JobStatus.DECODING)  # one stream decoding alone keeps two plans in flight
+    b.after_step(s, 100, 5.0, 2.0)
     assert (s.prefill_budget, b.long_steps) == (64, False)
-    s.waiting.remove("r1")
-    job = s.jobs["r0"]
-    job.status = JobStatus.DECODING  # one stream decoding alone keeps two plans in flight
+    admitted(s, JobStatus.PREFILLING)  # one prompt beside one stream: the stream's steps stay short
+    b.after_step(s, 100, 5.0, 2.0)
+    assert (s.prefill_budget, b.long_steps) == (64, False)
+    for _ in range(6):  # a burst: 7 prompts (one admitted, six waiting) beside one stream
+        chat(s, Qos.AGENT)
+    b.after_step(s, 100, 5.0, 2.0)
+    assert (s.prefill_budget, b.long_steps) == (7 * 64, True)
+    admitted(s, JobStatus.DECODING)  # two streams, 6 prompts that lanes hold (5 free): 3 short steps
+    b.after_step(s, 100, 5.0, 2.0)
+    assert s.prefill_budget == 3 * 64
+    chat(s)  # a chat about: short steps again, whoever else waits
+    b.after_step(s, 100, 5.0, 3.0)
+    assert (s.prefill_budget, b.long_steps) == (64, False)
+
+
+def test_waiting_prompts_count_only_as_far_as_free_lanes_hold_them():
+    s = sched(lanes=2)
+    b = StepBudget(step_target_s=0.25, step_tokens=512, lanes=2)
+    admitted(s, JobStatus.DECODING)
+    for _ in range(5):  # one free lane: one of them can prefill beside the stream
+        chat(s, Qos.AGENT)
     b.after_step(s, 100, 5.0, 2.0)
     assert (s.prefill_budget, b.long_steps) == (64, False)
