@@ -6,6 +6,7 @@ served by superfluid (--max-batch 8 --max-context 8192, its defaults otherwise: 
 its own: 8 slots over 65536 tokens, no speculation, its prompt cache on), the same threads.
 
     python bench/families.py [--size 1b] [--families llama,qwen3moe,...] [--rounds 3] [--threads 2]
+                             [--measure single,lanes,prefill,agent]
 
 Measured, each round on new text, the two servers in turn (reversed every other round):
 - single-stream decode tok/s: one greedy completion of --tokens tokens, EOS ignored,
@@ -157,7 +158,7 @@ def run_family(name: str, a) -> tuple[dict[str, dict[str, list[float]]], str, st
         for url in urls.values():  # warm: loaded, first request served
             stream(url, {"prompt": "Hello", "max_tokens": 4})
         for r in range(a.rounds):
-            for key in ("single", "lanes", "prefill", "agent"):
+            for key in a.measure:
                 for s in (list(urls) if r % 2 == 0 else list(urls)[::-1]):
                     url, v = urls[s], values[s]
                     try:
@@ -194,6 +195,8 @@ def table(values: dict[str, dict[str, list[float]]], line: str, missing: str, a)
     print(f"\n{line}: median of {a.rounds} round(s), {a.threads} threads")
     print(f"  {'':38s} {'superfluid':>11s} {'llama-server':>13s} {'sf/ls':>7s} {'paired':>7s}")
     for key, label, unit in METRICS:
+        if not values["superfluid"][key]:
+            continue  # not measured (--measure)
         sf = med(values["superfluid"][key])
         if "llama-server" in values:
             ls = med(values["llama-server"][key])
@@ -215,7 +218,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=128, help="single-stream tokens (default 128)")
     ap.add_argument("--lane-tokens", type=int, default=64, help="each of the 8 lanes' tokens (default 64)")
+    ap.add_argument("--measure", default="single,lanes,prefill,agent",
+                    help="which figures, comma-separated (default: all four; agent gives both turns)")
     a = ap.parse_args()
+    a.measure = a.measure.split(",")
+    if not set(a.measure) <= {"single", "lanes", "prefill", "agent"}:
+        ap.error("--measure: of single, lanes, prefill, agent")
     names = a.families.split(",")
     if not set(names) <= set(FAMILIES):
         ap.error(f"--families: of {', '.join(FAMILIES)}")
