@@ -12,7 +12,9 @@ Measured, each round on new text, the two servers in turn (reversed every other 
 - single-stream decode tok/s: one greedy completion of --tokens tokens, EOS ignored,
   (tokens - 1) / (last token - first token) as the client sees it;
 - 8-lane aggregate decode tok/s: 8 such completions at once (--lane-tokens each), all their
-  tokens but each lane's first over the time from the first token of any to the last of any;
+  tokens but each lane's first over the time from the first token of any to the last of any
+  (so it counts how the prompts that arrive beside the first one's decode are admitted);
+  and the same run's decode alone: each lane's (tokens - 1) / (last - first), summed;
 - 4k prefill: seconds for a ~4096-token prompt (nothing of it cached) and one token;
 - warm turn 2: an agent-shaped chat: turn 1 a system line and a ~3k-token user message, 64
   tokens generated (EOS ignored); turn 2 that conversation, the reply as the assistant's
@@ -50,6 +52,7 @@ WORDS_PER_TOKEN = 1 / 1.04  # SmolLM2's tokenizer over common.document's words
 METRICS = (  # key, label, unit (higher better: tok/s)
     ("single", "single-stream decode", "tok/s"),
     ("lanes", f"{LANES}-lane aggregate decode", "tok/s"),
+    ("lane_sum", f"{LANES}-lane decode (lane rates summed)", "tok/s"),
     ("prefill", "4k-token prefill", "s"),
     ("turn1", "turn 1 (cold ~3k + 64 out)", "s"),
     ("turn2", "warm turn 2 TTFT (+~500)", "s"),
@@ -86,7 +89,9 @@ def single(url: str, r: int, tokens: int) -> float:
     return (n - 1) / (last - first) if first and last and last > first and n >= 2 else float("nan")
 
 
-def lanes(url: str, r: int, tokens: int) -> float:
+def lanes(url: str, r: int, tokens: int) -> tuple[float, float]:
+    """(all lanes' tokens over the time from the first token of any to the last of any, the sum
+    of each lane's own decode rate: the first counts the prompts' admission, the second not)."""
     got: list[tuple[float | None, float | None, int]] = []
     errors: list[BaseException] = []
 
@@ -107,7 +112,9 @@ def lanes(url: str, r: int, tokens: int) -> float:
     firsts = [f for f, _, _ in got if f]
     lasts = [s for _, s, _ in got if s]
     made = sum(max(0, n - 1) for _, _, n in got)
-    return made / (max(lasts) - min(firsts)) if firsts and lasts and max(lasts) > min(firsts) else float("nan")
+    wall = made / (max(lasts) - min(firsts)) if firsts and lasts and max(lasts) > min(firsts) else float("nan")
+    rates = [(n - 1) / (s - f) for f, s, n in got if f and s and s > f and n >= 2]
+    return wall, sum(rates) if len(rates) == LANES else float("nan")
 
 
 def prefill(url: str, r: int) -> float:
@@ -165,7 +172,9 @@ def run_family(name: str, a) -> tuple[dict[str, dict[str, list[float]]], str, st
                         if key == "single":
                             v["single"].append(single(url, r, a.tokens))
                         elif key == "lanes":
-                            v["lanes"].append(lanes(url, r, a.lane_tokens))
+                            wall, each = lanes(url, r, a.lane_tokens)
+                            v["lanes"].append(wall)
+                            v["lane_sum"].append(each)
                         elif key == "prefill":
                             v["prefill"].append(prefill(url, r))
                         else:
@@ -174,7 +183,7 @@ def run_family(name: str, a) -> tuple[dict[str, dict[str, list[float]]], str, st
                             v["turn2"].append(t2)
                     except Exception as e:  # printed, the figure left out
                         print(f"  {name} round {r} {key} on {s}: {type(e).__name__}: {str(e)[:300]}", flush=True)
-                        for m in (("turn1", "turn2") if key == "agent" else (key,)):
+                        for m in {"agent": ("turn1", "turn2"), "lanes": ("lanes", "lane_sum")}.get(key, (key,)):
                             v[m].append(float("nan"))
             print(f"  {name}: round {r + 1}/{a.rounds} done at {time.monotonic() - t0:.0f} s", flush=True)
     finally:
@@ -193,7 +202,7 @@ def med(xs: list[float]) -> float:
 
 def table(values: dict[str, dict[str, list[float]]], line: str, missing: str, a) -> None:
     print(f"\n{line}: median of {a.rounds} round(s), {a.threads} threads")
-    print(f"  {'':38s} {'superfluid':>11s} {'llama-server':>13s} {'sf/ls':>7s} {'paired':>7s}")
+    print(f"  {'':42s} {'superfluid':>11s} {'llama-server':>13s} {'sf/ls':>7s} {'paired':>7s}")
     for key, label, unit in METRICS:
         if not values["superfluid"][key]:
             continue  # not measured (--measure)
@@ -203,9 +212,9 @@ def table(values: dict[str, dict[str, list[float]]], line: str, missing: str, a)
             pairs = [x / y for x, y in zip(values["superfluid"][key], values["llama-server"][key], strict=True)
                      if x == x and y == y and y > 0 and x > 0]
             paired = statistics.geometric_mean(pairs) if pairs else float("nan")
-            print(f"  {label + ' ' + unit:38s} {sf:11.2f} {ls:13.2f} {sf / ls:6.2f}x {paired:6.2f}x")
+            print(f"  {label + ' ' + unit:42s} {sf:11.2f} {ls:13.2f} {sf / ls:6.2f}x {paired:6.2f}x")
         else:
-            print(f"  {label + ' ' + unit:38s} {sf:11.2f} {'-':>13s}")
+            print(f"  {label + ' ' + unit:42s} {sf:11.2f} {'-':>13s}")
     if missing:
         print(f"  {missing}")
 
