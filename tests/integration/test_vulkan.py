@@ -4,11 +4,10 @@ passes over a CPU-type device unless it is named, so the daemons here name it as
 CI does (GGML_VK_VISIBLE_DEVICES=0, no f16 and no cooperative matrices: lavapipe's are slow or
 missing). The embedded model with its KV on the device gives the CPU build's greedy answer
 (logprobs within TOLERANCE, docs/gpu.md), and the features that move KV work there: the prefix
-cache, an 8-bit cache. lavapipe is slow
-(its first request compiles ggml's shaders, ~17 s; then ~1.1 s a decode step on two cores), so
-the answers are short. Not here yet (docs/gpu.md): 8 lanes and preemption with the KV on the
-device, where llama.cpp's Vulkan backend takes a segmentation fault inside llama_decode, and the
-disk tier, whose entry was not restored after a restart (cached_tokens 0; not understood yet)."""
+cache, the disk tier across a restart, an 8-bit cache. lavapipe is slow (its first request
+compiles ggml's shaders, ~17 s; then ~1.1 s a decode step on two cores), so the answers are
+short. Not here yet (docs/gpu.md): 8 lanes and preemption with the KV on the device, where
+llama.cpp's Vulkan backend takes a segmentation fault inside llama_decode."""
 
 from __future__ import annotations
 
@@ -25,6 +24,8 @@ LAVAPIPE = {"GGML_VK_VISIBLE_DEVICES": "0", "GGML_VK_DISABLE_F16": "1", "GGML_VK
             "GGML_VK_DISABLE_COOPMAT2": "1"}
 TOLERANCE = 0.25  # a token's logprob, lavapipe against the CPU (measured 0.13 over 24 tokens: docs/gpu.md)
 ASK = [{"role": "user", "content": "Name three rivers of Europe and say one thing about each."}]
+LONG = [{"role": "system", "content": "You are a careful geographer. " + " ".join(
+    f"Rule {i}: give each river's length in kilometres and the sea it reaches." for i in range(4))}, *ASK]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -78,15 +79,23 @@ def test_every_layer_on_the_device_gives_the_cpus_answer(cpu):
         d.stop()
 
 
-@pytest.mark.timeout(600)
-def test_the_prefix_cache_works_with_the_kv_on_the_device(cpu):
-    d = on_lavapipe()
+@pytest.mark.timeout(900)
+def test_the_prefix_cache_and_the_disk_tier_work_with_the_kv_on_the_device(cpu, tmp_path):
+    d = on_lavapipe(home=str(tmp_path))
     try:
         first, cached = answer(d)
         again, cached = answer(d)
         assert cached > 0  # the prefix cache: a lane's KV reused on the device
         close(first, again, "warm")
         close(cpu, again, "warm, against the CPU")
+        long, _ = answer(d, LONG, tokens=4)  # past the disk tier's smallest entry (64 tokens)
+    finally:
+        d.stop()
+    d = on_lavapipe(home=str(tmp_path))  # a restart: the lane is read back from the disk onto the device
+    try:
+        restored, cached = answer(d, LONG, tokens=4)
+        assert cached >= 64, cached
+        close(long, restored, "restored from the disk tier onto the device")
     finally:
         d.stop()
 
