@@ -3,12 +3,14 @@
 layers when it has the same device (its wheel is CPU-only here: then its CPU figures).
 
     python bench/offload.py [--model GGUF] [--rounds 3] [--threads 2] [--env K=V ...] [--llama-server BIN]
+                            [--tokens 128] [--prefill-tokens 2048]
 
 The model: --model, else the embedded SmolLM2-135M. `--env GGML_VK_VISIBLE_DEVICES=0` (and
 GGML_VK_DISABLE_F16=1) puts Mesa's lavapipe in reach of a Vulkan build (docs/gpu.md): lavapipe
 runs on the CPU, so there is no speed target there; on a real GPU the target is >= 1.0x
-llama-server. Measured each round: single-stream decode tok/s (128 tokens) and a ~2k-token
-prefill (seconds), the medians printed per layer count. With --llama-server (a llama-server binary
+llama-server. Measured each round: single-stream decode tok/s (--tokens, 128) and a ~2k-token
+prefill (seconds; --prefill-tokens: lavapipe takes minutes for 2k), the medians printed per
+layer count. With --llama-server (a llama-server binary
 built with the same backend: scripts/gpu-check.sh builds one), the same at every layer on its
 device, and the ratios."""
 
@@ -49,32 +51,35 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--env", action="append", default=[], metavar="K=V", help="for the daemon and its worker")
     ap.add_argument("--llama-server", default="", metavar="BIN", help="a llama-server binary to compare with")
+    ap.add_argument("--tokens", type=int, default=128, help="single-stream decode tokens")
+    ap.add_argument("--prefill-tokens", type=int, default=2048)
     a = ap.parse_args()
     path = a.model or embedded_model()
     env = dict(kv.split("=", 1) for kv in a.env)
     whole = layer_count(path)
     print(f"{Path(path).name}: {whole} layers (with the output), {a.threads} threads, env {env or '-'}")
-    print(f"{'--gpu-layers':>14} {'device line':<60} {'decode tok/s':>13} {'2k prefill s':>13}")
+    print(f"{'--gpu-layers':>14} {'device line':<60} {'decode tok/s':>13} {f'{a.prefill_tokens} prefill s':>13}")
     for layers in (0, whole // 2, whole):
         d = Daemon(path, "--gpu-layers", str(layers), max_context=4096, max_batch=4, threads=a.threads, env=env)
         try:
             where = d.health()["models"]
             device = next(iter(where.values())).get("device", {})
-            dec = [single(d.url, r, 128) for r in range(a.rounds)]
-            pre = [prefill(d.url, r) for r in range(a.rounds)]
+            dec = [single(d.url, r, a.tokens) for r in range(a.rounds)]
+            pre = [prefill(d.url, r, a.prefill_tokens) for r in range(a.rounds)]
         finally:
             d.stop()
         said = f"{'+'.join(device.get('devices', []))} {device.get('layers', 0)}/{device.get('of', whole)}"
         print(f"{layers:>14} {said:<60} {statistics.median(dec):>13.2f} {statistics.median(pre):>13.2f}")
     if a.llama_server:
-        ls_dec, ls_pre = peer(a.llama_server, path, a.rounds, a.threads, env)
+        ls_dec, ls_pre = peer(a.llama_server, path, a.rounds, a.threads, env, a.tokens, a.prefill_tokens)
         print(f"{'llama-server':>14} {'-ngl 999':<60} {ls_dec:>13.2f} {ls_pre:>13.2f}")
         print(f"{'sf/ls':>14} {'(all layers; decode: higher is better, prefill: lower)':<60} "
               f"{statistics.median(dec) / ls_dec:>12.2f}x {statistics.median(pre) / ls_pre:>12.2f}x")
 
 
-def peer(binary: str, path: str, rounds: int, threads: int, env: dict) -> tuple[float, float]:
-    """(decode tok/s, 2k prefill s) of a llama-server binary with every layer on its device."""
+def peer(binary: str, path: str, rounds: int, threads: int, env: dict, tokens: int = 128,
+         prefill_tokens: int = 2048) -> tuple[float, float]:
+    """(decode tok/s, prefill s) of a llama-server binary with every layer on its device."""
     import os
     import subprocess
     import time
@@ -92,8 +97,8 @@ def peer(binary: str, path: str, rounds: int, threads: int, env: dict) -> tuple[
                     break
             except httpx.HTTPError:
                 time.sleep(0.2)
-        dec = [single(url, r, 128) for r in range(rounds)]
-        pre = [prefill(url, r) for r in range(rounds)]
+        dec = [single(url, r, tokens) for r in range(rounds)]
+        pre = [prefill(url, r, prefill_tokens) for r in range(rounds)]
         return statistics.median(dec), statistics.median(pre)
     finally:
         proc.kill()

@@ -6,8 +6,8 @@ missing). The embedded model with its KV on the device gives the CPU build's gre
 (logprobs within TOLERANCE, docs/gpu.md), and the features that move KV work there: the prefix
 cache, the disk tier across a restart, an 8-bit cache. lavapipe is slow (its first request
 compiles ggml's shaders, ~17 s; then ~1.1 s a decode step on two cores), so the answers are
-short. Not here yet (docs/gpu.md): 8 lanes and preemption with the KV on the device, where
-llama.cpp's Vulkan backend takes a segmentation fault inside llama_decode."""
+short. Not here (docs/gpu.md): 8 lanes and preemption with the KV on the device, where some
+mixed steps take a segmentation fault inside Debian 12's lavapipe (Mesa 22.3.6's own thread)."""
 
 from __future__ import annotations
 
