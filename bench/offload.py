@@ -54,7 +54,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=128, help="single-stream decode tokens")
     ap.add_argument("--prefill-tokens", type=int, default=2048)
     a = ap.parse_args()
-    path = a.model or embedded_model()
+    path = a.model or str(embedded_model().path)
     env = dict(kv.split("=", 1) for kv in a.env)
     whole = layer_count(path)
     print(f"{Path(path).name}: {whole} layers (with the output), {a.threads} threads, env {env or '-'}")
