@@ -1,9 +1,9 @@
 """Each model family at a size CPU users run, superfluid against llama-server on the same GGUF
 (issue 50, "6. Figures"): a random-weight model of the family (tests/integration/families.py,
 `family_gguf(name, size)`: widths and layers scaled to about --size parameters, Q4_K_M),
-served by superfluid (--max-batch 8 --max-context 8192, its defaults otherwise: no
---deterministic, no speculation) and by llama-server (the xllamacpp wheel, in a process of
-its own: 8 slots over 65536 tokens, no speculation, its prompt cache on), the same threads.
+served by superfluid (--max-batch 8 --max-context 8192 (--lane-ctx), its defaults otherwise:
+no --deterministic, no speculation) and by llama-server (the xllamacpp wheel, in a process of
+its own: 8 slots over 8 x 8192 tokens, no speculation, its prompt cache on), the same threads.
 
     python bench/families.py [--size 1b] [--families llama,qwen3moe,...] [--rounds 3] [--threads 2]
                              [--measure single,lanes,prefill,agent]
@@ -154,10 +154,10 @@ def run_family(name: str, a) -> tuple[dict[str, dict[str, list[float]]], str, st
     urls: dict[str, str] = {}
     missing = ""
     try:
-        servers["superfluid"] = d = Daemon(path, threads=a.threads, max_context=LANE_CTX, max_batch=LANES)
+        servers["superfluid"] = d = Daemon(path, threads=a.threads, max_context=a.lane_ctx, max_batch=LANES)
         urls["superfluid"] = d.url
         try:
-            servers["llama-server"] = p = LlamaServerProcess(path, a.threads, LANES * LANE_CTX, parallel=LANES)
+            servers["llama-server"] = p = LlamaServerProcess(path, a.threads, LANES * a.lane_ctx, parallel=LANES)
             urls["llama-server"] = p.url
         except Exception as e:  # the result for this family
             missing = f"llama-server could not load it: {e}"
@@ -227,6 +227,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=128, help="single-stream tokens (default 128)")
     ap.add_argument("--lane-tokens", type=int, default=64, help="each of the 8 lanes' tokens (default 64)")
+    ap.add_argument("--lane-ctx", type=int, default=LANE_CTX,
+                    help="each lane's window on both servers (default 8192; both run at once: at 1b two "
+                         "8 x 8192 caches did not fit 24 GiB, and the kernel killed a worker)")
     ap.add_argument("--measure", default="single,lanes,prefill,agent",
                     help="which figures, comma-separated (default: all four; agent gives both turns)")
     a = ap.parse_args()
