@@ -1,21 +1,22 @@
 """How many prompt tokens the next steps prefill: short steps while anyone may be waiting on
-one, the worker's whole batch for prompts that no stream waits on.
+one, the worker's whole batch for a prompt alone, one step for a burst of prompts it can finish.
 
 Short steps exist to let other work in: a step in flight is never cut, so a request that
 arrives waits for it. While an interactive request was seen in the last CHAT_QUIET_S, or an
 embedding batch waits, a step's prefill is sized from the measured cost per token to take
-about `step_target_s`. Otherwise prompts with nothing decoding prefill as much as the worker's
-batch holds (`--step-tokens`, llama.cpp's micro-batch), as llama-server always does: at depth
-small chunks cost a long prompt dearly (8,192 tokens cold on two cores: 94 s in 64-token
-chunks, 69 s in 256, 50 s in 512; docs/performance.md); and prompts beside decoding streams
-take one short step's worth for each prompt per stream, so a burst of requests beside one
-stream is prefilled in one step, not one chunk after another. Such steps are long, so the
-engine then keeps one plan in flight, not two (`long_steps`): a request that arrives waits for
-one step at most, after which steps are short again."""
+about `step_target_s`. Otherwise a job alone prefills as much as the worker's batch holds
+(`--step-tokens`, llama.cpp's micro-batch), as llama-server always does: at depth small chunks
+cost a long prompt dearly (8,192 tokens cold on two cores: 94 s in 64-token chunks, 69 s in
+256, 50 s in 512; docs/performance.md); and prompts that can all finish in one step finish in
+it (a burst of requests: the whole batch with nothing decoding, one short step's worth per
+prompt per stream beside decoding streams), so they do not go one chunk after another.
+Such steps are long, so the engine then keeps one plan in flight, not two (`long_steps`): a
+request that arrives waits for one step at most, after which steps are short again."""
 
 from __future__ import annotations
 
 from ..request import Qos
+from ..sched import srpt
 from ..sched.jobs import JobStatus
 
 EMBED_STEP_MAX = 16384  # most embedding tokens in one step, however fast the model
@@ -59,20 +60,26 @@ class StepBudget:
         short = min(self.step_tokens, max(PREFILL_FLOOR, self.lanes + 16, want))
         budget = short
         if now - self.chat_at > CHAT_QUIET_S and not sched.embeds.has_work:
-            budget = min(self.step_tokens, short * self._share(sched))
+            budget = self._widened(sched, short)
         self.long_steps = budget > short
         sched.prefill_budget = budget
         sched.embed_budget = min(EMBED_STEP_MAX, max(64, want))
 
-    def _share(self, sched) -> int:
-        """How many short steps' worth of prefill the next step may take with no chat about:
-        all the worker's batch while nothing decodes (no stream waits on the step, only who
-        may arrive), else one short step for each prompt a decoding stream shares the step
-        with (a burst of requests beside one stream gets its first tokens in one step, not
-        one chunk after another; a stream beside as many prompts keeps its short steps)."""
-        decoding = sum(j.status == JobStatus.DECODING for j in sched.running.values())
-        prompts = sum(j.status == JobStatus.PREFILLING for j in sched.running.values())
-        prompts += min(len(sched.waiting), max(0, self.lanes - len(sched.running)))
+    def _widened(self, sched, short: int) -> int:
+        """The step's budget with no chat about. A prompt alone: the worker's whole batch. Else
+        short steps, unless the prompts that lanes hold can all finish in one step no longer
+        than the streams beside them should wait: with nothing decoding, the whole batch; else
+        one short step for each prompt per decoding stream (a burst of requests beside one
+        stream gets its first tokens in one step, not one chunk after another; long prompts
+        still go in short steps, so a chat that arrives waits one short step)."""
+        running = list(sched.running.values())
+        decoding = sum(j.status == JobStatus.DECODING for j in running)
+        prompts = [j for j in running if j.status == JobStatus.PREFILLING]
+        prompts += list(sched.waiting)[:max(0, self.lanes - len(running))]
+        if len(running) + len(sched.waiting) == 1 and prompts:
+            return self.step_tokens
         if not prompts:
-            return 1
-        return self.step_tokens if not decoding else -(-prompts // decoding)
+            return short
+        cap = self.step_tokens if not decoding else min(self.step_tokens, short * -(-len(prompts) // decoding))
+        need = decoding + sum(srpt.prefill_left(j) for j in prompts)  # decode rows share the step
+        return max(short, need) if need <= cap else short

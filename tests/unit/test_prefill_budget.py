@@ -58,39 +58,49 @@ def test_a_prompt_alone_prefills_the_whole_batch_and_a_chat_keeps_steps_short_a_
     assert s.prefill_budget == 512
 
 
-def test_prompts_with_nothing_decoding_prefill_the_whole_batch():
+def prompt(s: Scheduler, n: int) -> None:
+    s.add(Job(f"r{len(s.jobs)}", list(range(1, n + 1)), SamplingParams(temperature=0), 4, Qos.AGENT))
+
+
+def test_prompts_one_step_can_finish_take_it_and_long_ones_stay_short():
     s = sched()
     b = StepBudget(step_target_s=0.25, step_tokens=512, lanes=8)
-    chat(s, Qos.AGENT)
-    chat(s, Qos.AGENT)  # two agents' prompts: no stream waits on the step, only who may arrive
+    prompt(s, 200)
+    prompt(s, 200)  # two prompts, nothing decoding: both finish in one step of the batch
     b.after_step(s, 100, 5.0, 1.0)
-    assert (s.prefill_budget, b.long_steps) == (512, True)
+    assert (s.prefill_budget, b.long_steps) == (400, True)
+    prompt(s, 200)  # three no longer fit one step: short steps, a chat that comes waits one
+    b.after_step(s, 100, 5.0, 1.0)
+    assert (s.prefill_budget, b.long_steps) == (64, False)
 
 
-def admitted(s: Scheduler, status: JobStatus) -> None:
-    chat(s, Qos.AGENT)
+def admitted(s: Scheduler, status: JobStatus, n: int = 50) -> None:
+    prompt(s, n)
     job = s.jobs[f"r{len(s.jobs) - 1}"]
     s.waiting.remove(job.id)
     job.status, job.seq = status, len(s.running)
     s.running[job.seq] = job
 
 
-def test_beside_a_decoding_stream_a_step_takes_one_short_step_for_each_prompt_it_shares_with():
+def test_a_burst_beside_a_decoding_stream_is_prefilled_in_one_step():
     s = sched()
     b = StepBudget(step_target_s=0.25, step_tokens=512, lanes=8)
     admitted(s, JobStatus.DECODING)  # one stream decoding alone keeps two plans in flight
     b.after_step(s, 100, 5.0, 2.0)
     assert (s.prefill_budget, b.long_steps) == (64, False)
-    admitted(s, JobStatus.PREFILLING)  # one prompt beside one stream: the stream's steps stay short
+    admitted(s, JobStatus.PREFILLING, 200)  # one long prompt beside one stream: its steps stay short
     b.after_step(s, 100, 5.0, 2.0)
     assert (s.prefill_budget, b.long_steps) == (64, False)
-    for _ in range(6):  # a burst: 7 prompts (one admitted, six waiting) beside one stream
-        chat(s, Qos.AGENT)
+    s.running.pop(1)
+    for _ in range(7):  # a burst: 7 prompts of 50 tokens beside one stream: 350 + its row in one step
+        prompt(s, 50)
     b.after_step(s, 100, 5.0, 2.0)
-    assert (s.prefill_budget, b.long_steps) == (7 * 64, True)
-    admitted(s, JobStatus.DECODING)  # two streams, 6 prompts that lanes hold (5 free): 3 short steps
+    assert (s.prefill_budget, b.long_steps) == (351, True)
+    admitted(s, JobStatus.DECODING)  # two streams: 3 short steps' worth (192) cannot finish 6 x 50
     b.after_step(s, 100, 5.0, 2.0)
-    assert s.prefill_budget == 3 * 64
+    assert (s.prefill_budget, b.long_steps) == (64, False)
+    s.running.pop(1)
+    s.waiting.remove(next(iter(s.waiting)).id)
     chat(s)  # a chat about: short steps again, whoever else waits
     b.after_step(s, 100, 5.0, 3.0)
     assert (s.prefill_budget, b.long_steps) == (64, False)
@@ -100,7 +110,7 @@ def test_waiting_prompts_count_only_as_far_as_free_lanes_hold_them():
     s = sched(lanes=2)
     b = StepBudget(step_target_s=0.25, step_tokens=512, lanes=2)
     admitted(s, JobStatus.DECODING)
-    for _ in range(5):  # one free lane: one of them can prefill beside the stream
-        chat(s, Qos.AGENT)
+    for _ in range(5):  # one free lane: one 50-token prompt can prefill beside the stream, in a short step
+        prompt(s, 50)
     b.after_step(s, 100, 5.0, 2.0)
     assert (s.prefill_budget, b.long_steps) == (64, False)
